@@ -1,0 +1,223 @@
+// Package config is cocoon's config.toml: schema, defaults and validation.
+//
+// The same file serves the shim and the snapshotter; each reads the sections
+// it needs. Unknown keys and bad values are errors naming the key.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/docker/go-units"
+	"github.com/pelletier/go-toml/v2"
+)
+
+// DefaultPath is where the shim and snapshotter look when told nothing else.
+const DefaultPath = "/etc/cocoon/config.toml"
+
+// EnvPath names the environment variable that overrides DefaultPath.
+const EnvPath = "COCOON_CONFIG"
+
+// Config is the whole file.
+type Config struct {
+	Hypervisor      string          `toml:"hypervisor"`
+	Restore         Restore         `toml:"restore"`
+	Agent           Agent           `toml:"agent"`
+	Shim            Shim            `toml:"shim"`
+	QEMU            QEMU            `toml:"qemu"`
+	CloudHypervisor CloudHypervisor `toml:"cloud_hypervisor"`
+	Firecracker     Firecracker     `toml:"firecracker"`
+	Snapshotter     Snapshotter     `toml:"snapshotter"`
+}
+
+// Restore is the restore-mode policy's part of the runtime class config.
+type Restore struct {
+	// Mode asks for a restore mode: auto (the best the hypervisor has),
+	// mmap, ondemand or copy.
+	Mode string `toml:"mode"`
+	// Strict fails a restore whose mode the hypervisor cannot do instead of
+	// falling back to the next best.
+	Strict bool `toml:"strict"`
+	// AllowAnnotation lets the io.cocoon.restore-mode annotation choose.
+	AllowAnnotation bool `toml:"allow_annotation"`
+	// LazyWindows allows mmap/ondemand for Windows guests (they default to copy).
+	LazyWindows bool `toml:"lazy_windows"`
+	// ForceMode is a deployment-wide override that beats everything else.
+	ForceMode string `toml:"force_mode"`
+}
+
+// Agent holds the guest agent timeouts.
+type Agent struct {
+	ConnectTimeout Duration `toml:"connect_timeout"`
+	CallTimeout    Duration `toml:"call_timeout"`
+}
+
+// Shim is the runtime's own settings.
+type Shim struct {
+	// RunDir holds per-VM run directories (sockets, logs).
+	RunDir string `toml:"run_dir"`
+	// RestoreTimeout bounds a whole restore, spawn to agent ready.
+	RestoreTimeout Duration `toml:"restore_timeout"`
+}
+
+// QEMU configures the QEMU driver.
+type QEMU struct {
+	Binary string `toml:"binary"`
+	// Accel is auto (probe), kvm or tcg.
+	Accel string `toml:"accel"`
+	// CPU is the -cpu model; empty picks one that suits the accelerator.
+	CPU string `toml:"cpu"`
+}
+
+// CloudHypervisor configures the Cloud Hypervisor driver.
+type CloudHypervisor struct {
+	Binary string `toml:"binary"`
+	// CopyOnWrite says whether the binary accepts memory_restore_mode
+	// CopyOnWrite: probe (ask the binary), yes (a pinned fork build) or no.
+	CopyOnWrite string `toml:"copy_on_write"`
+}
+
+// Firecracker configures the Firecracker driver.
+type Firecracker struct {
+	Binary string `toml:"binary"`
+}
+
+// Snapshotter configures cocoon-snapshotter.
+type Snapshotter struct {
+	Root    string `toml:"root"`
+	Address string `toml:"address"`
+	// FlatCacheSize is the byte budget for flattened chain memory files,
+	// e.g. "64GiB"; "0" means unlimited.
+	FlatCacheSize Size `toml:"flat_cache_size"`
+}
+
+// Default returns the built-in defaults.
+func Default() Config {
+	return Config{
+		Hypervisor: "qemu",
+		Restore:    Restore{Mode: "auto"},
+		Agent: Agent{
+			ConnectTimeout: Duration(10 * time.Second),
+			CallTimeout:    Duration(10 * time.Second),
+		},
+		Shim: Shim{
+			RunDir:         "/run/cocoon",
+			RestoreTimeout: Duration(60 * time.Second),
+		},
+		QEMU:            QEMU{Binary: "qemu-system-x86_64", Accel: "auto"},
+		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},
+		Firecracker:     Firecracker{Binary: "firecracker"},
+		Snapshotter: Snapshotter{
+			Root:    "/var/lib/cocoon/snapshotter",
+			Address: "/run/cocoon/snapshotter.sock",
+		},
+	}
+}
+
+// Parse reads a config over the defaults, rejecting unknown keys and bad values.
+func Parse(data []byte) (Config, error) {
+	c := Default()
+	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			return Config{}, fmt.Errorf("unknown key %s", unknownKeys(strict))
+		}
+		var derr *toml.DecodeError
+		if errors.As(err, &derr) {
+			row, col := derr.Position()
+			return Config{}, fmt.Errorf("line %d column %d: %s", row, col, derr.Error())
+		}
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func unknownKeys(e *toml.StrictMissingError) string {
+	keys := make([]string, 0, len(e.Errors))
+	for _, d := range e.Errors {
+		keys = append(keys, strings.Join(d.Key(), "."))
+	}
+	return strings.Join(keys, ", ")
+}
+
+// Load reads the file at path. An empty path resolves as Resolve does.
+func Load(path string) (Config, error) {
+	if path == "" {
+		var ok bool
+		if path, ok = Resolve(""); !ok {
+			return Default(), nil
+		}
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Resolve picks the config file: explicit (runtime options ConfigPath), else
+// $COCOON_CONFIG, else DefaultPath if it exists. ok is false when none
+// applies and the built-in defaults should be used.
+func Resolve(explicit string) (path string, ok bool) {
+	if explicit != "" {
+		return explicit, true
+	}
+	if p := os.Getenv(EnvPath); p != "" {
+		return p, true
+	}
+	if _, err := os.Stat(DefaultPath); err == nil {
+		return DefaultPath, true
+	}
+	return "", false
+}
+
+// Size is a byte count written as "512MiB", "64G" or a plain number.
+type Size int64
+
+// UnmarshalText parses a human-readable size.
+func (s *Size) UnmarshalText(b []byte) error {
+	n, err := units.RAMInBytes(string(b))
+	if err != nil || n < 0 {
+		return fmt.Errorf("bad size %q: want a byte count such as 512MiB or 64G", b)
+	}
+	*s = Size(n)
+	return nil
+}
+
+// MarshalText writes the size in bytes.
+func (s Size) MarshalText() ([]byte, error) {
+	return []byte(fmt.Sprint(int64(s))), nil
+}
+
+// Duration is a time.Duration written as "10s", "250ms".
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil || v < 0 {
+		return fmt.Errorf("bad duration %q: want a positive duration such as 10s", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration as Go does.
+func (d Duration) MarshalText() ([]byte, error) {
+	return []byte(time.Duration(d).String()), nil
+}
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }

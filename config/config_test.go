@@ -1,0 +1,87 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name, in string
+		wantErr  string
+		check    func(t *testing.T, c Config)
+	}{
+		{name: "empty is defaults", in: "", check: func(t *testing.T, c Config) {
+			if c.Restore.Mode != "auto" || c.Hypervisor != "qemu" || c.Agent.CallTimeout.D() != 10*time.Second {
+				t.Errorf("defaults not applied: %+v", c)
+			}
+		}},
+		{name: "values", in: "[restore]\nmode = \"copy\"\nallow_annotation = true\n[snapshotter]\nflat_cache_size = \"2GiB\"\n[agent]\ncall_timeout = \"250ms\"\n",
+			check: func(t *testing.T, c Config) {
+				if c.Restore.Mode != "copy" || !c.Restore.AllowAnnotation || c.Snapshotter.FlatCacheSize != 2<<30 || c.Agent.CallTimeout.D() != 250*time.Millisecond {
+					t.Errorf("values not read: %+v", c)
+				}
+			}},
+		{name: "unknown top key", in: "hypervsor = \"qemu\"\n", wantErr: "unknown key hypervsor"},
+		{name: "unknown nested key", in: "[restore]\nmod = \"copy\"\n", wantErr: "unknown key restore.mod"},
+		{name: "bad mode", in: "[restore]\nmode = \"mmapp\"\n", wantErr: `restore.mode = "mmapp"`},
+		{name: "bad force mode", in: "[restore]\nforce_mode = \"auto\"\n", wantErr: "restore.force_mode"},
+		{name: "bad accel", in: "[qemu]\naccel = \"hvf\"\n", wantErr: "qemu.accel"},
+		{name: "bad size", in: "[snapshotter]\nflat_cache_size = \"lots\"\n", wantErr: "bad size"},
+		{name: "bad duration", in: "[agent]\nconnect_timeout = \"soon\"\n", wantErr: "bad duration"},
+		{name: "empty binary", in: "[qemu]\nbinary = \"\"\n", wantErr: "qemu.binary is empty"},
+		{name: "wrong type", in: "[restore]\nstrict = \"yes\"\n", wantErr: "line 2 column 10"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.in))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestExampleParses(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "config.toml.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		t.Fatalf("config.toml.example: %v", err)
+	}
+	if c != Default() {
+		t.Errorf("config.toml.example differs from the built-in defaults:\n got %+v\nwant %+v", c, Default())
+	}
+}
+
+func TestResolve(t *testing.T) {
+	t.Setenv(EnvPath, "/from/env.toml")
+	if p, ok := Resolve("/explicit.toml"); !ok || p != "/explicit.toml" {
+		t.Errorf("explicit: got %q %v", p, ok)
+	}
+	if p, ok := Resolve(""); !ok || p != "/from/env.toml" {
+		t.Errorf("env: got %q %v", p, ok)
+	}
+}
+
+func TestLoadNamesFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(p, []byte("bogus = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), p) {
+		t.Fatalf("error %v does not name %s", err, p)
+	}
+}

@@ -1,0 +1,51 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+)
+
+var (
+	hypervisors = []string{"qemu", "cloud-hypervisor", "firecracker"}
+	modes       = []string{"auto", "mmap", "ondemand", "copy"}
+	accels      = []string{"auto", "kvm", "tcg"}
+	cowChoices  = []string{"probe", "yes", "no"}
+)
+
+// Validate checks every enumerated and required value, naming the key.
+func (c Config) Validate() error {
+	checks := []struct {
+		key, val string
+		valid    []string
+	}{
+		{"hypervisor", c.Hypervisor, hypervisors},
+		{"restore.mode", c.Restore.Mode, modes},
+		{"qemu.accel", c.QEMU.Accel, accels},
+		{"cloud_hypervisor.copy_on_write", c.CloudHypervisor.CopyOnWrite, cowChoices},
+	}
+	for _, ch := range checks {
+		if !slices.Contains(ch.valid, ch.val) {
+			return fmt.Errorf("%s = %q: want one of %v", ch.key, ch.val, ch.valid)
+		}
+	}
+	if c.Restore.ForceMode != "" && !slices.Contains(modes[1:], c.Restore.ForceMode) {
+		return fmt.Errorf("restore.force_mode = %q: want empty or one of %v", c.Restore.ForceMode, modes[1:])
+	}
+	required := []struct{ key, val string }{
+		{"shim.run_dir", c.Shim.RunDir},
+		{"qemu.binary", c.QEMU.Binary},
+		{"cloud_hypervisor.binary", c.CloudHypervisor.Binary},
+		{"firecracker.binary", c.Firecracker.Binary},
+		{"snapshotter.root", c.Snapshotter.Root},
+		{"snapshotter.address", c.Snapshotter.Address},
+	}
+	for _, r := range required {
+		if r.val == "" {
+			return fmt.Errorf("%s is empty: want a value", r.key)
+		}
+	}
+	if c.Agent.ConnectTimeout <= 0 || c.Agent.CallTimeout <= 0 || c.Shim.RestoreTimeout <= 0 {
+		return fmt.Errorf("agent.connect_timeout, agent.call_timeout and shim.restore_timeout must be positive")
+	}
+	return nil
+}

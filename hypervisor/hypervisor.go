@@ -1,0 +1,128 @@
+// Package hypervisor defines the one small interface every VMM driver implements.
+//
+// A driver restores a VM, paused, from a chain the snapshotter staged; the
+// returned VM is then resumed, paused, snapshotted and stopped through it.
+// Optional abilities are small interfaces of their own, checked at compile
+// time by each driver (var _ hypervisor.Snapshotter = (*vm)(nil)).
+package hypervisor
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Mode is how guest memory is brought back on restore.
+type Mode string
+
+const (
+	// ModeCopy loads all memory into private anonymous memory before resume.
+	ModeCopy Mode = "copy"
+	// ModeOnDemand faults pages in lazily from the file (userfaultfd).
+	ModeOnDemand Mode = "ondemand"
+	// ModeMmap maps the staged memory file privately (copy-on-write).
+	ModeMmap Mode = "mmap"
+)
+
+// Modes lists every mode, best first.
+var Modes = []Mode{ModeMmap, ModeOnDemand, ModeCopy}
+
+// ParseMode accepts exactly one of the mode names; anything else is an error
+// naming the bad value and the valid ones.
+func ParseMode(s string) (Mode, error) {
+	for _, m := range Modes {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown restore mode %q: want one of mmap, ondemand, copy", s)
+}
+
+// SnapshotKind is the kind of chain link a snapshot writes.
+type SnapshotKind string
+
+const (
+	SnapshotFull SnapshotKind = "full"
+	SnapshotDiff SnapshotKind = "diff"
+)
+
+// Capabilities are what a driver (and, where probed, its binary) can do.
+type Capabilities struct {
+	// RestoreModes the driver supports, best first.
+	RestoreModes []Mode
+	// SnapshotKinds the driver can write.
+	SnapshotKinds []SnapshotKind
+	// Build identifies the hypervisor binary the capabilities were probed on.
+	Build string
+}
+
+// Supports reports whether m is one of the driver's restore modes.
+func (c Capabilities) Supports(m Mode) bool {
+	for _, x := range c.RestoreModes {
+		if x == m {
+			return true
+		}
+	}
+	return false
+}
+
+// RestoreRequest says what to restore and where the VM may keep its files.
+type RestoreRequest struct {
+	// StagedDir is the snapshotter's staged directory: memory (a hard link
+	// of the chain's flat file), private copies of the state files, chain.json.
+	StagedDir string
+	// RunDir is private to this VM: sockets, logs, patched configs. The
+	// driver creates it and removes it when the VM is closed or fails.
+	RunDir string
+	// Mode is the restore mode the policy chose.
+	Mode Mode
+	// ReleaseAfterLoad asks the driver to unlink StagedDir/memory as soon
+	// as the hypervisor no longer needs the file (copy restores).
+	ReleaseAfterLoad bool
+	// OnPhase, if set, is told how long each restore phase took.
+	OnPhase func(phase string, d time.Duration)
+}
+
+// Phase reports d for phase to r.OnPhase, if set.
+func (r RestoreRequest) Phase(phase string, d time.Duration) {
+	if r.OnPhase != nil {
+		r.OnPhase(phase, d)
+	}
+}
+
+// Driver restores VMs of one hypervisor.
+type Driver interface {
+	// Name is the hypervisor name used in chain links ("qemu", ...).
+	Name() string
+	// Capabilities reports the supported restore modes and snapshot kinds.
+	Capabilities(ctx context.Context) (Capabilities, error)
+	// Restore starts a hypervisor process and restores req.StagedDir into
+	// it, leaving the VM paused. On error nothing is left running and
+	// req.RunDir is gone.
+	Restore(ctx context.Context, req RestoreRequest) (VM, error)
+}
+
+// VM is one running hypervisor process.
+type VM interface {
+	// PID of the hypervisor process.
+	PID() int
+	Resume(ctx context.Context) error
+	Pause(ctx context.Context) error
+	// Shutdown asks the VMM to stop the VM and exit, and waits for it.
+	Shutdown(ctx context.Context) error
+	// Kill sends SIGKILL to the hypervisor process.
+	Kill() error
+	// Wait blocks until the hypervisor process has exited.
+	Wait(ctx context.Context) error
+	// DialAgent opens a byte stream to the guest agent.
+	DialAgent(ctx context.Context) (net.Conn, error)
+	// Close kills the process if it still runs and removes the run dir.
+	Close() error
+}
+
+// Snapshotter is a VM that can write a chain link of itself into dir. The VM
+// must be paused.
+type Snapshotter interface {
+	Snapshot(ctx context.Context, dir string, kind SnapshotKind) error
+}

@@ -1,0 +1,82 @@
+// Package testenv lets tests that need root, QEMU, a guest build or
+// containerd find them, and refuse loudly when they are missing.
+//
+// Outside CI a missing prerequisite skips the test with a message naming it
+// and the command that provides it; under CI=true it fails the test, so a
+// tier can never pass by not running.
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+// Unavailable stops t because what is missing. Under CI=true that fails the
+// test; elsewhere it skips with the reason printed.
+func Unavailable(t testing.TB, what string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("REQUIRED IN CI: %s", what)
+	}
+	t.Skipf("NOT RUN: %s (run `make test` to install it)", what)
+}
+
+// RequireRoot stops t unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Unavailable(t, "this test needs root")
+	}
+}
+
+// RepoRoot is the repository's top directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Bin returns the path of a binary built into the repository's bin/
+// directory (make build), or stops t.
+func Bin(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(RepoRoot(), "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		Unavailable(t, "bin/"+name+" is not built (make build)")
+	}
+	return p
+}
+
+// Guest returns the guest build directory (make guest), or stops t.
+func Guest(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("COCOON_GUEST_DIR")
+	if dir == "" {
+		dir = filepath.Join(RepoRoot(), "build", "guest")
+	}
+	for _, f := range []string{"vmlinuz", "initramfs.cpio.gz"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			Unavailable(t, "guest build missing "+f+" in "+dir+" (make guest)")
+		}
+	}
+	return dir
+}
+
+// LookPath returns the path of an installed program, or stops t.
+func LookPath(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Unavailable(t, name+" is not installed")
+	}
+	return p
+}
+
+// QEMU returns the qemu-system-x86_64 binary, or stops t.
+func QEMU(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	return LookPath(t, "qemu-system-x86_64")
+}

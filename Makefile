@@ -6,7 +6,7 @@ GUEST := $(CURDIR)/build/guest
 CMDS := $(notdir $(wildcard cmd/*))
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all build containerd deps guest test test-unit lint generate demo bench clean
+.PHONY: all build containerd deps guest test test-unit lint generate clean
 
 all: build
 
@@ -46,3 +46,7 @@ lint:
 
 clean:
 	rm -rf $(BIN) build
+
+## generate: regenerate protobuf/ttrpc code (protoc from Debian, plugins from the module proxy)
+generate: deps
+	$(GO) generate ./agent/...

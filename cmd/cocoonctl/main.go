@@ -1,0 +1,66 @@
+// Command cocoonctl is cocoon's operator CLI: it makes, packs, inspects and
+// restores snapshot chains. Each subcommand lives in its own file and
+// registers itself in init.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// command is one subcommand. run gets the flag set already parsed.
+type command struct {
+	name    string
+	summary string
+	flags   func(fs *flag.FlagSet) func(ctx context.Context, args []string) error
+}
+
+var commands = map[string]command{}
+
+func register(c command) { commands[c.name] = c }
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage()
+		return 2
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "cocoonctl: unknown command %q\n", args[0])
+		usage()
+		return 2
+	}
+	fs := flag.NewFlagSet("cocoonctl "+c.name, flag.ContinueOnError)
+	do := c.flags(fs)
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := do(ctx, fs.Args()); err != nil {
+		fmt.Fprintf(os.Stderr, "cocoonctl %s: %v\n", c.name, err)
+		return 1
+	}
+	return 0
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: cocoonctl COMMAND [flags] [args]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+	}
+}

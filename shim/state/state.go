@@ -1,0 +1,154 @@
+// Package state is what the shim keeps in a task's bundle: the task record
+// (the hypervisor process, its run directory, the plan and timings, the init
+// exit) and the restore report.
+//
+// The task record lets `shim delete` kill the VM and clean up after the shim
+// itself crashed, so it is written atomically (tmp + fsync + rename) every
+// time it changes.
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/atomicfile"
+)
+
+const (
+	// TaskFile is the task record's name inside the bundle.
+	TaskFile = "cocoon-task.json"
+	// ReportFile is the restore report's name inside the bundle.
+	ReportFile = "cocoon-restore.json"
+)
+
+// Task is the persisted record of one task's VM.
+type Task struct {
+	ID         string `json:"id"`
+	Hypervisor string `json:"hypervisor"`
+	// PID is the hypervisor process; PIDStart its start time in clock ticks
+	// since boot, so a recycled pid is never mistaken for the VM.
+	PID      int    `json:"pid"`
+	PIDStart uint64 `json:"pidStart"`
+	// RunDir is the VM's private directory (sockets, logs).
+	RunDir string `json:"runDir"`
+	// StagedDir is the snapshotter's staged chain the VM was restored from.
+	StagedDir string `json:"stagedDir"`
+	// Rootfs is the bundle mount point the shim mounted StagedDir on, if any.
+	Rootfs string  `json:"rootfs,omitempty"`
+	Plan   Plan    `json:"plan"`
+	Phases []Phase `json:"phases,omitempty"`
+	// Exit is the init process's exit, once known.
+	Exit *Exit `json:"exit,omitempty"`
+}
+
+// Plan is the restore plan the policy chose, with its reasons.
+type Plan struct {
+	Mode             string   `json:"mode"`
+	ReleaseAfterLoad bool     `json:"releaseAfterLoad"`
+	Reasons          []string `json:"reasons,omitempty"`
+	Warnings         []string `json:"warnings,omitempty"`
+}
+
+// Phase is how long one step of the restore took.
+type Phase struct {
+	Name     string   `json:"name"`
+	Duration Duration `json:"duration"`
+}
+
+// Exit is a process's exit status and time.
+type Exit struct {
+	Status uint32    `json:"status"`
+	At     time.Time `json:"at"`
+}
+
+// Report is the restore report: what was restored, how, why, and how long
+// each phase took.
+type Report struct {
+	ID         string    `json:"id"`
+	Hypervisor string    `json:"hypervisor"`
+	StagedDir  string    `json:"stagedDir"`
+	Plan       Plan      `json:"plan"`
+	Phases     []Phase   `json:"phases"`
+	Total      Duration  `json:"total"`
+	CreatedAt  time.Time `json:"createdAt"`
+}
+
+// Duration is a time.Duration written as Go writes it ("12.5ms").
+type Duration time.Duration
+
+// MarshalText writes the duration as a Go duration string.
+func (d Duration) MarshalText() ([]byte, error) {
+	return []byte(time.Duration(d).String()), nil
+}
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("bad duration %q: %w", b, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// WriteTask persists t in bundle atomically.
+func WriteTask(bundle string, t *Task) error {
+	return writeJSON(filepath.Join(bundle, TaskFile), t)
+}
+
+// ReadTask loads the task record from bundle. A bundle without one returns
+// an error matching os.ErrNotExist.
+func ReadTask(bundle string) (*Task, error) {
+	var t Task
+	if err := readJSON(filepath.Join(bundle, TaskFile), &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// WriteReport persists the restore report in bundle atomically.
+func WriteReport(bundle string, r *Report) error {
+	return writeJSON(filepath.Join(bundle, ReportFile), r)
+}
+
+// ReadReport loads the restore report from bundle.
+func ReadReport(bundle string) (*Report, error) {
+	var r Report
+	if err := readJSON(filepath.Join(bundle, ReportFile), &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
+	}
+	f, err := atomicfile.New(path, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	if _, err := f.Write(append(data, '\n')); err != nil {
+		return errors.Join(fmt.Errorf("write %s: %w", path, err), f.Cancel())
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("commit %s: %w", path, err)
+	}
+	return nil
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read task state: %w", err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	return nil
+}

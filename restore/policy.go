@@ -1,0 +1,273 @@
+// Package restore decides how a VM's memory comes back (the restore-mode
+// policy) and runs a restore from a staged chain to a ready guest agent.
+//
+// The policy lives here and nowhere else: the shim, the bench and
+// `cocoonctl explain` all call Decide, so what an operator is shown is what
+// the runtime does.
+package restore
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// AnnotationMode is the pod/container annotation that may choose the mode
+// when the runtime config allows it (restore.allow_annotation).
+const AnnotationMode = "io.cocoon.restore-mode"
+
+// ModeAuto asks for the best mode the hypervisor supports.
+const ModeAuto = "auto"
+
+// GuestWindows is the chain link's GuestOS for Windows guests.
+const GuestWindows = "windows"
+
+// Inputs is everything the policy looks at.
+type Inputs struct {
+	// Hypervisor is the driver name the VM will run on.
+	Hypervisor string
+	// Caps are the driver's capabilities (probed where the driver probes).
+	Caps hypervisor.Capabilities
+	// Link is the chain's top link: guest OS, hugepages, shared memory.
+	Link *chain.Link
+	// Config is the runtime class's restore section.
+	Config config.Restore
+	// Annotations are the OCI spec annotations (pod and container).
+	Annotations map[string]string
+}
+
+// Plan is the policy's decision.
+type Plan struct {
+	Mode hypervisor.Mode
+	// ReleaseAfterLoad: copy restores drop the staged memory link once the
+	// hypervisor has loaded it, so they never pin the flat cache.
+	ReleaseAfterLoad bool
+	// Reasons explain every step of the decision, in order.
+	Reasons []string
+	// Warnings are the steps an operator should look at: fallbacks,
+	// ignored annotations, overridden requests.
+	Warnings []string
+}
+
+// request is the mode asked for and who asked for it.
+type request struct {
+	mode   hypervisor.Mode // empty for auto
+	source string          // the config key or annotation that asked
+	forced bool            // restore.force_mode: beats the guest OS rule
+}
+
+// Decide turns the inputs into a plan. Bad mode strings, a link made for
+// another hypervisor and modes that cannot be honoured under strict are
+// errors; everything else is a plan whose reasons say why.
+func Decide(in Inputs) (Plan, error) {
+	if err := checkInputs(in); err != nil {
+		return Plan{}, err
+	}
+	var p Plan
+	req, err := p.request(in)
+	if err != nil {
+		return Plan{}, err
+	}
+	mode := p.resolve(req, in)
+	mode = p.memoryRule(mode, req, in.Link)
+	mode = p.windowsRule(mode, req, in)
+	mode, err = p.supported(mode, req, in)
+	if err != nil {
+		return Plan{}, err
+	}
+	p.Mode = mode
+	p.ReleaseAfterLoad = mode == hypervisor.ModeCopy
+	p.because("%s", releaseReason(mode))
+	return p, nil
+}
+
+func checkInputs(in Inputs) error {
+	if in.Link == nil {
+		return errors.New("decide restore mode: no chain link: the plan depends on the guest's OS and memory flags")
+	}
+	if in.Link.Hypervisor != in.Hypervisor {
+		return fmt.Errorf("decide restore mode: the link was made by %q and restores only there, not on %q",
+			in.Link.Hypervisor, in.Hypervisor)
+	}
+	if len(in.Caps.RestoreModes) == 0 {
+		return fmt.Errorf("decide restore mode: %s reports no restore modes", in.Hypervisor)
+	}
+	return nil
+}
+
+// request finds the mode asked for: force_mode, else the annotation if the
+// config allows it, else restore.mode.
+func (p *Plan) request(in Inputs) (request, error) {
+	ann, hasAnn := in.Annotations[AnnotationMode]
+	if in.Config.ForceMode != "" {
+		m, err := parseMode("restore.force_mode", in.Config.ForceMode, false)
+		if err != nil {
+			return request{}, err
+		}
+		p.because("restore.force_mode = %q overrides restore.mode and annotations", m)
+		if hasAnn {
+			p.warn("annotation %s = %q ignored: restore.force_mode is set", AnnotationMode, ann)
+		}
+		return request{mode: m, source: "restore.force_mode", forced: true}, nil
+	}
+	if hasAnn && in.Config.AllowAnnotation {
+		source := "annotation " + AnnotationMode
+		m, err := parseMode(source, ann, true)
+		if err != nil {
+			return request{}, err
+		}
+		p.because("%s = %q chooses the mode (restore.allow_annotation = true)", source, ann)
+		return request{mode: m, source: source}, nil
+	}
+	if hasAnn {
+		p.warn("annotation %s = %q ignored: restore.allow_annotation is false", AnnotationMode, ann)
+	}
+	m, err := parseMode("restore.mode", in.Config.Mode, true)
+	if err != nil {
+		return request{}, err
+	}
+	p.because("restore.mode = %q", in.Config.Mode)
+	return request{mode: m, source: "restore.mode"}, nil
+}
+
+// resolve turns auto into the hypervisor's best mode.
+func (p *Plan) resolve(req request, in Inputs) hypervisor.Mode {
+	if req.mode != "" {
+		return req.mode
+	}
+	best := in.Caps.RestoreModes[0]
+	p.because("auto picks %s, the best mode %s supports (%s)", best, in.Hypervisor, joinModes(in.Caps.RestoreModes))
+	return best
+}
+
+// memoryRule forces copy for hugepage-backed or shared guest memory: a lazy
+// mode would have the VM map or fault in the staged file, which cannot back
+// such memory. No setting overrides this.
+func (p *Plan) memoryRule(mode hypervisor.Mode, req request, link *chain.Link) hypervisor.Mode {
+	var why string
+	switch {
+	case link.HugePages:
+		why = "guest memory is hugepage-backed: hugetlbfs memory can neither privately map the staged file nor be faulted in from it, so memory is copied"
+	case link.SharedMemory:
+		why = "guest memory is shared with other processes: a private mapping would break the sharing and a shared one would write into the immutable staged file, so memory is copied"
+	default:
+		return mode
+	}
+	p.because("%s", why)
+	if mode != hypervisor.ModeCopy && req.mode != "" {
+		p.warn("%s asked for %s, restoring with copy instead: %s", req.source, mode, why)
+	}
+	return hypervisor.ModeCopy
+}
+
+// windowsRule gives Windows guests copy: faulting memory in lazily stalls
+// their boot and DHCP. lazy_windows or force_mode lift it.
+func (p *Plan) windowsRule(mode hypervisor.Mode, req request, in Inputs) hypervisor.Mode {
+	if in.Link.GuestOS != GuestWindows || mode == hypervisor.ModeCopy {
+		return mode
+	}
+	switch {
+	case req.forced:
+		p.because("windows guest: restore.force_mode applies, so %s is kept", mode)
+		return mode
+	case in.Config.LazyWindows:
+		p.because("windows guest: restore.lazy_windows = true allows %s", mode)
+		return mode
+	}
+	why := "windows guest: a lazy restore stalls its boot and DHCP while memory faults in, so memory is copied (restore.lazy_windows = true allows lazy modes)"
+	p.because("%s", why)
+	if req.mode != "" {
+		p.warn("%s asked for %s, restoring with copy instead: %s", req.source, mode, why)
+	}
+	return hypervisor.ModeCopy
+}
+
+// supported checks mode against the capabilities and falls back to the
+// next best mode the hypervisor has, unless strict.
+func (p *Plan) supported(mode hypervisor.Mode, req request, in Inputs) (hypervisor.Mode, error) {
+	caps := in.Caps
+	if caps.Supports(mode) {
+		return mode, nil
+	}
+	have := joinModes(caps.RestoreModes)
+	if in.Config.Strict {
+		return "", fmt.Errorf("decide restore mode: %s does not support %s (it supports %s) and restore.strict = true",
+			in.Hypervisor, mode, have)
+	}
+	next, ok := nextBest(mode, caps)
+	if !ok {
+		return "", fmt.Errorf("decide restore mode: %s does not support %s (it supports %s) and has no slower mode to fall back to",
+			in.Hypervisor, mode, have)
+	}
+	msg := fmt.Sprintf("%s does not support %s (it supports %s): falling back to %s, the next best", in.Hypervisor, mode, have, next)
+	if req.mode == mode {
+		msg = fmt.Sprintf("%s asked for %s, but %s", req.source, mode, msg)
+	}
+	p.because("%s", msg)
+	p.warn("%s", msg)
+	return next, nil
+}
+
+// nextBest is the first mode after m, in hypervisor.Modes order (best
+// first), that caps supports.
+func nextBest(m hypervisor.Mode, caps hypervisor.Capabilities) (hypervisor.Mode, bool) {
+	after := false
+	for _, x := range hypervisor.Modes {
+		if after && caps.Supports(x) {
+			return x, true
+		}
+		if x == m {
+			after = true
+		}
+	}
+	return "", false
+}
+
+func releaseReason(m hypervisor.Mode) string {
+	switch m {
+	case hypervisor.ModeCopy:
+		return "copy loads all memory before resume, so the staged memory link is released after load and does not pin the flat cache"
+	case hypervisor.ModeMmap:
+		return "mmap maps the staged memory file privately (copy-on-write) for the VM's life, so the staged link is kept"
+	default:
+		return "ondemand faults memory in from the staged file for the VM's life, so the staged link is kept"
+	}
+}
+
+// parseMode accepts exactly one of the mode names (and auto, where asked);
+// anything else is an error naming where it came from and the valid ones.
+func parseMode(source, s string, allowAuto bool) (hypervisor.Mode, error) {
+	if allowAuto && s == ModeAuto {
+		return "", nil
+	}
+	for _, m := range hypervisor.Modes {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	valid := joinModes(hypervisor.Modes)
+	if allowAuto {
+		valid = ModeAuto + ", " + valid
+	}
+	return "", fmt.Errorf("%s = %q: unknown restore mode: want one of %s", source, s, valid)
+}
+
+func joinModes(ms []hypervisor.Mode) string {
+	s := make([]string, len(ms))
+	for i, m := range ms {
+		s[i] = string(m)
+	}
+	return strings.Join(s, ", ")
+}
+
+func (p *Plan) because(format string, args ...any) {
+	p.Reasons = append(p.Reasons, fmt.Sprintf(format, args...))
+}
+
+func (p *Plan) warn(format string, args ...any) {
+	p.Warnings = append(p.Warnings, fmt.Sprintf(format, args...))
+}

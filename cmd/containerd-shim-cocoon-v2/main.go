@@ -1,0 +1,22 @@
+// Command containerd-shim-cocoon-v2 is cocoon's containerd runtime shim
+// (runtime io.containerd.cocoon.v2): every task is a microVM restored from a
+// snapshot chain.
+package main
+
+import (
+	"context"
+
+	"github.com/containerd/containerd/v2/pkg/shim"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/manager"
+)
+
+func main() {
+	// The hypervisor is the shim's direct child and the drivers reap it with
+	// exec.Cmd.Wait. pkg/shim's default reaper would steal that exit status,
+	// and a subreaper would collect orphans nobody reaps, so both are off.
+	shim.RunShim(context.Background(), manager.New(manager.Name), func(c *shim.Config) {
+		c.NoReaper = true
+		c.NoSubreaper = true
+	})
+}

@@ -1,0 +1,268 @@
+package manager
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	"github.com/containerd/containerd/api/types"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/typeurl/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// fakeServerEnv makes the test binary act as the task server Start spawns:
+// it writes its pid into the bundle and accepts on the inherited socket.
+const fakeServerEnv = "COCOON_MANAGER_TEST_SERVER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(fakeServerEnv) != "" {
+		fakeServer()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func fakeServer() {
+	l, err := net.FileListener(os.NewFile(3, "socket"))
+	if err != nil {
+		os.Exit(2)
+	}
+	_ = os.WriteFile("server.pid", []byte(strconv.Itoa(os.Getpid())), 0o600)
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(0)
+		}
+		c.Close()
+	}
+}
+
+func writeSpec(t *testing.T, dir string, annotations map[string]string) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(`{"ociVersion":"1.2.0","annotations":{`)
+	first := true
+	for k, v := range annotations {
+		if !first {
+			b.WriteString(",")
+		}
+		first = false
+		b.WriteString(strconv.Quote(k) + ":" + strconv.Quote(v))
+	}
+	b.WriteString("}}")
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGroupOf(t *testing.T) {
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		want        string
+	}{
+		{"no annotations", nil, "t1"},
+		{"pod sandbox", map[string]string{"io.kubernetes.cri.sandbox-id": "pod1"}, "pod1"},
+		{"cocoon group wins", map[string]string{"io.kubernetes.cri.sandbox-id": "pod1", "io.cocoon.group": "g"}, "g"},
+		{"empty value ignored", map[string]string{"io.cocoon.group": ""}, "t1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeSpec(t, dir, tt.annotations)
+			got, err := groupOf("t1", filepath.Join(dir, "config.json"))
+			if err != nil || got != tt.want {
+				t.Fatalf("groupOf = %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+	if _, err := groupOf("t1", filepath.Join(t.TempDir(), "config.json")); err == nil {
+		t.Fatal("groupOf without a spec succeeded")
+	}
+}
+
+// TestStartGroups starts two tasks of one pod: the second must get the first
+// one's server instead of a new process.
+func TestStartGroups(t *testing.T) {
+	t.Setenv(fakeServerEnv, "1")
+	socketDir, err := os.MkdirTemp("/tmp", "cocoon-mgr-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(socketDir) })
+	root := t.TempDir()
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	m := New(Name)
+
+	var addrs []string
+	for _, id := range []string{"c1", "c2"} {
+		bundle := filepath.Join(root, id)
+		if err := os.Mkdir(bundle, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeSpec(t, bundle, map[string]string{"io.kubernetes.cri.sandbox-id": "pod"})
+		t.Chdir(bundle)
+		res, err := m.Start(ctx, &bootapi.BootstrapParams{
+			InstanceID: id, ContainerdGrpcAddress: "/run/test.sock", SocketDir: &socketDir,
+			LogLevel: bootapi.LogLevel_LOG_LEVEL_INFO,
+		})
+		if err != nil {
+			t.Fatalf("Start(%s): %v", id, err)
+		}
+		if res.Version != 3 || res.Protocol != "ttrpc" {
+			t.Fatalf("Start(%s) = version %d protocol %q, want 3 ttrpc", id, res.Version, res.Protocol)
+		}
+		addrs = append(addrs, res.Address)
+		if id == "c1" {
+			stopFakeServer(t, bundle)
+		}
+	}
+	if addrs[0] != addrs[1] {
+		t.Fatalf("tasks of one pod got servers %s and %s, want one", addrs[0], addrs[1])
+	}
+	if _, err := os.Stat(filepath.Join(root, "c2", "server.pid")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("second task of the group spawned its own server (stat: %v)", err)
+	}
+}
+
+func stopFakeServer(t *testing.T, bundle string) {
+	t.Helper()
+	var pid int
+	for range 200 {
+		data, err := os.ReadFile(filepath.Join(bundle, "server.pid"))
+		if err == nil {
+			pid, _ = strconv.Atoi(string(data))
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if pid == 0 {
+		t.Fatal("the spawned server never started")
+	}
+	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+}
+
+func TestStopKillsRecordedVM(t *testing.T) {
+	vm := exec.Command("sleep", "60")
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = vm.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = vm.Process.Kill(); <-exited })
+	start, err := state.StartTime(vm.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bundle := t.TempDir()
+	runDir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 11, 29, 16, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name       string
+		exit       *state.Exit
+		wantStatus int
+	}{
+		{"crashed while running", nil, 128 + int(unix.SIGKILL)},
+		{"init had exited", &state.Exit{Status: 7, At: at}, 7},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &state.Task{ID: "t1", PID: vm.Process.Pid, PIDStart: start, RunDir: runDir, Exit: tt.exit}
+			if err := state.WriteTask(bundle, rec); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.WithValue(context.Background(), shim.OptsKey{}, shim.Opts{BundlePath: bundle})
+			ss, err := New(Name).Stop(ctx, "t1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ss.Pid != vm.Process.Pid || ss.ExitStatus != tt.wantStatus {
+				t.Fatalf("Stop = pid %d status %d, want pid %d status %d", ss.Pid, ss.ExitStatus, vm.Process.Pid, tt.wantStatus)
+			}
+		})
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop left the recorded VM running")
+	}
+	if _, err := os.Stat(runDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Stop left the run dir (stat: %v)", err)
+	}
+}
+
+func TestStopWithoutRecord(t *testing.T) {
+	ctx := context.WithValue(context.Background(), shim.OptsKey{}, shim.Opts{BundlePath: t.TempDir()})
+	ss, err := New(Name).Stop(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ss.ExitStatus != 128+int(unix.SIGKILL) || ss.Pid != 0 {
+		t.Fatalf("Stop without a record = %+v, want pid 0 and SIGKILL status", ss)
+	}
+}
+
+func TestInfo(t *testing.T) {
+	opts := &runtimeoptions.Options{ConfigPath: "/etc/cocoon/fast.toml"}
+	anyOpts, err := typeurl.MarshalAnyToProto(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := proto.Marshal(anyOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		input    []byte
+		wantPath string
+	}{
+		{"no options", nil, ""},
+		{"config path", data, "/etc/cocoon/fast.toml"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			info, err := New(Name).Info(context.Background(), bytes.NewReader(tt.input))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Name != Name {
+				t.Fatalf("name %q, want %q", info.Name, Name)
+			}
+			if got := infoConfigPath(t, info); got != tt.wantPath {
+				t.Fatalf("echoed config path %q, want %q", got, tt.wantPath)
+			}
+		})
+	}
+}
+
+func infoConfigPath(t *testing.T, info *types.RuntimeInfo) string {
+	t.Helper()
+	if info.Options == nil {
+		return ""
+	}
+	v, err := typeurl.UnmarshalAny(info.Options)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.(*runtimeoptions.Options).ConfigPath
+}

@@ -1,0 +1,134 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// killTimeout bounds the wait for a SIGKILLed hypervisor to disappear.
+const killTimeout = 10 * time.Second
+
+// Stop is `shim delete`: containerd runs it when the task server is gone (a
+// crash) or failed to start. It kills the task's VM by its recorded pid,
+// releases what the task created and reports the init exit.
+func (m *Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
+	bundle, err := bundlePath(ctx, id)
+	if err != nil {
+		return shim.StopStatus{}, err
+	}
+	t, err := state.ReadTask(bundle)
+	if errors.Is(err, os.ErrNotExist) {
+		// The server died before it restored anything: nothing to clean.
+		return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(unix.SIGKILL)}, nil
+	}
+	if err != nil {
+		return shim.StopStatus{}, err
+	}
+	logger := log.G(ctx).WithFields(log.Fields{"id": id, "pid": t.PID})
+	if err := Cleanup(ctx, t); err != nil {
+		return shim.StopStatus{}, err
+	}
+	logger.Info("cleaned up task after its shim was gone")
+	if t.Exit != nil {
+		return shim.StopStatus{Pid: t.PID, ExitStatus: int(t.Exit.Status), ExitedAt: t.Exit.At}, nil
+	}
+	return shim.StopStatus{Pid: t.PID, ExitStatus: 128 + int(unix.SIGKILL), ExitedAt: time.Now()}, nil
+}
+
+// bundlePath is the bundle of task id. containerd runs `delete` in a bundle
+// directory; with grouping that may be a sibling task's, so take its parent.
+func bundlePath(ctx context.Context, id string) (string, error) {
+	if opts, ok := ctx.Value(shim.OptsKey{}).(shim.Opts); ok && opts.BundlePath != "" {
+		return opts.BundlePath, nil
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find bundle: %w", err)
+	}
+	return filepath.Join(filepath.Dir(cwd), id), nil
+}
+
+// Cleanup kills t's hypervisor if it still runs and removes what the task
+// created: the rootfs mount and the VM's run directory. The staged chain
+// belongs to the snapshotter and is released when containerd removes the
+// snapshot.
+func Cleanup(ctx context.Context, t *state.Task) error {
+	var errs []error
+	if err := killProcess(t); err != nil {
+		errs = append(errs, err)
+	}
+	if t.Rootfs != "" {
+		if err := mount.UnmountRecursive(t.Rootfs, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", t.Rootfs, err))
+		}
+	}
+	if t.RunDir != "" {
+		if err := os.RemoveAll(t.RunDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove run dir: %w", err))
+		}
+	}
+	if len(errs) > 0 {
+		log.G(ctx).WithError(errors.Join(errs...)).WithField("id", t.ID).Warn("task cleanup incomplete")
+	}
+	return errors.Join(errs...)
+}
+
+// killProcess SIGKILLs the recorded hypervisor through a pidfd, so a pid
+// recycled between the check and the signal is never hit, and waits for it
+// to exit.
+func killProcess(t *state.Task) error {
+	if !t.Running() {
+		return nil
+	}
+	fd, err := unix.PidfdOpen(t.PID, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open hypervisor pid %d: %w", t.PID, err)
+	}
+	defer unix.Close(fd)
+	// The pidfd pins the process: if it is still the VM now, the signal
+	// reaches the VM.
+	if !t.Running() {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill hypervisor pid %d: %w", t.PID, err)
+	}
+	return waitPidfd(fd, t.PID)
+}
+
+// waitPidfd waits until the process behind fd has exited; the pidfd becomes
+// readable then.
+func waitPidfd(fd, pid int) error {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	deadline := time.Now().Add(killTimeout)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("hypervisor pid %d still runs %s after SIGKILL", pid, killTimeout)
+		}
+		n, err := unix.Poll(fds, int(left.Milliseconds()))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("wait for hypervisor pid %d: %w", pid, err)
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,86 @@
+package apifake
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+// Spec files in shared/specs.
+const (
+	SpecCH     = "cloud-hypervisor.yaml"
+	SpecCHFork = "cloud-hypervisor.cocoonstack-dev.yaml"
+	SpecFC     = "firecracker.yaml"
+)
+
+// SpecPath finds a spec file in shared/specs beside the repository, or
+// stops t.
+func SpecPath(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(testenv.RepoRoot(), "..", "shared", "specs", name)
+	if _, err := os.Stat(p); err != nil {
+		testenv.Unavailable(t, "API spec "+name+" (shared/specs beside the repository)")
+	}
+	return p
+}
+
+// Fake describes a fake VMM process for a driver test. The process is the
+// test binary itself, re-executed; its TestMain must call RunIfFake.
+type Fake struct {
+	// Spec is the spec file name in shared/specs (SpecCH, ...).
+	Spec string
+	// Name and Version make up the --version line, e.g.
+	// "cloud-hypervisor" "v53.0".
+	Name, Version string
+	// Fail lists operations that fail ("vm.restore", "snapshot/load").
+	Fail []string
+	// IgnoreCtrlAltDel makes a Firecracker guest ignore SendCtrlAltDel.
+	IgnoreCtrlAltDel bool
+}
+
+// Script writes an executable that runs this fake with whatever arguments
+// a driver passes, and returns its path and the file its requests are
+// recorded in (read it with ReadRecord).
+func (f Fake) Script(t testing.TB) (bin, record string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatalf("find test binary: %v", err)
+	}
+	dir := t.TempDir()
+	record = filepath.Join(dir, "requests.jsonl")
+	env := map[string]string{
+		envFake: "1", envSpec: SpecPath(t, f.Spec), envRecord: record,
+		envName: f.Name, envVersion: f.Version, envFail: strings.Join(f.Fail, ","),
+	}
+	if f.IgnoreCtrlAltDel {
+		env[envIgnoreCAD] = "1"
+	}
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\n")
+	for k, v := range env {
+		fmt.Fprintf(&b, "export %s='%s'\n", k, v)
+	}
+	fmt.Fprintf(&b, "exec '%s' \"$@\"\n", self)
+	bin = filepath.Join(dir, "vmm")
+	if err := os.WriteFile(bin, []byte(b.String()), 0o755); err != nil {
+		t.Fatalf("write fake vmm script: %v", err)
+	}
+	return bin, record
+}
+
+// Records reads the requests a Fake recorded, failing t on error.
+func Records(t testing.TB, record string) []Request {
+	t.Helper()
+	reqs, err := ReadRecord(record)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return reqs
+}

@@ -1,0 +1,198 @@
+package apifake
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+)
+
+// FC is a fake Firecracker: a snapshot is loaded only on a fresh process,
+// PATCH /vm pauses and resumes, snapshots are taken only while paused, and
+// SendCtrlAltDel makes the guest (and so the process) stop.
+type FC struct {
+	// Fail names operations ("snapshot/load") that fail once valid.
+	Fail map[string]bool
+	// Version is reported by GET /version.
+	Version string
+	// IgnoreCtrlAltDel makes the guest ignore SendCtrlAltDel, so the
+	// driver has to kill the process.
+	IgnoreCtrlAltDel bool
+	// Exit is called when the guest has shut down.
+	Exit func()
+
+	mu    sync.Mutex
+	state string // "Not started" until loaded, then Running or Paused
+	dirty bool   // dirty page tracking on: Diff snapshots allowed
+	vmst  []byte
+	mem   *guestMemory
+	vsock net.Listener
+}
+
+const fcFresh = "Not started"
+
+// Reject formats errors as Firecracker does.
+func (f *FC) Reject(msg string) any { return map[string]string{"fault_message": msg} }
+
+func (f *FC) fail(status int, format string, args ...any) Response {
+	return Response{Status: status, Body: f.Reject(fmt.Sprintf(format, args...))}
+}
+
+// Handle runs one valid request through the state machine.
+func (f *FC) Handle(method, op string, body []byte) Response {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state == "" {
+		f.state = fcFresh
+	}
+	if f.Fail[op] {
+		return f.fail(http.StatusBadRequest, "fake failure of %s", op)
+	}
+	switch method + " " + op {
+	case "GET ":
+		return Response{Status: http.StatusOK, Body: map[string]string{
+			"app_name": "Firecracker", "id": "anonymous-instance", "state": f.state, "vmm_version": f.Version}}
+	case "GET version":
+		return Response{Status: http.StatusOK, Body: map[string]string{"firecracker_version": f.Version}}
+	case "PUT snapshot/load":
+		return f.load(body)
+	case "PATCH vm":
+		return f.patchVM(body)
+	case "PUT snapshot/create":
+		return f.create(body)
+	case "PUT actions":
+		return f.action(body)
+	}
+	return f.fail(http.StatusBadRequest, "the fake does not model %s /%s", method, op)
+}
+
+type fcLoad struct {
+	SnapshotPath    string `json:"snapshot_path"`
+	MemFilePath     string `json:"mem_file_path"`
+	TrackDirtyPages bool   `json:"track_dirty_pages"`
+	ResumeVM        bool   `json:"resume_vm"`
+	MemBackend      *struct {
+		BackendType string `json:"backend_type"`
+		BackendPath string `json:"backend_path"`
+	} `json:"mem_backend"`
+	VsockOverride *struct {
+		UDSPath string `json:"uds_path"`
+	} `json:"vsock_override"`
+}
+
+func (f *FC) load(body []byte) Response {
+	if f.state != fcFresh {
+		return f.fail(http.StatusBadRequest, "Loading a microVM snapshot not allowed after configuring boot-specific resources.")
+	}
+	var p fcLoad
+	if err := json.Unmarshal(body, &p); err != nil {
+		return f.fail(http.StatusBadRequest, "%v", err)
+	}
+	if (p.MemBackend == nil) == (p.MemFilePath == "") {
+		return f.fail(http.StatusBadRequest, "exactly one of mem_backend and mem_file_path must be present")
+	}
+	if err := f.loadFiles(p); err != nil {
+		return f.fail(http.StatusBadRequest, "Load snapshot error: %v", err)
+	}
+	f.dirty = p.TrackDirtyPages
+	f.state = "Paused"
+	if p.ResumeVM {
+		f.state = "Running"
+	}
+	return Response{Status: http.StatusNoContent}
+}
+
+func (f *FC) loadFiles(p fcLoad) error {
+	var err error
+	if f.vmst, err = os.ReadFile(p.SnapshotPath); err != nil {
+		return err
+	}
+	switch {
+	case p.MemBackend == nil:
+		f.mem, err = loadMemory(p.MemFilePath, true)
+	case p.MemBackend.BackendType == "File":
+		f.mem, err = loadMemory(p.MemBackend.BackendPath, true)
+	default:
+		f.mem, err = dialUffdHandler(p.MemBackend.BackendPath)
+	}
+	if err != nil {
+		return err
+	}
+	if p.VsockOverride != nil {
+		f.vsock, err = ServeHybridVsock(p.VsockOverride.UDSPath)
+	}
+	return err
+}
+
+// dialUffdHandler checks that a page-fault handler listens on path. The
+// fake has no guest memory to register, so it serves snapshots as zeros.
+func dialUffdHandler(path string) (*guestMemory, error) {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("connect to uffd handler: %w", err)
+	}
+	c.Close()
+	return &guestMemory{}, nil
+}
+
+func (f *FC) patchVM(body []byte) Response {
+	var v struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return f.fail(http.StatusBadRequest, "%v", err)
+	}
+	from := map[string]string{"Paused": "Running", "Resumed": "Paused"}[v.State]
+	if f.state != from {
+		return f.fail(http.StatusBadRequest, "cannot set the microVM %s: it is %s", v.State, f.state)
+	}
+	f.state = map[string]string{"Paused": "Paused", "Resumed": "Running"}[v.State]
+	return Response{Status: http.StatusNoContent}
+}
+
+type fcCreate struct {
+	MemFilePath  string `json:"mem_file_path"`
+	SnapshotPath string `json:"snapshot_path"`
+	SnapshotType string `json:"snapshot_type"`
+}
+
+func (f *FC) create(body []byte) Response {
+	if f.state != "Paused" {
+		return f.fail(http.StatusBadRequest, "Create snapshot error: the microVM is %s, not Paused", f.state)
+	}
+	var p fcCreate
+	if err := json.Unmarshal(body, &p); err != nil {
+		return f.fail(http.StatusBadRequest, "%v", err)
+	}
+	if p.SnapshotType == "Diff" && !f.dirty {
+		return f.fail(http.StatusBadRequest, "Diff snapshots are not enabled: load with track_dirty_pages")
+	}
+	if err := os.WriteFile(p.SnapshotPath, f.vmst, 0o600); err != nil {
+		return f.fail(http.StatusBadRequest, "Create snapshot error: %v", err)
+	}
+	if err := f.mem.writeTo(p.MemFilePath); err != nil {
+		return f.fail(http.StatusBadRequest, "Create snapshot error: %v", err)
+	}
+	return Response{Status: http.StatusNoContent}
+}
+
+func (f *FC) action(body []byte) Response {
+	var a struct {
+		ActionType string `json:"action_type"`
+	}
+	if err := json.Unmarshal(body, &a); err != nil {
+		return f.fail(http.StatusBadRequest, "%v", err)
+	}
+	if a.ActionType != "SendCtrlAltDel" {
+		return f.fail(http.StatusBadRequest, "the fake does not model action %s", a.ActionType)
+	}
+	if f.state != "Running" {
+		return f.fail(http.StatusBadRequest, "SendCtrlAltDel needs a running microVM, it is %s", f.state)
+	}
+	if !f.IgnoreCtrlAltDel && f.Exit != nil {
+		go f.Exit()
+	}
+	return Response{Status: http.StatusNoContent}
+}

@@ -1,0 +1,51 @@
+package apifake
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// guestMemory stands in for a restored VM's RAM: either a private copy
+// read eagerly (copy restores) or an open file read lazily (mapped or
+// on-demand restores), which keeps the file's inode in use as a real
+// hypervisor's mapping would.
+type guestMemory struct {
+	data []byte
+	file *os.File
+}
+
+func loadMemory(path string, lazy bool) (*guestMemory, error) {
+	if lazy {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("open memory file: %w", err)
+		}
+		return &guestMemory{file: f}, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read memory file: %w", err)
+	}
+	return &guestMemory{data: data}, nil
+}
+
+// writeTo saves the guest memory into a new file at path.
+func (m *guestMemory) writeTo(path string) error {
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create memory file: %w", err)
+	}
+	if m.file != nil {
+		_, err = io.Copy(out, io.NewSectionReader(m.file, 0, 1<<62))
+	} else {
+		_, err = out.Write(m.data)
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write memory file: %w", err)
+	}
+	return nil
+}

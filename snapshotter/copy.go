@@ -1,0 +1,100 @@
+package snapshotter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// linkOrCopy hard links src at dst. Across filesystems (EXDEV) it falls back
+// to a reflink, then to an exact sparse copy: the staged memory is still
+// correct, but clones no longer share its page cache. Never a symlink: the
+// flat file may be evicted once nothing pins it.
+func linkOrCopy(ctx context.Context, src, dst string) error {
+	err := os.Link(src, dst)
+	if err == nil || !errors.Is(err, unix.EXDEV) {
+		if err != nil {
+			return fmt.Errorf("stage memory: %w", err)
+		}
+		return nil
+	}
+	how, err := cloneFile(src, dst)
+	if err != nil {
+		return fmt.Errorf("stage memory across filesystems: %w", err)
+	}
+	log.G(ctx).WithFields(log.Fields{"src": src, "dst": dst, "method": how}).
+		Warn("staging dir is on another filesystem than the flat cache: memory copied, page-cache sharing between clones is lost")
+	return nil
+}
+
+// cloneFile makes dst a private read-only copy of src by reflink if the
+// filesystem can, else by copying only src's data regions.
+func cloneFile(src, dst string) (how string, err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	how = "reflink"
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
+		how = "sparse copy"
+		if err := sparseCopy(out, in); err != nil {
+			return "", fmt.Errorf("copy %s to %s: %w", src, dst, err)
+		}
+	}
+	if err := out.Sync(); err != nil {
+		return "", fmt.Errorf("sync %s: %w", dst, err)
+	}
+	return how, nil
+}
+
+// sparseCopy copies in to out byte for byte, leaving holes where in has them.
+func sparseCopy(out, in *os.File) error {
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	fd := int(in.Fd())
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		r := io.NewSectionReader(in, data, hole-data)
+		w := io.NewOffsetWriter(out, data)
+		if _, err := io.CopyBuffer(w, r, buf); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}

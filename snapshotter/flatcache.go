@@ -1,0 +1,218 @@
+package snapshotter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/moby/locker"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+)
+
+type flattenFunc func(ctx context.Context, linkDirs []string, outPath string) error
+
+// flatCache holds one flattened memory file per chain, named by the top
+// link's ID (which pins every ancestor through the parent digests). Files
+// are immutable once published; a staged hard link pins one (nlink > 1).
+type flatCache struct {
+	dir     string
+	budget  int64 // allocated bytes; 0 = unlimited
+	flatten flattenFunc
+
+	locks   *locker.Locker // per file: flatten, stage and remove
+	evictMu sync.Mutex     // one eviction pass at a time
+
+	mu      sync.Mutex
+	entries map[string]*flatEntry
+}
+
+type flatEntry struct {
+	size int64 // allocated bytes
+	used time.Time
+}
+
+// openFlatCache removes temp files a crashed flatten left and indexes the
+// published files, least recently used first by their mtime (touched on use).
+func openFlatCache(dir string, budget int64, flatten flattenFunc) (*flatCache, error) {
+	c := &flatCache{dir: dir, budget: budget, flatten: flatten, locks: locker.New(), entries: map[string]*flatEntry{}}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read flat cache: %w", err)
+	}
+	ctx := context.Background()
+	for _, de := range des {
+		p := filepath.Join(dir, de.Name())
+		if chain.IsTemp(de.Name()) {
+			log.G(ctx).WithField("path", p).Info("removing half-written flat file")
+			if err := os.Remove(p); err != nil {
+				return nil, fmt.Errorf("remove half-written flat file: %w", err)
+			}
+			continue
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return nil, fmt.Errorf("index flat cache: %w", err)
+		}
+		if !fi.Mode().IsRegular() {
+			log.G(ctx).WithField("path", p).Warn("ignoring non-regular file in flat cache")
+			continue
+		}
+		c.entries[de.Name()] = &flatEntry{size: allocated(fi), used: fi.ModTime()}
+	}
+	c.evict(ctx)
+	return c, nil
+}
+
+// stage makes dst the chain's flat memory, flattening it first if no file
+// exists. The per-chain lock makes concurrent stages of one chain flatten
+// once, and keeps eviction off the file until dst pins it.
+func (c *flatCache) stage(ctx context.Context, linkDirs []string, id digest.Digest, dst string) error {
+	name := id.Encoded()
+	path := filepath.Join(c.dir, name)
+	c.locks.Lock(name)
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		fi, err = c.build(ctx, linkDirs, path)
+	}
+	if err == nil {
+		err = linkOrCopy(ctx, path, dst)
+	}
+	if err == nil {
+		c.touch(path, fi)
+	}
+	c.locks.Unlock(name)
+	if err != nil {
+		return err
+	}
+	c.evict(ctx)
+	return nil
+}
+
+func (c *flatCache) build(ctx context.Context, linkDirs []string, path string) (os.FileInfo, error) {
+	start := time.Now()
+	// Waiters on the lock share this flatten: one cancelled request must
+	// not throw away work the others wait for.
+	if err := c.flatten(context.WithoutCancel(ctx), linkDirs, path); err != nil {
+		return nil, fmt.Errorf("flatten chain: %w", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("flatten chain: %w", err)
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"path": path, "links": len(linkDirs), "bytes": fi.Size(), "allocated": allocated(fi),
+		"duration": time.Since(start),
+	}).Info("flattened chain")
+	return fi, nil
+}
+
+// touch records a use, in memory and as the file's times so that the LRU
+// order survives a restart. Times are metadata: the bytes stay immutable.
+func (c *flatCache) touch(path string, fi os.FileInfo) {
+	now := time.Now()
+	_ = os.Chtimes(path, now, now)
+	c.mu.Lock()
+	c.entries[filepath.Base(path)] = &flatEntry{size: allocated(fi), used: now}
+	c.mu.Unlock()
+}
+
+// drop removes the flat file of a chain whose top link is gone, unless a
+// staged dir still pins it.
+func (c *flatCache) drop(ctx context.Context, id digest.Digest) {
+	name := id.Encoded()
+	c.locks.Lock(name)
+	defer c.locks.Unlock(name)
+	if _, err := c.removeUnpinned(name); err != nil {
+		log.G(ctx).WithError(err).WithField("chain", id).Warn("removing flat file of a removed link")
+	}
+}
+
+// evict removes unpinned files, least recently used first, until the cache
+// fits its budget. Pinned files are skipped: a running VM may read them.
+func (c *flatCache) evict(ctx context.Context) {
+	if c.budget == 0 {
+		return
+	}
+	c.evictMu.Lock()
+	defer c.evictMu.Unlock()
+	names, total := c.lru()
+	for _, name := range names {
+		if total <= c.budget {
+			return
+		}
+		c.locks.Lock(name)
+		size, err := c.removeUnpinned(name)
+		c.locks.Unlock(name)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("name", name).Warn("evicting flat file")
+		}
+		if size > 0 {
+			log.G(ctx).WithFields(log.Fields{"name": name, "allocated": size}).Info("evicted flat file")
+		}
+		total -= size
+	}
+	if total > c.budget {
+		log.G(ctx).WithFields(log.Fields{"allocated": total, "budget": c.budget}).
+			Warn("flat cache over budget: every remaining file is pinned by a staged snapshot")
+	}
+}
+
+// lru returns the indexed names, least recently used first, and their total size.
+func (c *flatCache) lru() ([]string, int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var total int64
+	names := make([]string, 0, len(c.entries))
+	for n, e := range c.entries {
+		names = append(names, n)
+		total += e.size
+	}
+	slices.SortFunc(names, func(a, b string) int { return c.entries[a].used.Compare(c.entries[b].used) })
+	return names, total
+}
+
+// removeUnpinned removes the named file if no hard link pins it and returns
+// the bytes freed. The caller holds the name's lock.
+func (c *flatCache) removeUnpinned(name string) (int64, error) {
+	path := filepath.Join(c.dir, name)
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		c.forget(name)
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+		return 0, nil
+	}
+	if err := os.Remove(path); err != nil {
+		return 0, err
+	}
+	c.forget(name)
+	return allocated(fi), nil
+}
+
+func (c *flatCache) forget(name string) {
+	c.mu.Lock()
+	delete(c.entries, name)
+	c.mu.Unlock()
+}
+
+// allocated is the bytes a (sparse) file really occupies on disk.
+func allocated(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
+}

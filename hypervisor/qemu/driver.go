@@ -1,0 +1,185 @@
+// Package qemu drives QEMU (qemu-system-x86_64, microvm machine) over QMP:
+// cold boot with guest RAM in a shared file (for baking snapshots), full
+// snapshots into chain links, and restores of staged chains in copy or mmap
+// mode. Each VM is one supervised process with a private run directory.
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// Name is the hypervisor name in chain links.
+const Name = "qemu"
+
+var _ hypervisor.Driver = (*Driver)(nil)
+
+// Driver restores and boots QEMU VMs.
+type Driver struct {
+	cfg  config.QEMU
+	host host
+
+	buildOnce sync.Once
+	build     string
+	buildErr  error
+}
+
+// New returns a driver for cfg. Nothing is probed until first use.
+func New(cfg config.QEMU) *Driver {
+	if cfg.Binary == "" {
+		cfg.Binary = config.Default().QEMU.Binary
+	}
+	return &Driver{cfg: cfg, host: realHost}
+}
+
+// Name is "qemu".
+func (d *Driver) Name() string { return Name }
+
+// Capabilities: mmap and copy restores, full snapshots. QEMU cannot restore
+// lazily from a file (postcopy needs a live source), and 7.2 cannot list
+// the pages dirtied in a file-backed guest, so no ondemand and no diff.
+func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	build, err := d.Build(ctx)
+	if err != nil {
+		return hypervisor.Capabilities{}, err
+	}
+	return hypervisor.Capabilities{
+		RestoreModes:  []hypervisor.Mode{hypervisor.ModeMmap, hypervisor.ModeCopy},
+		SnapshotKinds: []hypervisor.SnapshotKind{hypervisor.SnapshotFull},
+		Build:         build,
+	}, nil
+}
+
+// Build is the first line of `qemu-system-x86_64 --version`, probed once.
+func (d *Driver) Build(ctx context.Context) (string, error) {
+	d.buildOnce.Do(func() {
+		out, err := exec.CommandContext(ctx, d.cfg.Binary, "--version").Output()
+		if err != nil {
+			d.buildErr = fmt.Errorf("probe %s --version: %w", d.cfg.Binary, err)
+			return
+		}
+		line, _, _ := bytes.Cut(out, []byte("\n"))
+		d.build = string(bytes.TrimSpace(line))
+	})
+	return d.build, d.buildErr
+}
+
+// BootSpec is a cold boot from a kernel and initramfs.
+type BootSpec struct {
+	Kernel, Initrd, Cmdline string
+	MemoryBytes             int64
+	VCPUs                   int
+	// RunDir is created for the VM and removed by Close or on failure.
+	RunDir string
+	// MemPath is the guest RAM file (created, mapped shared); empty puts
+	// it in RunDir.
+	MemPath string
+}
+
+// Boot cold-boots a VM with its RAM in a shared file, running. It is the
+// source a snapshot is baked from.
+func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
+	accel, reason, err := chooseAccel(d.cfg.Accel, d.host)
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("accel", accel).WithField("reason", reason).Debug("qemu accelerator")
+	shape := Shape{
+		Version: shapeVersion, Machine: machineType, Accel: accel,
+		CPU: cpuModel(d.cfg.CPU, accel), VCPUs: spec.VCPUs, MemoryBytes: spec.MemoryBytes,
+		Devices: devices, Cmdline: spec.Cmdline,
+	}
+	if err := shape.Validate(); err != nil {
+		return nil, fmt.Errorf("boot spec: %w", err)
+	}
+	if spec.MemPath == "" {
+		spec.MemPath = filepath.Join(spec.RunDir, "memory")
+	}
+	l := launch{
+		Shape: shape, Memory: memory{Path: spec.MemPath, Share: true},
+		Kernel: spec.Kernel, Initrd: spec.Initrd,
+	}
+	v, err := d.spawnVM(ctx, spec.RunDir, l, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	v.memPath = spec.MemPath
+	if err := v.Resume(ctx); err != nil {
+		v.Close()
+		return nil, err
+	}
+	return v, nil
+}
+
+// spawnVM creates runDir, starts QEMU on l and returns once QMP answers.
+// memfd, if set, is the guest RAM (QEMU's fd 4); the VM owns it from here,
+// so a snapshot can read it. On error QEMU is gone, memfd closed and
+// runDir removed.
+func (d *Driver) spawnVM(ctx context.Context, runDir string, l launch, memfd *os.File, detach bool) (*VM, error) {
+	v, err := d.startVM(ctx, runDir, l, memfd, detach)
+	if err != nil {
+		if memfd != nil {
+			memfd.Close()
+		}
+		return nil, err
+	}
+	if memfd != nil {
+		v.memfd = memfd
+		v.memPath = fmt.Sprintf("/proc/self/fd/%d", memfd.Fd())
+	}
+	return v, nil
+}
+
+func (d *Driver) startVM(ctx context.Context, runDir string, l launch, memfd *os.File, detach bool) (*VM, error) {
+	build, err := d.Build(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var extra []*os.File
+	if memfd != nil {
+		extra = []*os.File{memfd}
+	}
+	if err := makeRunDir(runDir); err != nil {
+		return nil, err
+	}
+	l.QMPFD = qmpChildFD
+	l.AgentSock = filepath.Join(runDir, agentSock)
+	l.SerialLog = filepath.Join(runDir, serialLog)
+	if len(l.AgentSock) > maxSockPath {
+		os.RemoveAll(runDir)
+		return nil, fmt.Errorf("agent socket path %s is %d bytes: unix sockets allow %d", l.AgentSock, len(l.AgentSock), maxSockPath)
+	}
+	sctx, cancel := bounded(ctx, startTimeout)
+	defer cancel()
+	proc, q, err := start(sctx, spawn{binary: d.cfg.Binary, args: l.args(), runDir: runDir, extra: extra, detach: detach})
+	if err != nil {
+		os.RemoveAll(runDir)
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	log.G(ctx).WithField("pid", proc.pid()).WithField("rundir", runDir).Debug("qemu started")
+	return &VM{proc: proc, qmp: q, runDir: runDir, shape: l.Shape, build: build}, nil
+}
+
+// makeRunDir creates dir, which must not exist yet: two VMs never share one.
+func makeRunDir(dir string) error {
+	if dir == "" {
+		return fmt.Errorf("run dir not set")
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("create run dir parent: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("create run dir: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package qemu
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// fillMemfd returns a memfd of size bytes holding the file at path. Only
+// the file's data extents are copied (SEEK_DATA/SEEK_HOLE): holes are zero
+// pages the memfd already reads as zero, and never allocates.
+func fillMemfd(path string, size int64) (*os.File, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open staged memory: %w", err)
+	}
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("stat staged memory: %w", err)
+	}
+	if st.Size() != size {
+		return nil, fmt.Errorf("staged memory %s is %d bytes, the snapshot's guest has %d", path, st.Size(), size)
+	}
+	fd, err := unix.MemfdCreate("cocoon-guest-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("create memfd: %w", err)
+	}
+	dst := os.NewFile(uintptr(fd), "cocoon-guest-ram")
+	if err := copyExtents(dst, src, size); err != nil {
+		dst.Close()
+		return nil, err
+	}
+	return dst, nil
+}
+
+// copyExtents maps dst and reads src's data extents straight into it: one
+// copy, from src's page cache into the memfd's pages.
+func copyExtents(dst, src *os.File, size int64) error {
+	if err := dst.Truncate(size); err != nil {
+		return fmt.Errorf("size memfd: %w", err)
+	}
+	if size == 0 {
+		return nil
+	}
+	mem, err := unix.Mmap(int(dst.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map memfd: %w", err)
+	}
+	defer unix.Munmap(mem)
+	for off := int64(0); off < size; {
+		data, hole, err := nextExtent(src, off)
+		if err != nil {
+			return err
+		}
+		if data >= size {
+			break
+		}
+		if _, err := src.ReadAt(mem[data:hole], data); err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("read staged memory at %d: %w", data, err)
+		}
+		off = hole
+	}
+	return nil
+}
+
+// nextExtent finds the data extent at or after off: [data, hole).
+func nextExtent(f *os.File, off int64) (data, hole int64, err error) {
+	data, err = unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+	if errors.Is(err, unix.ENXIO) {
+		return 1<<63 - 1, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("seek data in staged memory: %w", err)
+	}
+	if hole, err = unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE); err != nil {
+		return 0, 0, fmt.Errorf("seek hole in staged memory: %w", err)
+	}
+	return data, hole, nil
+}

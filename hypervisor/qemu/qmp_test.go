@@ -1,0 +1,210 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+const greeting = `{"QMP": {"version": {"qemu": {"micro": 22, "minor": 2, "major": 7}}, "capabilities": ["oob"]}}`
+
+// fakeQMP is the QEMU end of a QMP connection, scripted by a test.
+type fakeQMP struct {
+	t    *testing.T
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func newFakeQMP(t *testing.T) (*fakeQMP, net.Conn) {
+	server, client := net.Pipe()
+	t.Cleanup(func() { server.Close(); client.Close() })
+	return &fakeQMP{t: t, conn: server, r: bufio.NewReader(server)}, client
+}
+
+func (f *fakeQMP) send(line string) {
+	if _, err := f.conn.Write([]byte(line + "\n")); err != nil {
+		f.t.Errorf("fake qmp write: %v", err)
+	}
+}
+
+// recv reads one command and returns its name and id.
+func (f *fakeQMP) recv() (execute, id string, args json.RawMessage) {
+	line, err := f.r.ReadBytes('\n')
+	if err != nil {
+		f.t.Errorf("fake qmp read: %v", err)
+		return "", "", nil
+	}
+	var c struct {
+		Execute   string          `json:"execute"`
+		ID        string          `json:"id"`
+		Arguments json.RawMessage `json:"arguments"`
+	}
+	if err := json.Unmarshal(line, &c); err != nil {
+		f.t.Errorf("fake qmp got %q: %v", line, err)
+	}
+	return c.Execute, c.ID, c.Arguments
+}
+
+// handshake plays QEMU's side of connecting.
+func (f *fakeQMP) handshake() {
+	f.send(greeting)
+	if cmd, id, _ := f.recv(); cmd == "qmp_capabilities" {
+		f.send(`{"return": {}, "id": "` + id + `"}`)
+	} else {
+		f.t.Errorf("first command %q, want qmp_capabilities", cmd)
+	}
+}
+
+func dialFake(t *testing.T) (*fakeQMP, *qmp) {
+	t.Helper()
+	f, client := newFakeQMP(t)
+	go f.handshake()
+	q, err := newQMP(context.Background(), client)
+	if err != nil {
+		t.Fatalf("newQMP: %v", err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return f, q
+}
+
+func TestQMPReplyMatchedAcrossEvents(t *testing.T) {
+	f, q := dialFake(t)
+	go func() {
+		cmd, id, args := f.recv()
+		if cmd != "query-status" || args != nil {
+			t.Errorf("got %q args %s, want query-status without arguments", cmd, args)
+		}
+		f.send(`{"timestamp": {"seconds": 1, "microseconds": 2}, "event": "STOP"}`)
+		f.send(`{"return": {"status": "other"}, "id": "unrelated"}`)
+		f.send(`{"return": {"status": "paused", "running": false}, "id": "` + id + `"}`)
+	}()
+	var st struct {
+		Status  string `json:"status"`
+		Running bool   `json:"running"`
+	}
+	if err := q.Execute(context.Background(), "query-status", nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != "paused" || st.Running {
+		t.Fatalf("status %+v, want paused and not running", st)
+	}
+}
+
+func TestQMPErrorReply(t *testing.T) {
+	f, q := dialFake(t)
+	go func() {
+		_, id, _ := f.recv()
+		f.send(`{"error": {"class": "GenericError", "desc": "There is no migration in progress"}, "id": "` + id + `"}`)
+	}()
+	err := q.Execute(context.Background(), "migrate_cancel", nil, nil)
+	var qerr *QMPError
+	if !errors.As(err, &qerr) || qerr.Class != "GenericError" {
+		t.Fatalf("err %v, want a GenericError QMPError", err)
+	}
+	if !strings.Contains(err.Error(), "migrate_cancel") {
+		t.Fatalf("err %q does not name the command", err)
+	}
+}
+
+func TestQMPArgumentsEncoded(t *testing.T) {
+	f, q := dialFake(t)
+	got := make(chan string, 1)
+	go func() {
+		_, id, args := f.recv()
+		got <- string(args)
+		f.send(`{"return": {}, "id": "` + id + `"}`)
+	}()
+	if err := q.Execute(context.Background(), "migrate", map[string]string{"uri": "exec:cat > '/x'"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"uri":"exec:cat \u003e '/x'"}`; <-got != want {
+		t.Fatalf("arguments differ, want %s", want)
+	}
+}
+
+func TestQMPEventWaiters(t *testing.T) {
+	f, q := dialFake(t)
+	completed := q.Expect(func(ev Event) bool {
+		return ev.Name == "MIGRATION" && migrationFinished(ev.Data) != ""
+	})
+	stop := q.Expect(func(ev Event) bool { return ev.Name == "STOP" })
+	go func() {
+		f.send(`{"event": "MIGRATION", "data": {"status": "setup"}}`)
+		f.send(`{"event": "STOP"}`)
+		f.send(`{"event": "MIGRATION", "data": {"status": "active"}}`)
+		f.send(`{"event": "MIGRATION", "data": {"status": "completed"}}`)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ev, err := completed(ctx)
+	if err != nil || migrationFinished(ev.Data) != "completed" {
+		t.Fatalf("migration event %+v, %v; want completed", ev, err)
+	}
+	if ev, err := stop(ctx); err != nil || ev.Name != "STOP" {
+		t.Fatalf("stop event %+v, %v", ev, err)
+	}
+}
+
+func TestQMPClosedWakesWaiters(t *testing.T) {
+	f, q := dialFake(t)
+	wait := q.Expect(func(ev Event) bool { return ev.Name == "SHUTDOWN" })
+	go func() {
+		f.recv()
+		f.conn.Close()
+	}()
+	if err := q.Execute(context.Background(), "stop", nil, nil); !errors.Is(err, errQMPClosed) {
+		t.Fatalf("execute on a closed connection: %v, want errQMPClosed", err)
+	}
+	if _, err := wait(context.Background()); !errors.Is(err, errQMPClosed) {
+		t.Fatalf("event wait on a closed connection: %v, want errQMPClosed", err)
+	}
+}
+
+func TestQMPHandshakeFailures(t *testing.T) {
+	tests := []struct {
+		name  string
+		serve func(f *fakeQMP)
+		want  string
+	}{
+		{"silent", func(f *fakeQMP) {}, "wait for qmp greeting"},
+		{"not qmp", func(f *fakeQMP) { f.send(`{"event": "STOP"}`) }, "want a QMP greeting"},
+		{"garbage", func(f *fakeQMP) { f.send(`hello`) }, "decode qmp message"},
+		{"capabilities refused", func(f *fakeQMP) {
+			f.send(greeting)
+			_, id, _ := f.recv()
+			f.send(`{"error": {"class": "CommandNotFound", "desc": "no"}, "id": "` + id + `"}`)
+		}, "qmp qmp_capabilities: CommandNotFound"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, client := newFakeQMP(t)
+			go tt.serve(f)
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err := newQMP(ctx, client)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestMigrationFinished(t *testing.T) {
+	for data, want := range map[string]string{
+		`{"status":"completed"}`: "completed",
+		`{"status":"failed"}`:    "failed",
+		`{"status":"cancelled"}`: "cancelled",
+		`{"status":"active"}`:    "",
+		`{"status":"setup"}`:     "",
+		`not json`:               "",
+	} {
+		if got := migrationFinished(json.RawMessage(data)); got != want {
+			t.Errorf("migrationFinished(%s) = %q, want %q", data, got, want)
+		}
+	}
+}

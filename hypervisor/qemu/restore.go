@@ -1,0 +1,112 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// memfdChildPath is how QEMU opens the memfd we pass as its fd 4.
+const memfdChildPath = "/proc/self/fd/4"
+
+// Restore starts QEMU on the chain staged in req.StagedDir and loads it,
+// leaving the VM paused. The command line comes from the top link's
+// qemu.json; the device state is loaded with migrate-incoming while guest
+// RAM comes from the staged memory file:
+//   - mmap: mapped private (share=off) over the staged hard link, so
+//     clones share its page cache and guest writes never reach the file;
+//   - copy: the file's data extents copied into a memfd QEMU maps shared,
+//     so nothing reads the staged file after the copy.
+func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (hypervisor.VM, error) {
+	v, err := d.restore(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*VM, error) {
+	staged, shape, err := openStaged(req.StagedDir)
+	if err != nil {
+		return nil, err
+	}
+	l := launch{Shape: shape, Incoming: true}
+	var memfd *os.File
+	switch req.Mode {
+	case hypervisor.ModeMmap:
+		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
+	case hypervisor.ModeCopy:
+		t := time.Now()
+		if memfd, err = fillMemfd(staged.MemoryPath(), shape.MemoryBytes); err != nil {
+			return nil, err
+		}
+		req.Phase("fill", time.Since(t))
+		l.Memory = memory{Path: memfdChildPath, Share: true}
+	default:
+		return nil, fmt.Errorf("qemu restore mode %q: want %s or %s (QEMU cannot restore lazily from a file)", req.Mode, hypervisor.ModeMmap, hypervisor.ModeCopy)
+	}
+	t := time.Now()
+	v, err := d.spawnVM(ctx, req.RunDir, l, memfd, true)
+	if err != nil {
+		return nil, err
+	}
+	req.Phase("spawn", time.Since(t))
+	t = time.Now()
+	if err := v.load(ctx, staged.StatePath(StateFile)); err != nil {
+		v.Close()
+		return nil, err
+	}
+	req.Phase("load", time.Since(t))
+	if req.ReleaseAfterLoad {
+		if err := os.Remove(staged.MemoryPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Warn("release staged memory")
+		}
+	}
+	return v, nil
+}
+
+// openStaged reads the staged chain and the top link's machine shape, and
+// checks they describe the same QEMU guest.
+func openStaged(dir string) (*chain.Staged, Shape, error) {
+	staged, err := chain.OpenStaged(dir)
+	if err != nil {
+		return nil, Shape{}, fmt.Errorf("open staged chain: %w", err)
+	}
+	top := staged.Top()
+	if top.Hypervisor != Name {
+		return nil, Shape{}, fmt.Errorf("staged chain in %s is for %q, not %q", dir, top.Hypervisor, Name)
+	}
+	shape, err := ReadShape(staged.StatePath(ShapeFile))
+	if err != nil {
+		return nil, Shape{}, err
+	}
+	if shape.MemoryBytes != top.MemoryBytes || shape.VCPUs != top.VCPUs {
+		return nil, Shape{}, fmt.Errorf("qemu.json (%d bytes, %d vcpus) does not match link.json (%d bytes, %d vcpus)",
+			shape.MemoryBytes, shape.VCPUs, top.MemoryBytes, top.VCPUs)
+	}
+	return staged, shape, nil
+}
+
+// load streams the device state in and waits until QEMU has it; the VM
+// stays paused (-S). A QEMU that dies while loading is reported with its
+// exit status and log.
+func (v *VM) load(ctx context.Context, statePath string) error {
+	if _, err := os.Stat(statePath); err != nil {
+		return fmt.Errorf("device state: %w", err)
+	}
+	err := v.migrate(ctx, "migrate-incoming", "exec:cat "+shellQuote(statePath))
+	if err != nil && v.proc.exited() {
+		return fmt.Errorf("load device state: %w", v.proc.exitError())
+	}
+	if err != nil {
+		return fmt.Errorf("load device state: %w", err)
+	}
+	return nil
+}

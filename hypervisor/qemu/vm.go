@@ -1,0 +1,189 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// Default bounds for waits whose context has no deadline.
+const (
+	startTimeout     = 15 * time.Second
+	migrateTimeout   = 2 * time.Minute
+	commandTimeout   = 10 * time.Second
+	shutdownTimeout  = 10 * time.Second
+	migrationEvents  = "events"
+	migrationIgnored = "x-ignore-shared"
+)
+
+var (
+	_ hypervisor.VM          = (*VM)(nil)
+	_ hypervisor.Snapshotter = (*VM)(nil)
+)
+
+// VM is one QEMU process and its run directory.
+type VM struct {
+	proc   *process
+	qmp    *qmp
+	runDir string
+	shape  Shape
+	build  string
+	// memPath is where the guest RAM can be read while the VM is paused:
+	// the shared backing file, or our memfd under copy. Empty under mmap,
+	// where changed pages are private to QEMU.
+	memPath string
+	memfd   *os.File
+	once    sync.Once
+	err     error
+}
+
+// bounded gives ctx a deadline d from now unless it already has one.
+func bounded(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// PID is the QEMU process id.
+func (v *VM) PID() int { return v.proc.pid() }
+
+// RunDir is the VM's private directory (sockets, logs).
+func (v *VM) RunDir() string { return v.runDir }
+
+// AgentSocket is the host end of the guest agent's virtio-serial port.
+func (v *VM) AgentSocket() string { return filepath.Join(v.runDir, agentSock) }
+
+// SerialLog is the guest console log.
+func (v *VM) SerialLog() string { return filepath.Join(v.runDir, serialLog) }
+
+func (v *VM) command(ctx context.Context, name string, args any) error {
+	ctx, cancel := bounded(ctx, commandTimeout)
+	defer cancel()
+	return v.qmp.Execute(ctx, name, args, nil)
+}
+
+// Resume runs the vCPUs.
+func (v *VM) Resume(ctx context.Context) error { return v.command(ctx, "cont", nil) }
+
+// Pause stops the vCPUs.
+func (v *VM) Pause(ctx context.Context) error { return v.command(ctx, "stop", nil) }
+
+// Shutdown asks QEMU to quit and waits for it; past the deadline it is
+// killed. The guest agent's Shutdown is the place to sync the guest first.
+func (v *VM) Shutdown(ctx context.Context) error {
+	ctx, cancel := bounded(ctx, shutdownTimeout)
+	defer cancel()
+	if err := v.qmp.Execute(ctx, "quit", nil, nil); err != nil && !v.proc.exited() {
+		log.G(ctx).WithError(err).WithField("pid", v.PID()).Warn("qemu quit failed, killing it")
+		return v.proc.kill()
+	}
+	if err := v.proc.wait(ctx); err != nil && !v.proc.exited() {
+		log.G(ctx).WithError(err).WithField("pid", v.PID()).Warn("qemu did not exit after quit, killing it")
+		return v.proc.kill()
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to QEMU and waits until it is reaped.
+func (v *VM) Kill() error { return v.proc.kill() }
+
+// Wait blocks until QEMU has exited; a non-zero exit or a signal is an error.
+func (v *VM) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
+
+// DialAgent connects to the host end of the guest agent's port.
+func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", v.AgentSocket())
+	if err != nil {
+		return nil, fmt.Errorf("dial guest agent: %w", err)
+	}
+	return conn, nil
+}
+
+// Close kills QEMU if it still runs and removes the run directory.
+func (v *VM) Close() error {
+	v.once.Do(func() {
+		v.qmp.Close()
+		kerr := v.proc.kill()
+		if v.memfd != nil {
+			v.memfd.Close()
+		}
+		v.err = errors.Join(kerr, os.RemoveAll(v.runDir))
+	})
+	return v.err
+}
+
+// migrationCaps turns on what every migration here needs: guest RAM in a
+// shared file is skipped, and MIGRATION events report the outcome.
+func (v *VM) migrationCaps(ctx context.Context) error {
+	type capability struct {
+		Capability string `json:"capability"`
+		State      bool   `json:"state"`
+	}
+	caps := []capability{{migrationIgnored, true}, {migrationEvents, true}}
+	return v.command(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps})
+}
+
+// migrate runs command (migrate or migrate-incoming) with uri and waits
+// for the migration to finish.
+func (v *VM) migrate(ctx context.Context, command, uri string) error {
+	ctx, cancel := bounded(ctx, migrateTimeout)
+	defer cancel()
+	if err := v.migrationCaps(ctx); err != nil {
+		return err
+	}
+	wait := v.qmp.Expect(func(ev Event) bool {
+		return ev.Name == "MIGRATION" && migrationFinished(ev.Data) != ""
+	})
+	if err := v.qmp.Execute(ctx, command, map[string]string{"uri": uri}, nil); err != nil {
+		return err
+	}
+	ev, err := wait(ctx)
+	if err != nil {
+		return fmt.Errorf("wait for %s: %w", command, err)
+	}
+	if status := migrationFinished(ev.Data); status != "completed" {
+		return fmt.Errorf("%s %s: %s", command, status, v.migrationError(ctx))
+	}
+	return nil
+}
+
+// migrationFinished returns the final status in a MIGRATION event's data,
+// or "" while the migration is still going.
+func migrationFinished(data json.RawMessage) string {
+	var d struct {
+		Status string `json:"status"`
+	}
+	if json.Unmarshal(data, &d) != nil {
+		return ""
+	}
+	switch d.Status {
+	case "completed", "failed", "cancelled":
+		return d.Status
+	}
+	return ""
+}
+
+func (v *VM) migrationError(ctx context.Context) string {
+	var info struct {
+		ErrorDesc string `json:"error-desc"`
+	}
+	if err := v.qmp.Execute(ctx, "query-migrate", nil, &info); err != nil {
+		return err.Error()
+	}
+	if info.ErrorDesc == "" {
+		return "no error description from qemu"
+	}
+	return info.ErrorDesc
+}

@@ -110,7 +110,7 @@ func (p *Plan) request(in Inputs) (request, error) {
 		}
 		p.because("restore.force_mode = %q overrides restore.mode and annotations", m)
 		if hasAnn {
-			p.warn("annotation %s = %q ignored: restore.force_mode is set", AnnotationMode, ann)
+			p.warnStep("annotation %s = %q ignored: restore.force_mode is set", AnnotationMode, ann)
 		}
 		return request{mode: m, source: "restore.force_mode", forced: true}, nil
 	}
@@ -124,13 +124,17 @@ func (p *Plan) request(in Inputs) (request, error) {
 		return request{mode: m, source: source}, nil
 	}
 	if hasAnn {
-		p.warn("annotation %s = %q ignored: restore.allow_annotation is false", AnnotationMode, ann)
+		p.warnStep("annotation %s = %q ignored: restore.allow_annotation is false", AnnotationMode, ann)
 	}
 	m, err := parseMode("restore.mode", in.Config.Mode, true)
 	if err != nil {
 		return request{}, err
 	}
-	p.because("restore.mode = %q", in.Config.Mode)
+	if m == "" {
+		p.because("restore.mode = %q asks for the best mode", in.Config.Mode)
+	} else {
+		p.because("restore.mode = %q asks for %s", in.Config.Mode, m)
+	}
 	return request{mode: m, source: "restore.mode"}, nil
 }
 
@@ -148,19 +152,17 @@ func (p *Plan) resolve(req request, in Inputs) hypervisor.Mode {
 // mode would have the VM map or fault in the staged file, which cannot back
 // such memory. No setting overrides this.
 func (p *Plan) memoryRule(mode hypervisor.Mode, req request, link *chain.Link) hypervisor.Mode {
-	var why string
+	var what, why string
 	switch {
 	case link.HugePages:
-		why = "guest memory is hugepage-backed: hugetlbfs memory can neither privately map the staged file nor be faulted in from it, so memory is copied"
+		what, why = "hugepage-backed guest memory", "hugetlbfs memory can neither privately map the staged file nor be faulted in from it"
 	case link.SharedMemory:
-		why = "guest memory is shared with other processes: a private mapping would break the sharing and a shared one would write into the immutable staged file, so memory is copied"
+		what, why = "shared guest memory", "a private mapping would break the sharing and a shared one would write into the immutable staged file"
 	default:
 		return mode
 	}
-	p.because("%s", why)
-	if mode != hypervisor.ModeCopy && req.mode != "" {
-		p.warn("%s asked for %s, restoring with copy instead: %s", req.source, mode, why)
-	}
+	p.because("%s needs copy: %s", what, why)
+	p.overridden(req, mode, what)
 	return hypervisor.ModeCopy
 }
 
@@ -178,11 +180,8 @@ func (p *Plan) windowsRule(mode hypervisor.Mode, req request, in Inputs) hypervi
 		p.because("windows guest: restore.lazy_windows = true allows %s", mode)
 		return mode
 	}
-	why := "windows guest: a lazy restore stalls its boot and DHCP while memory faults in, so memory is copied (restore.lazy_windows = true allows lazy modes)"
-	p.because("%s", why)
-	if req.mode != "" {
-		p.warn("%s asked for %s, restoring with copy instead: %s", req.source, mode, why)
-	}
+	p.because("windows guest gets copy: a lazy restore stalls its boot and DHCP while memory faults in (restore.lazy_windows = true allows lazy modes)")
+	p.overridden(req, mode, "the windows guest")
 	return hypervisor.ModeCopy
 }
 
@@ -207,8 +206,7 @@ func (p *Plan) supported(mode hypervisor.Mode, req request, in Inputs) (hypervis
 	if req.mode == mode {
 		msg = fmt.Sprintf("%s asked for %s, but %s", req.source, mode, msg)
 	}
-	p.because("%s", msg)
-	p.warn("%s", msg)
+	p.warnStep("%s", msg)
 	return next, nil
 }
 
@@ -225,6 +223,13 @@ func nextBest(m hypervisor.Mode, caps hypervisor.Capabilities) (hypervisor.Mode,
 		}
 	}
 	return "", false
+}
+
+// overridden warns when a rule replaced a mode someone explicitly asked for.
+func (p *Plan) overridden(req request, mode hypervisor.Mode, what string) {
+	if req.mode != "" && mode != hypervisor.ModeCopy {
+		p.warn("%s asked for %s, but %s gets copy", req.source, mode, what)
+	}
 }
 
 func releaseReason(m hypervisor.Mode) string {
@@ -270,4 +275,11 @@ func (p *Plan) because(format string, args ...any) {
 
 func (p *Plan) warn(format string, args ...any) {
 	p.Warnings = append(p.Warnings, fmt.Sprintf(format, args...))
+}
+
+// warnStep records a step that sets aside what was asked: it is both part of
+// the decision and something an operator should see.
+func (p *Plan) warnStep(format string, args ...any) {
+	p.because(format, args...)
+	p.warn(format, args...)
 }

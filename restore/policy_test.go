@@ -218,3 +218,14 @@ func TestDecideBadInputs(t *testing.T) {
 		})
 	}
 }
+
+func BenchmarkDecide(b *testing.B) {
+	in := Inputs{Hypervisor: "firecracker", Caps: profiles[3].caps(), Link: linuxLink("firecracker"),
+		Config:      config.Restore{Mode: "mmap", AllowAnnotation: true},
+		Annotations: map[string]string{AnnotationMode: "ondemand"}}
+	for b.Loop() {
+		if _, err := Decide(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

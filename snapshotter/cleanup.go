@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 )
 
@@ -32,6 +33,9 @@ func (s *Snapshotter) reconcile(ctx context.Context, startup bool) error {
 	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
 		var err error
 		ids, err = storage.IDMap(ctx)
+		if errdefs.IsNotFound(err) {
+			return nil // a fresh store has no snapshot bucket yet
+		}
 		return err
 	})
 	if err != nil {

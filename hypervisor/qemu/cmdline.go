@@ -165,8 +165,3 @@ func onOff(b bool) string {
 	}
 	return "off"
 }
-
-// shellQuote quotes s for the /bin/sh that runs exec: migration URIs.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}

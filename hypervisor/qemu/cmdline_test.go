@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -134,19 +133,5 @@ func TestShapeRoundTrip(t *testing.T) {
 	}
 	if _, err := ReadShape(filepath.Join(dir, ShapeFile)); err == nil {
 		t.Fatal("ReadShape accepted a pc machine")
-	}
-}
-
-func TestShellQuote(t *testing.T) {
-	dir := t.TempDir()
-	for _, name := range []string{"plain", "with space", "it's", `$(false)`, "semi;colon"} {
-		path := filepath.Join(dir, name)
-		out, err := exec.Command("/bin/sh", "-c", "printf x > "+shellQuote(path)).CombinedOutput()
-		if err != nil {
-			t.Fatalf("sh on %q: %v: %s", name, err, out)
-		}
-		if b, err := os.ReadFile(path); err != nil || string(b) != "x" {
-			t.Fatalf("%q: got %q, %v", name, b, err)
-		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // Files in a VM's run directory.
@@ -22,6 +23,9 @@ const (
 
 // maxSockPath is the longest unix socket path (sun_path less the NUL).
 const maxSockPath = 107
+
+// exitGrace is how long a QEMU that dropped QMP gets to exit.
+const exitGrace = 500 * time.Millisecond
 
 // qmpChildFD is the QMP listener's fd number in QEMU (first ExtraFiles entry).
 const qmpChildFD = 3
@@ -116,28 +120,41 @@ func (s spawn) exec(qmpListener *os.File) (*process, error) {
 
 // connect dials QMP and negotiates it; it fails early if QEMU exits.
 func (p *process) connect(ctx context.Context) (*qmp, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	go func() {
 		select {
 		case <-p.done:
-			cancel(p.exitError())
+			cancel()
 		case <-ctx.Done():
 		}
 	}()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", filepath.Join(p.runDir, qmpSock))
-	if err != nil {
-		return nil, fmt.Errorf("connect qmp: %w", err)
-	}
-	q, err := newQMP(ctx, conn)
-	if err != nil {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
-			err = fmt.Errorf("%w (%w)", err, cause)
+	if err == nil {
+		var q *qmp
+		if q, err = newQMP(ctx, conn); err == nil {
+			return q, nil
 		}
-		return nil, err
 	}
-	return q, nil
+	if p.exitedWithin(exitGrace) {
+		return nil, fmt.Errorf("connect qmp: %w", p.exitError())
+	}
+	return nil, fmt.Errorf("connect qmp: %w", err)
+}
+
+// exitedWithin reports whether the process exits within d. A QMP socket
+// that refuses or drops us means QEMU is on its way out; its exit status
+// and log say why, which beats "connection reset".
+func (p *process) exitedWithin(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // exitError describes how QEMU ended, with the tail of its log.
@@ -176,12 +193,11 @@ func (p *process) exited() bool {
 	}
 }
 
-// kill sends SIGKILL to QEMU's process group (QEMU and the exec:
-// migration helpers it forked) and waits until QEMU is reaped.
+// kill sends SIGKILL to QEMU's process group (QEMU and anything it
+// forked) and waits until QEMU is reaped. The group outlives a QEMU that
+// died first, and its id cannot be reused while it has members, so those
+// are killed then too.
 func (p *process) kill() error {
-	if p.exited() {
-		return nil
-	}
 	if err := syscall.Kill(-p.pid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill qemu %d: %w", p.pid(), err)
 	}

@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var noDeadline time.Time
@@ -151,6 +154,16 @@ func (c *qmp) closedErr() error {
 // Execute runs command with args (nil for none) and decodes the reply's
 // return value into out (nil to ignore it).
 func (c *qmp) Execute(ctx context.Context, command string, args, out any) error {
+	return c.execute(ctx, command, args, out, nil)
+}
+
+// SendFile passes f to QEMU under name (QMP getfd, SCM_RIGHTS), for URIs
+// such as fd:name. QEMU holds its own duplicate; the caller keeps f.
+func (c *qmp) SendFile(ctx context.Context, name string, f *os.File) error {
+	return c.execute(ctx, "getfd", map[string]string{"fdname": name}, nil, f)
+}
+
+func (c *qmp) execute(ctx context.Context, command string, args, out any, f *os.File) error {
 	id := strconv.FormatUint(c.next.Add(1), 10)
 	req, err := json.Marshal(struct {
 		Execute   string `json:"execute"`
@@ -169,7 +182,7 @@ func (c *qmp) Execute(ctx context.Context, command string, args, out any) error 
 		delete(c.reply, id)
 		c.mu.Unlock()
 	}()
-	if err := c.write(ctx, append(req, '\n')); err != nil {
+	if err := c.write(ctx, append(req, '\n'), f); err != nil {
 		return fmt.Errorf("qmp %s: %w", command, err)
 	}
 	select {
@@ -188,14 +201,22 @@ func (c *qmp) Execute(ctx context.Context, command string, args, out any) error 
 	}
 }
 
-func (c *qmp) write(ctx context.Context, b []byte) error {
+func (c *qmp) write(ctx context.Context, b []byte, f *os.File) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if d, ok := ctx.Deadline(); ok {
 		c.conn.SetWriteDeadline(d)
 		defer c.conn.SetWriteDeadline(noDeadline)
 	}
-	_, err := c.conn.Write(b)
+	if f == nil {
+		_, err := c.conn.Write(b)
+		return err
+	}
+	uc, ok := c.conn.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("pass a file: qmp is not on a unix socket")
+	}
+	_, _, err := uc.WriteMsgUnix(b, unix.UnixRights(int(f.Fd())), nil)
 	return err
 }
 

@@ -119,10 +119,10 @@ func TestQMPArgumentsEncoded(t *testing.T) {
 		got <- string(args)
 		f.send(`{"return": {}, "id": "` + id + `"}`)
 	}()
-	if err := q.Execute(context.Background(), "migrate", map[string]string{"uri": "exec:cat > '/x'"}, nil); err != nil {
+	if err := q.Execute(context.Background(), "migrate", map[string]string{"uri": "fd:<m>"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if want := `{"uri":"exec:cat \u003e '/x'"}`; <-got != want {
+	if want := `{"uri":"fd:\u003cm\u003e"}`; <-got != want {
 		t.Fatalf("arguments differ, want %s", want)
 	}
 }

@@ -98,11 +98,13 @@ func openStaged(dir string) (*chain.Staged, Shape, error) {
 // stays paused (-S). A QEMU that dies while loading is reported with its
 // exit status and log.
 func (v *VM) load(ctx context.Context, statePath string) error {
-	if _, err := os.Stat(statePath); err != nil {
-		return fmt.Errorf("device state: %w", err)
+	f, err := os.Open(statePath)
+	if err != nil {
+		return fmt.Errorf("open device state: %w", err)
 	}
-	err := v.migrate(ctx, "migrate-incoming", "exec:cat "+shellQuote(statePath))
-	if err != nil && v.proc.exited() {
+	defer f.Close()
+	err = v.migrate(ctx, "migrate-incoming", f)
+	if err != nil && v.proc.exitedWithin(exitGrace) {
 		return fmt.Errorf("load device state: %w", v.proc.exitError())
 	}
 	if err != nil {

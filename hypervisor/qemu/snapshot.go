@@ -28,9 +28,8 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err := v.Pause(ctx); err != nil {
 		return err
 	}
-	state := filepath.Join(dir, StateFile)
-	if err := v.migrate(ctx, "migrate", "exec:cat > "+shellQuote(state)); err != nil {
-		return fmt.Errorf("save device state: %w", err)
+	if err := v.saveState(ctx, filepath.Join(dir, StateFile)); err != nil {
+		return err
 	}
 	if err := WriteShape(dir, v.shape); err != nil {
 		return err
@@ -47,4 +46,20 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 		return fmt.Errorf("write memory: %w", err)
 	}
 	return nil
+}
+
+// saveState writes the device-state stream to path, durably.
+func (v *VM) saveState(ctx context.Context, path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("create device state: %w", err)
+	}
+	defer f.Close()
+	if err := v.migrate(ctx, "migrate", f); err != nil {
+		return fmt.Errorf("save device state: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync device state: %w", err)
+	}
+	return f.Close()
 }

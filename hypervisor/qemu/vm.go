@@ -24,6 +24,7 @@ const (
 	shutdownTimeout  = 10 * time.Second
 	migrationEvents  = "events"
 	migrationIgnored = "x-ignore-shared"
+	migrationFD      = "migration"
 )
 
 var (
@@ -135,18 +136,23 @@ func (v *VM) migrationCaps(ctx context.Context) error {
 	return v.command(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps})
 }
 
-// migrate runs command (migrate or migrate-incoming) with uri and waits
-// for the migration to finish.
-func (v *VM) migrate(ctx context.Context, command, uri string) error {
+// migrate runs command (migrate or migrate-incoming) over f, passed to
+// QEMU as an fd: QEMU reads or writes the file itself, so the stream is
+// complete when the MIGRATION event says so (an exec: helper could still
+// be writing then), and no helper process can be left behind.
+func (v *VM) migrate(ctx context.Context, command string, f *os.File) error {
 	ctx, cancel := bounded(ctx, migrateTimeout)
 	defer cancel()
 	if err := v.migrationCaps(ctx); err != nil {
 		return err
 	}
+	if err := v.qmp.SendFile(ctx, migrationFD, f); err != nil {
+		return err
+	}
 	wait := v.qmp.Expect(func(ev Event) bool {
 		return ev.Name == "MIGRATION" && migrationFinished(ev.Data) != ""
 	})
-	if err := v.qmp.Execute(ctx, command, map[string]string{"uri": uri}, nil); err != nil {
+	if err := v.qmp.Execute(ctx, command, map[string]string{"uri": "fd:" + migrationFD}, nil); err != nil {
 		return err
 	}
 	ev, err := wait(ctx)

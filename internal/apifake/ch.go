@@ -50,10 +50,7 @@ func (f *CH) Handle(method, op string, body []byte) Response {
 	case "vmm.ping":
 		return Response{Status: http.StatusOK, Body: map[string]any{"version": f.Version, "pid": os.Getpid()}}
 	case "vmm.shutdown":
-		if f.Exit != nil {
-			defer func() { go f.Exit() }()
-		}
-		return Response{Status: http.StatusNoContent}
+		return Response{Status: http.StatusNoContent, After: f.Exit}
 	case "vm.info":
 		if f.state == "" {
 			return Response{Status: http.StatusNotFound, Body: "VM is not created"}

@@ -6,7 +6,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -83,4 +85,27 @@ func Records(t testing.TB, record string) []Request {
 		t.Fatal(err)
 	}
 	return reqs
+}
+
+// PIDs lists the fake processes started with a record file.
+func PIDs(t testing.TB, record string) []int {
+	t.Helper()
+	data, err := os.ReadFile(record + pidsSuffix)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatalf("bad pid %q in %s%s", f, record, pidsSuffix)
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// Alive reports whether a process with pid exists (zombies included).
+func Alive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
 }

@@ -191,8 +191,8 @@ func (f *FC) action(body []byte) Response {
 	if f.state != "Running" {
 		return f.fail(http.StatusBadRequest, "SendCtrlAltDel needs a running microVM, it is %s", f.state)
 	}
-	if !f.IgnoreCtrlAltDel && f.Exit != nil {
-		go f.Exit()
+	if f.IgnoreCtrlAltDel {
+		return Response{Status: http.StatusNoContent}
 	}
-	return Response{Status: http.StatusNoContent}
+	return Response{Status: http.StatusNoContent, After: f.Exit}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -85,6 +86,11 @@ func serve(sock string, model Model, exit <-chan struct{}) error {
 		defer f.Close()
 		record = f
 	}
+	if p := os.Getenv(envRecord); p != "" {
+		if err := appendLine(p+pidsSuffix, strconv.Itoa(os.Getpid())); err != nil {
+			return err
+		}
+	}
 	ln, err := NewServer(spec, model, record).ServeUnix(sock)
 	if err != nil {
 		return err
@@ -97,6 +103,22 @@ func serve(sock string, model Model, exit <-chan struct{}) error {
 	case <-sig:
 	}
 	return nil
+}
+
+// pidsSuffix names the file beside a record listing the fake processes
+// started, one pid a line.
+const pidsSuffix = ".pids"
+
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	_, err = fmt.Fprintln(f, line)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func failSet(s string) map[string]bool {

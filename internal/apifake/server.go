@@ -16,6 +16,8 @@ type Response struct {
 	Status int
 	// Body is encoded as JSON unless it is a string, which is sent as text.
 	Body any
+	// After, if set, runs once the response has been sent.
+	After func()
 }
 
 // Model is a fake hypervisor's state machine. Handle sees only requests
@@ -90,6 +92,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.Status = resp.Status
 	s.remember(rec)
 	writeResponse(w, resp)
+	if resp.After != nil {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		resp.After()
+	}
 }
 
 func (s *Server) remember(rec Request) {

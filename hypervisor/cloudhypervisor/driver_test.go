@@ -1,0 +1,223 @@
+package cloudhypervisor
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/apifake"
+)
+
+func TestRestoreFlow(t *testing.T) {
+	tests := []struct {
+		name    string
+		spec    string
+		mode    hypervisor.Mode
+		release bool
+		want    map[string]any // vm.restore body, source_url filled in
+	}{
+		{"copy", apifake.SpecCH, hypervisor.ModeCopy, true, map[string]any{}},
+		{"ondemand", apifake.SpecCH, hypervisor.ModeOnDemand, false, map[string]any{"memory_restore_mode": "OnDemand"}},
+		{"mmap", apifake.SpecCHFork, hypervisor.ModeMmap, false, map[string]any{"memory_restore_mode": "CopyOnWrite"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			d, record := newDriver(t, tt.spec, "probe")
+			staged, run := stageChain(t), runDir(t)
+			phases := map[string]bool{}
+			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode,
+				ReleaseAfterLoad: tt.release, OnPhase: func(p string, _ time.Duration) { phases[p] = true }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			if !phases["spawn"] || !phases["load"] {
+				t.Errorf("phases reported %v, want spawn and load", phases)
+			}
+			tt.want["source_url"] = "file://" + filepath.Join(run, restoreDir)
+			got := bodies(t, record, "vm.restore")
+			if len(got) == 0 || !reflect.DeepEqual(got[len(got)-1], tt.want) {
+				t.Errorf("vm.restore bodies %v, want last = %v", got, tt.want)
+			}
+			checkMemory(t, staged, run, tt.mode, tt.release)
+			exercise(t, ctx, v, record)
+		})
+	}
+}
+
+// checkMemory checks what the restore left of the memory file: a copy
+// lets go of it, mmap and ondemand run on the staged inode.
+func checkMemory(t *testing.T, staged, run string, mode hypervisor.Mode, release bool) {
+	t.Helper()
+	restored := filepath.Join(run, restoreDir, memoryFile)
+	stagedMem := filepath.Join(staged, chain.StagedMemory)
+	if mode == hypervisor.ModeCopy {
+		if _, err := os.Lstat(restored); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("copy restore kept %s (err %v)", restored, err)
+		}
+		if _, err := os.Lstat(stagedMem); release != errors.Is(err, os.ErrNotExist) {
+			t.Errorf("release %v but staged memory stat err = %v", release, err)
+		}
+		return
+	}
+	a, errA := os.Stat(restored)
+	b, errB := os.Stat(stagedMem)
+	if errA != nil || errB != nil || !os.SameFile(a, b) {
+		t.Errorf("restored memory is not the staged inode: %v %v", errA, errB)
+	}
+}
+
+// exercise drives a restored VM through its life and checks the requests.
+func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string) {
+	t.Helper()
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkAgent(t, ctx, v)
+	if err := v.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	linkDir := t.TempDir()
+	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.MemoryBytes != memBytes {
+		t.Errorf("snapshot link %+v, %v", l, err)
+	}
+	if err := v.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"PUT vm.restore", "PUT vm.resume", "PUT vm.pause", "PUT vm.snapshot", "PUT vm.shutdown", "PUT vmm.shutdown"}
+	if got := ops(t, record); !slices.Equal(got[len(got)-len(want):], want) {
+		t.Errorf("requests %v, want them to end with %v", got, want)
+	}
+	snap := bodies(t, record, "vm.snapshot")
+	if len(snap) != 1 || len(snap[0]) != 1 || !strings.HasPrefix(snap[0]["destination_url"].(string), "file://") {
+		t.Errorf("vm.snapshot bodies %v, want one with only destination_url", snap)
+	}
+}
+
+// checkAgent dials the guest agent port; the fake guest echoes.
+func checkAgent(t *testing.T, ctx context.Context, v hypervisor.VM) {
+	t.Helper()
+	c, err := v.DialAgent(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hello\n" {
+		t.Errorf("agent echo %q, %v", got, err)
+	}
+}
+
+func TestCapabilities(t *testing.T) {
+	tests := []struct {
+		name, spec, cow string
+		wantMmap        bool
+		wantProbe       bool
+	}{
+		{"probe upstream", apifake.SpecCH, "probe", false, true},
+		{"probe fork", apifake.SpecCHFork, "probe", true, true},
+		{"pinned yes", apifake.SpecCH, "yes", true, false},
+		{"pinned no", apifake.SpecCHFork, "no", false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, record := newDriver(t, tt.spec, tt.cow)
+			caps, err := d.Capabilities(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if caps.Supports(hypervisor.ModeMmap) != tt.wantMmap || !caps.Supports(hypervisor.ModeCopy) || caps.Build != "cloud-hypervisor v53.0" {
+				t.Errorf("caps %+v, want mmap %v", caps, tt.wantMmap)
+			}
+			if probed := len(bodies(t, record, "vm.restore")) > 0; probed != tt.wantProbe {
+				t.Errorf("probed the API: %v, want %v", probed, tt.wantProbe)
+			}
+		})
+	}
+}
+
+func TestRestoreUnsupportedMode(t *testing.T) {
+	d, record := newDriver(t, apifake.SpecCH, "no")
+	run := runDir(t)
+	_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: run, Mode: hypervisor.ModeMmap})
+	if err == nil || !strings.Contains(err.Error(), "mmap") {
+		t.Fatalf("restore mmap on upstream: err = %v, want one naming the mode", err)
+	}
+	if _, err := os.Stat(run); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("run dir left behind: %v", err)
+	}
+	if got := ops(t, record); len(got) != 0 {
+		t.Errorf("requests %v, want none", got)
+	}
+}
+
+func TestRestoreFailureCleansUp(t *testing.T) {
+	d, record := newDriver(t, apifake.SpecCHFork, "yes", "vm.restore")
+	run := runDir(t)
+	_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: run, Mode: hypervisor.ModeMmap})
+	var apiErr *APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 400 {
+		t.Fatalf("err = %v, want the fake's 400", err)
+	}
+	if _, err := os.Stat(run); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("run dir left behind: %v", err)
+	}
+	pids := apifake.PIDs(t, record)
+	if len(pids) != 1 || apifake.Alive(pids[0]) {
+		t.Errorf("fake pids %v: want one, gone", pids)
+	}
+}
+
+func TestStateMachineViolations(t *testing.T) {
+	ctx := context.Background()
+	d, record := newDriver(t, apifake.SpecCHFork, "yes")
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	var apiErr *APIError
+	if err := v.Pause(ctx); !errors.As(err, &apiErr) || apiErr.Status != 405 {
+		t.Errorf("pause of a paused VM: err = %v, want 405", err)
+	}
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, t.TempDir(), hypervisor.SnapshotFull); !errors.As(err, &apiErr) || apiErr.Status != 405 {
+		t.Errorf("snapshot of a running VM: err = %v, want 405", err)
+	}
+	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, t.TempDir(), hypervisor.SnapshotDiff); err == nil {
+		t.Error("diff snapshot: want an error")
+	}
+	pid := v.PID()
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("pid %d after Close: kill 0 = %v, want ESRCH", pid, err)
+	}
+	if n := len(bodies(t, record, "vm.restore")); n != 1 {
+		t.Errorf("%d restores, want 1", n)
+	}
+}

@@ -1,0 +1,124 @@
+package cloudhypervisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// restoreConfig is the vm.restore body (RestoreConfig in the spec).
+type restoreConfig struct {
+	SourceURL         string `json:"source_url"`
+	MemoryRestoreMode string `json:"memory_restore_mode,omitempty"`
+}
+
+// Restore spawns Cloud Hypervisor and restores req.StagedDir into it,
+// paused. On error the process is killed and req.RunDir removed.
+func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ hypervisor.VM, retErr error) {
+	staged, build, err := d.prepare(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(req.RunDir), 0o755); err != nil {
+		return nil, fmt.Errorf("create run dir parent: %w", err)
+	}
+	if err := os.Mkdir(req.RunDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(req.RunDir)
+		}
+	}()
+	source := filepath.Join(req.RunDir, restoreDir)
+	if err := materialize(ctx, staged, req.RunDir, source); err != nil {
+		return nil, err
+	}
+	v, err := d.start(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			v.stop()
+		}
+	}()
+	v.staged, v.build = staged, build
+	if err := v.load(ctx, req, source); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// prepare checks that the mode and the staged chain suit this driver.
+func (d *Driver) prepare(ctx context.Context, req hypervisor.RestoreRequest) (*chain.Staged, string, error) {
+	caps, err := d.Capabilities(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	if !caps.Supports(req.Mode) {
+		return nil, "", fmt.Errorf("restore mode %q: %s (%s) supports %v", req.Mode, Name, caps.Build, caps.RestoreModes)
+	}
+	staged, err := chain.OpenStaged(req.StagedDir)
+	if err != nil {
+		return nil, "", err
+	}
+	if h := staged.Top().Hypervisor; h != Name {
+		return nil, "", fmt.Errorf("staged chain %s is a %s snapshot, not %s", req.StagedDir, h, Name)
+	}
+	return staged, caps.Build, nil
+}
+
+// start spawns the process and waits for its API socket.
+func (d *Driver) start(ctx context.Context, req hypervisor.RestoreRequest) (*vm, error) {
+	sock := filepath.Join(req.RunDir, apiSock)
+	if err := checkSockPath(sock); err != nil {
+		return nil, err
+	}
+	begin := time.Now()
+	p, err := spawn(d.cfg.Binary, []string{"--api-socket", "path=" + sock}, req.RunDir)
+	if err != nil {
+		return nil, err
+	}
+	v := &vm{proc: p, api: newAPIClient(sock), runDir: req.RunDir}
+	if err := p.waitSocket(ctx, sock); err != nil {
+		v.stop()
+		return nil, err
+	}
+	req.Phase("spawn", time.Since(begin))
+	return v, nil
+}
+
+// load asks for vm.restore and, for copy restores, lets go of the memory
+// file once Cloud Hypervisor has read it.
+func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, source string) error {
+	mode, err := memoryRestoreMode(req.Mode)
+	if err != nil {
+		return err
+	}
+	begin := time.Now()
+	if err := v.api.put(ctx, "vm.restore", restoreConfig{SourceURL: "file://" + source, MemoryRestoreMode: mode}); err != nil {
+		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
+	}
+	req.Phase("load", time.Since(begin))
+	if req.Mode != hypervisor.ModeCopy {
+		return nil
+	}
+	if err := os.Remove(filepath.Join(source, memoryFile)); err != nil {
+		return fmt.Errorf("drop restored memory link: %w", err)
+	}
+	if req.ReleaseAfterLoad {
+		if err := os.Remove(v.staged.MemoryPath()); err != nil {
+			return fmt.Errorf("release staged memory: %w", err)
+		}
+		log.G(ctx).WithField("staged", req.StagedDir).Debug("released staged memory after copy restore")
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package cloudhypervisor
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// snapshotConfig is the vm.snapshot body (VmSnapshotConfig in the spec).
+type snapshotConfig struct {
+	DestinationURL string `json:"destination_url"`
+}
+
+// Snapshot writes a full chain link of the paused VM into dir: Cloud
+// Hypervisor snapshots into a scratch directory in the run directory, its
+// config.json and state.json become the link's state files and its
+// memory-ranges the link's memory.
+func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
+	if kind != hypervisor.SnapshotFull {
+		return fmt.Errorf("snapshot kind %q: %s snapshots are full only", kind, Name)
+	}
+	scratch, err := os.MkdirTemp(v.runDir, "snapshot-")
+	if err != nil {
+		return fmt.Errorf("create snapshot scratch dir: %w", err)
+	}
+	defer os.RemoveAll(scratch)
+	if err := v.api.put(ctx, "vm.snapshot", snapshotConfig{DestinationURL: "file://" + scratch}); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create link dir: %w", err)
+	}
+	for _, name := range stateFiles {
+		if err := copyFile(filepath.Join(scratch, name), filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	if _, err := chain.WriteFull(ctx, filepath.Join(scratch, memoryFile), v.meta(), dir); err != nil {
+		return fmt.Errorf("write snapshot link: %w", err)
+	}
+	return nil
+}
+
+// meta describes links of this VM: the guest is the one restored.
+func (v *vm) meta() chain.Meta {
+	top := v.staged.Top()
+	return chain.Meta{
+		Hypervisor: Name, HypervisorBuild: v.build, GuestOS: top.GuestOS,
+		VCPUs: top.VCPUs, PageSize: top.PageSize,
+		HugePages: top.HugePages, SharedMemory: top.SharedMemory,
+		StateFiles: stateFiles,
+	}
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("read snapshot %s: %w", filepath.Base(src), err)
+	}
+	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		return fmt.Errorf("write link %s: %w", filepath.Base(dst), err)
+	}
+	return nil
+}

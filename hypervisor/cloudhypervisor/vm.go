@@ -1,0 +1,91 @@
+package cloudhypervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// vm is one Cloud Hypervisor process and its run directory.
+type vm struct {
+	proc   *process
+	api    *apiClient
+	runDir string
+	staged *chain.Staged
+	build  string
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var (
+	_ hypervisor.VM          = (*vm)(nil)
+	_ hypervisor.Snapshotter = (*vm)(nil)
+)
+
+func (v *vm) PID() int { return v.proc.pid() }
+
+func (v *vm) Resume(ctx context.Context) error { return v.api.put(ctx, "vm.resume", nil) }
+
+func (v *vm) Pause(ctx context.Context) error { return v.api.put(ctx, "vm.pause", nil) }
+
+// Shutdown stops the VM, then the VMM, and waits for the process to exit.
+// The VMM may exit before its answer to vmm.shutdown arrives, so only the
+// exit counts; a VMM still running at the end of ctx is killed.
+func (v *vm) Shutdown(ctx context.Context) error {
+	if err := v.api.put(ctx, "vm.shutdown", nil); err != nil {
+		log.G(ctx).WithError(err).WithField("pid", v.PID()).Warn("vm.shutdown failed, shutting the vmm down anyway")
+	}
+	err := v.api.put(ctx, "vmm.shutdown", nil)
+	if apiErr := (*APIError)(nil); errors.As(err, &apiErr) {
+		v.stop()
+		return fmt.Errorf("shut down %s pid %d (killed): %w", Name, v.PID(), err)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("pid", v.PID()).Debug("vmm.shutdown got no answer")
+	}
+	if err := v.proc.wait(ctx); err != nil {
+		v.stop()
+		return fmt.Errorf("shut down %s pid %d (killed): %w", Name, v.PID(), err)
+	}
+	return nil
+}
+
+func (v *vm) Kill() error { return v.proc.kill() }
+
+func (v *vm) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
+
+// DialAgent connects to the guest agent's vsock port through the vsock
+// device's host socket.
+func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
+	return dialHybridVsock(ctx, filepath.Join(v.runDir, vsockSock), agentPort)
+}
+
+// Close kills the process if it still runs, reaps it and removes the run
+// directory.
+func (v *vm) Close() error {
+	v.closeOnce.Do(func() {
+		err := v.stop()
+		if rerr := os.RemoveAll(v.runDir); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove run dir: %w", rerr))
+		}
+		v.closeErr = err
+	})
+	return v.closeErr
+}
+
+// stop kills the process and waits until it has been reaped.
+func (v *vm) stop() error {
+	err := v.proc.kill()
+	<-v.proc.done
+	return err
+}

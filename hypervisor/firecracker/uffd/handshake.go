@@ -59,9 +59,9 @@ func readHandshake(conn *net.UnixConn) (peer, error) {
 		}
 		return peer{}, fmt.Errorf("decode region list (want a JSON array of GuestRegionUffdMapping): %w", err)
 	}
-	if len(rr.fds) != 1 {
+	if n := len(rr.fds); n != 1 {
 		rr.closeAll()
-		return peer{}, fmt.Errorf("got %d file descriptors, want exactly one userfaultfd in SCM_RIGHTS", len(rr.fds))
+		return peer{}, fmt.Errorf("got %d file descriptors, want exactly one userfaultfd in SCM_RIGHTS", n)
 	}
 	if err := checkUffd(rr.fds[0]); err != nil {
 		rr.closeAll()
@@ -118,6 +118,9 @@ func (r *rightsReader) Read(p []byte) (int, error) {
 		if perr := r.collect(oob[:oobn]); perr != nil && err == nil {
 			err = perr
 		}
+	}
+	if errors.Is(err, io.EOF) {
+		err = io.EOF // encoding/json recognises only the bare value
 	}
 	return n, err
 }

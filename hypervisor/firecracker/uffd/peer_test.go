@@ -91,16 +91,20 @@ func (p *fcPeer) mapping(off, size, fileOff uint64) Mapping {
 	return Mapping{BaseHostVirtAddr: p.base() + off, Size: size, Offset: fileOff, PageSize: uint64(os.Getpagesize())}
 }
 
-// handshake connects to sock and sends payload with fd (if >= 0) attached.
-func handshake(sock string, payload []byte, fd int) error {
+// handshake connects to sock and sends payload with fds attached; a nil
+// payload hangs up without sending.
+func handshake(sock string, payload []byte, fds ...int) error {
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		return fmt.Errorf("dial handler: %w", err)
 	}
 	defer conn.Close()
+	if payload == nil {
+		return nil
+	}
 	var oob []byte
-	if fd >= 0 {
-		oob = unix.UnixRights(fd)
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
 	}
 	if _, _, err := conn.WriteMsgUnix(payload, oob, nil); err != nil {
 		return fmt.Errorf("send handshake: %w", err)

@@ -85,6 +85,9 @@ func testMeta() chain.Meta {
 func makeChain(t testing.TB, dir string, seed, pages, links int) fixture {
 	t.Helper()
 	ctx := context.Background()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	var fx fixture
 	for v := 0; v < links; v++ {
 		mem := filepath.Join(dir, fmt.Sprintf("mem%d", v))

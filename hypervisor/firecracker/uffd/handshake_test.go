@@ -48,10 +48,10 @@ func TestValidateMappings(t *testing.T) {
 		{"empty region", []Mapping{m(0x10000, 0, 0, page)}, "must be non-empty"},
 		{"unaligned base", []Mapping{m(0x10001, page, 0, page)}, "aligned"},
 		{"unaligned offset", []Mapping{m(0x10000, page, 100, page)}, "aligned"},
-		{"past end of file", []Mapping{m(0x10000, 2 * page, file - page, page)}, "exceeds the memory file"},
-		{"offset overflow", []Mapping{m(0x10000, page, ^uint64(0) &^ (page - 1), page)}, "exceeds the memory file"},
+		{"past end of file", []Mapping{m(0x10000, 2*page, file-page, page)}, "exceeds the memory file"},
+		{"offset overflow", []Mapping{m(0x10000, page, ^uint64(0)&^(page-1), page)}, "exceeds the memory file"},
 		{"address wraps", []Mapping{m(^uint64(0)&^(page-1), 2*page, 0, page)}, "wraps around"},
-		{"overlap", []Mapping{m(0x10000, 2 * page, 0, page), m(0x11000, page, 0, page)}, "overlap"},
+		{"overlap", []Mapping{m(0x10000, 2*page, 0, page), m(0x11000, page, 0, page)}, "overlap"},
 	} {
 		got, err := validateMappings(tc.in, file, page)
 		if tc.wantErr == "" {

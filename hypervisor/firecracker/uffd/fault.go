@@ -143,6 +143,7 @@ func (s *server) fault(addr uint64) error {
 	case err == nil:
 	case errors.Is(err, unix.EAGAIN):
 		s.retry = append(s.retry, page)
+		s.stats.retries.Add(1)
 		return nil
 	case errors.Is(err, unix.EEXIST):
 		// An earlier message for the same page already filled it; the

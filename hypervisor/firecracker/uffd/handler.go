@@ -50,10 +50,13 @@ type Stats struct {
 	Zeroed uint64
 	// Removes is the number of UFFD_EVENT_REMOVE events received.
 	Removes uint64
+	// Retries is the number of resolutions refused with EAGAIN (a remove
+	// was in flight) and tried again.
+	Retries uint64
 }
 
 type counters struct {
-	faults, copied, zeroed, removes atomic.Uint64
+	faults, copied, zeroed, removes, retries atomic.Uint64
 }
 
 // Handler serves one Firecracker process's page faults.
@@ -135,6 +138,7 @@ func (h *Handler) Stats() Stats {
 		Copied:  h.stats.copied.Load(),
 		Zeroed:  h.stats.zeroed.Load(),
 		Removes: h.stats.removes.Load(),
+		Retries: h.stats.retries.Load(),
 	}
 }
 

@@ -177,3 +177,66 @@ func TestHandlerServesFaults(t *testing.T) {
 		t.Fatalf("socket %s still there after Close: %v", sock, err)
 	}
 }
+
+// Faults racing with balloon removes: UFFDIO_COPY meets EAGAIN while a
+// remove is in flight and must retry. Every page read is the file's bytes
+// or zeros, and the handler neither fails nor hangs.
+func TestHandlerFaultsRaceRemoves(t *testing.T) {
+	testenv.RequireRoot(t)
+	const pages, removes = 1024, 2000
+	dir := t.TempDir()
+	path, want := memoryFile(t, dir, pages, nil)
+	h, sock := startHandler(t, dir, path)
+	p := startPeer(t, pages*pageSize, featureEventRemove)
+	if err := p.send(sock, p.mapping(0, uint64(pages*pageSize), 0)); err != nil {
+		t.Fatal(err)
+	}
+
+	stop := make(chan struct{})
+	removeErr := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		defer close(stop)
+		rnd := rand.New(rand.NewPCG(3, 4))
+		for range removes {
+			g, n := rnd.IntN(pages-16), 1+rnd.IntN(16)
+			if err := p.remove(g*pageSize, n*pageSize); err != nil {
+				removeErr <- err
+				return
+			}
+		}
+		removeErr <- nil
+	}()
+	onThread(t, func() error {
+		buf := make([]byte, pageSize)
+		for {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			g := rand.IntN(pages)
+			if err := p.read(g*pageSize, buf); err != nil {
+				return err
+			}
+			if !isZero(buf) && !bytes.Equal(buf, want[g*pageSize:(g+1)*pageSize]) {
+				return fmt.Errorf("guest page %d is neither the file's page nor zeros", g)
+			}
+		}
+	})
+	if err := <-removeErr; err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Wait(); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	st := h.Stats()
+	if st.Removes != removes {
+		t.Errorf("%d removes seen, want %d", st.Removes, removes)
+	}
+	t.Logf("stats %+v", st)
+}

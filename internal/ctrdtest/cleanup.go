@@ -2,6 +2,7 @@ package ctrdtest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -89,19 +90,7 @@ func (c *Containerd) stop(p *proc) {
 // names Dir. Dir is a fresh temp dir, so these can only be shims and VMs of
 // this containerd (shims re-parent to PID 1 and outlive it).
 func (c *Containerd) killStragglers() {
-	var pids []int
-	des, _ := os.ReadDir("/proc")
-	for _, de := range des {
-		pid, err := strconv.Atoi(de.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", de.Name(), "cmdline"))
-		cwd, _ := os.Readlink(filepath.Join("/proc", de.Name(), "cwd"))
-		if c.refersToDir(string(cmdline)) || c.refersToDir(cwd) {
-			pids = append(pids, pid)
-		}
-	}
+	pids := processesUsing(c.Dir)
 	for _, pid := range pids {
 		c.t.Logf("cleanup: killing leftover pid %d", pid)
 		_ = unix.Kill(pid, unix.SIGKILL)
@@ -114,8 +103,43 @@ func (c *Containerd) killStragglers() {
 	}
 }
 
-func (c *Containerd) refersToDir(s string) bool {
-	return strings.Contains(s, c.Dir+"/") || strings.HasSuffix(strings.TrimRight(s, "\x00"), c.Dir)
+// processesUsing lists the other processes whose command line or working
+// dir names dir or a path below it.
+func processesUsing(dir string) []int {
+	var pids []int
+	des, _ := os.ReadDir("/proc")
+	for _, de := range des {
+		pid, err := strconv.Atoi(de.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", de.Name(), "cmdline"))
+		cwd, _ := os.Readlink(filepath.Join("/proc", de.Name(), "cwd"))
+		for _, s := range append(strings.Split(string(cmdline), "\x00"), cwd) {
+			if s == dir || strings.Contains(s, dir+"/") {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// Leftovers describes what a torn-down harness left behind in dir (its Dir
+// before Cleanup): processes, mounts or the dir itself. Empty means clean.
+func Leftovers(dir string) []string {
+	var out []string
+	for _, pid := range processesUsing(dir) {
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+	}
+	for _, mp := range mountsUnder(dir) {
+		out = append(out, "mount "+mp)
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		out = append(out, "dir "+dir)
+	}
+	return out
 }
 
 // unmountAll detaches every mount under Dir, deepest first.
@@ -140,9 +164,4 @@ func mountsUnder(dir string) []string {
 		out = append(out, m.Mountpoint)
 	}
 	return out
-}
-
-// Mounts lists the mount points under Dir; a test can assert none remain.
-func (c *Containerd) Mounts() []string {
-	return mountsUnder(c.Dir)
 }

@@ -1,0 +1,86 @@
+package snapshotter
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/image-spec/identity"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+// TestContainerdImportAndStage runs the real path: cocoonctl pack → ctr
+// images import into a private containerd v2.4.2 unpacking with
+// cocoon-snapshotter → a container snapshot staged on top by ctr.
+func TestContainerdImportAndStage(t *testing.T) {
+	const ref = "docker.io/cocoon/e2e:chain"
+	cocoonctl := testenv.Bin(t, "cocoonctl")
+	fixtures := t.TempDir()
+	fx := makeChain(t, fixtures, 80, 1024, 2)
+	archive := filepath.Join(fixtures, "chain.tar")
+	pack := exec.Command(cocoonctl, append([]string{"pack", "--name", ref, "--out", archive}, fx.dirs...)...)
+	if out, err := pack.CombinedOutput(); err != nil {
+		t.Fatalf("cocoonctl pack: %v\n%s", err, out)
+	}
+	importAndStage(t, ref, archive, fx)
+}
+
+// importAndStage imports archive into a private containerd, stages a
+// container snapshot on its top link and checks the staged memory.
+func importAndStage(t *testing.T, ref, archive string, fx fixture) {
+	c := ctrdtest.Start(t, ctrdtest.Options{})
+	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	img, err := c.Client().GetImage(ctx, ref)
+	if err != nil {
+		t.Fatalf("imported image: %v", err)
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := identity.ChainID(diffIDs).String()
+	if _, err := c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "prepare", "e2e-ctr", top); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := c.Client().SnapshotService(ctrdtest.Snapshotter).Mounts(ctx, "e2e-ctr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged, err := chain.OpenStaged(mountDir(t, ms))
+	if err != nil {
+		t.Fatalf("staged dir: %v", err)
+	}
+	if len(staged.Links) != 2 {
+		t.Errorf("staged chain has %d links, want 2", len(staged.Links))
+	}
+	flat := filepath.Join(c.SnapshotterRoot, "flat", staged.Top().ID().Encoded())
+	mem, fl := stat(t, staged.MemoryPath()), stat(t, flat)
+	if mem.Ino != fl.Ino || mem.Dev != fl.Dev || fl.Nlink != 2 {
+		t.Errorf("staged memory inode %d, flat file inode %d nlink %d: want a hard link", mem.Ino, fl.Ino, fl.Nlink)
+	}
+	sameContent(t, staged.MemoryPath(), fx.mem)
+
+	if _, err := c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "rm", "e2e-ctr"); err != nil {
+		t.Fatal(err)
+	}
+	// containerd removes from the snapshotter in its next garbage collection.
+	for deadline := time.Now().Add(30 * time.Second); stat(t, flat).Nlink != 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("flat file nlink %d 30s after removing the container snapshot, want 1", stat(t, flat).Nlink)
+		}
+	}
+	dir := c.Dir
+	c.Cleanup()
+	if left := ctrdtest.Leftovers(dir); len(left) > 0 {
+		t.Errorf("teardown left:\n%s", strings.Join(left, "\n"))
+	}
+}

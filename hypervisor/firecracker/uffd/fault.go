@@ -35,7 +35,7 @@ type server struct {
 }
 
 // loop polls the userfaultfd, the stop eventfd and Firecracker's pidfd until
-// one of the latter two fires or the userfaultfd fails.
+// one of the latter two fires or the userfaultfd hangs up or fails.
 func (s *server) loop(stopFD, pidfd int) error {
 	fds := []unix.PollFd{
 		{Fd: int32(s.uffd), Events: unix.POLLIN},
@@ -58,6 +58,9 @@ func (s *server) loop(stopFD, pidfd int) error {
 			return nil
 		case fds[2].Revents != 0:
 			s.log.Debug("firecracker exited")
+			return nil
+		case fds[0].Revents&unix.POLLHUP != 0:
+			s.log.Debug("userfaultfd hung up")
 			return nil
 		case fds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0:
 			return fmt.Errorf("poll userfaultfd: revents %#x", fds[0].Revents)

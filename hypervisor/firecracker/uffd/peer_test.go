@@ -38,9 +38,9 @@ type registerArg struct {
 // userfaultfd, handed to the handler with the handshake.
 //
 // Guest memory is only ever read through process_vm_readv, never by a load
-// from Go code: the read then faults inside a syscall, as KVM's accesses do,
-// and a goroutine blocked on a fault in a syscall cannot stall the garbage
-// collector's stop-the-world, which would also stop the handler serving it.
+// from Go code: the fault then happens in the kernel on behalf of a syscall,
+// as KVM's accesses to guest memory do, and the goroutine waiting for it is
+// in a syscall the Go scheduler knows about rather than stuck on a load.
 type fcPeer struct {
 	mem  []byte
 	uffd int

@@ -1,0 +1,214 @@
+package firecracker
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/apifake"
+)
+
+func TestRestoreFlow(t *testing.T) {
+	tests := []struct {
+		name    string
+		mode    hypervisor.Mode
+		release bool
+		backend func(staged, run string) string
+	}{
+		{"mmap", hypervisor.ModeMmap, false, func(staged, _ string) string { return filepath.Join(staged, chain.StagedMemory) }},
+		{"copy", hypervisor.ModeCopy, false, func(_, run string) string { return filepath.Join(run, memCopy) }},
+		{"copy release", hypervisor.ModeCopy, true, func(_, run string) string { return filepath.Join(run, memCopy) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			d, record := newDriver(t, apifake.Fake{})
+			staged, run := stageChain(t), runDir(t)
+			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode, ReleaseAfterLoad: tt.release})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			want := map[string]any{
+				"snapshot_path":  filepath.Join(staged, vmstateFile),
+				"mem_backend":    map[string]any{"backend_type": "File", "backend_path": tt.backend(staged, run)},
+				"resume_vm":      false,
+				"vsock_override": map[string]any{"uds_path": filepath.Join(run, vsockSock)},
+			}
+			if got := bodies(t, record, "PUT", "snapshot/load"); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
+				t.Errorf("snapshot/load bodies %v, want [%v]", got, want)
+			}
+			checkMemory(t, staged, run, tt.mode, tt.release)
+			exercise(t, ctx, v, record)
+		})
+	}
+}
+
+// checkMemory checks that a copy restore let go of the memory names.
+func checkMemory(t *testing.T, staged, run string, mode hypervisor.Mode, release bool) {
+	t.Helper()
+	_, err := os.Stat(filepath.Join(staged, chain.StagedMemory))
+	if gone := errors.Is(err, os.ErrNotExist); gone != (mode == hypervisor.ModeCopy && release) {
+		t.Errorf("staged memory gone = %v (%v), want %v", gone, err, release)
+	}
+	if _, err := os.Stat(filepath.Join(run, memCopy)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("private memory copy still named in the run dir: %v", err)
+	}
+}
+
+// exercise drives a restored VM through its life and checks the requests.
+func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string) {
+	t.Helper()
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkAgent(t, ctx, v)
+	if err := v.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	linkDir := t.TempDir()
+	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.Hypervisor != Name {
+		t.Errorf("snapshot link %+v, %v", l, err)
+	}
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"PUT snapshot/load", "PATCH vm", "PATCH vm", "PUT snapshot/create", "PATCH vm", "PUT actions"}
+	if got := ops(t, record); !slices.Equal(got, want) {
+		t.Errorf("requests %v, want %v", got, want)
+	}
+	states := bodies(t, record, "PATCH", "vm")
+	if len(states) != 3 || states[0]["state"] != "Resumed" || states[1]["state"] != "Paused" {
+		t.Errorf("PATCH /vm bodies %v", states)
+	}
+	create := bodies(t, record, "PUT", "snapshot/create")
+	if len(create) != 1 || create[0]["snapshot_type"] != "Full" || create[0]["snapshot_path"] != filepath.Join(linkDir, vmstateFile) {
+		t.Errorf("snapshot/create bodies %v", create)
+	}
+	if got := bodies(t, record, "PUT", "actions"); len(got) != 1 || got[0]["action_type"] != "SendCtrlAltDel" {
+		t.Errorf("actions %v", got)
+	}
+}
+
+// checkAgent dials the guest agent port; the fake guest echoes.
+func checkAgent(t *testing.T, ctx context.Context, v hypervisor.VM) {
+	t.Helper()
+	c, err := v.DialAgent(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hello\n" {
+		t.Errorf("agent echo %q, %v", got, err)
+	}
+}
+
+func TestCapabilities(t *testing.T) {
+	d, _ := newDriver(t, apifake.Fake{})
+	caps, err := d.Capabilities(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps.Build != "Firecracker v1.16.1" || !caps.Supports(hypervisor.ModeMmap) || !caps.Supports(hypervisor.ModeCopy) {
+		t.Errorf("caps %+v", caps)
+	}
+}
+
+func TestShutdownKillsIgnoringGuest(t *testing.T) {
+	d, _ := newDriver(t, apifake.Fake{IgnoreCtrlAltDel: true})
+	ctx := context.Background()
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := v.Shutdown(sctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(v.PID(), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("pid %d after Shutdown: kill 0 = %v, want ESRCH", v.PID(), err)
+	}
+}
+
+func TestRestoreFailureCleansUp(t *testing.T) {
+	tests := []struct {
+		name string
+		fake apifake.Fake
+		mode hypervisor.Mode
+		want string
+	}{
+		{"load fails", apifake.Fake{Fail: []string{"snapshot/load"}}, hypervisor.ModeCopy, "fake failure"},
+		{"ondemand unsupported", apifake.Fake{}, hypervisor.ModeOnDemand, `restore mode "ondemand"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, record := newDriver(t, tt.fake)
+			staged, run := stageChain(t), runDir(t)
+			_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode, ReleaseAfterLoad: true})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.want)
+			}
+			if _, err := os.Stat(run); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("run dir left behind: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(staged, chain.StagedMemory)); err != nil {
+				t.Errorf("failed restore released the staged memory: %v", err)
+			}
+			for _, pid := range apifake.PIDs(t, record) {
+				if apifake.Alive(pid) {
+					t.Errorf("pid %d still running", pid)
+				}
+			}
+		})
+	}
+}
+
+func TestStateMachineViolations(t *testing.T) {
+	ctx := context.Background()
+	d, _ := newDriver(t, apifake.Fake{})
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	var apiErr *APIError
+	if err := v.Pause(ctx); !errors.As(err, &apiErr) || apiErr.Status != 400 || apiErr.Fault == "" {
+		t.Errorf("pause of a paused VM: err = %v, want a 400 with a fault message", err)
+	}
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snap := v.(hypervisor.Snapshotter)
+	if err := snap.Snapshot(ctx, t.TempDir(), hypervisor.SnapshotFull); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+		t.Errorf("snapshot of a running VM: err = %v, want 400", err)
+	}
+	if err := snap.Snapshot(ctx, t.TempDir(), hypervisor.SnapshotDiff); err == nil {
+		t.Error("diff snapshot: want an error")
+	}
+}

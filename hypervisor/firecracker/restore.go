@@ -1,0 +1,172 @@
+package firecracker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// memBackend is MemoryBackend in the spec.
+type memBackend struct {
+	BackendType string `json:"backend_type"`
+	BackendPath string `json:"backend_path"`
+}
+
+// vsockOverride is VsockOverride in the spec.
+type vsockOverride struct {
+	UDSPath string `json:"uds_path"`
+}
+
+// snapshotLoad is the PUT /snapshot/load body (SnapshotLoadParams).
+type snapshotLoad struct {
+	SnapshotPath  string         `json:"snapshot_path"`
+	MemBackend    memBackend     `json:"mem_backend"`
+	ResumeVM      bool           `json:"resume_vm"`
+	VsockOverride *vsockOverride `json:"vsock_override,omitempty"`
+}
+
+// Restore spawns Firecracker and loads req.StagedDir into it, paused. On
+// error the process is killed and req.RunDir removed.
+func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ hypervisor.VM, retErr error) {
+	staged, build, err := d.prepare(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(req.RunDir), 0o755); err != nil {
+		return nil, fmt.Errorf("create run dir parent: %w", err)
+	}
+	if err := os.Mkdir(req.RunDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	v := &vm{runDir: req.RunDir, staged: staged, build: build}
+	defer func() {
+		if retErr != nil {
+			v.Close()
+		}
+	}()
+	backend, err := v.memoryBackend(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.start(ctx, d.cfg.Binary, req); err != nil {
+		return nil, err
+	}
+	if err := v.load(ctx, req, backend); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// prepare checks that the mode and the staged chain suit this driver.
+func (d *Driver) prepare(ctx context.Context, req hypervisor.RestoreRequest) (*chain.Staged, string, error) {
+	caps, err := d.Capabilities(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	if !caps.Supports(req.Mode) {
+		return nil, "", fmt.Errorf("restore mode %q: %s supports %v", req.Mode, Name, caps.RestoreModes)
+	}
+	staged, err := chain.OpenStaged(req.StagedDir)
+	if err != nil {
+		return nil, "", err
+	}
+	if h := staged.Top().Hypervisor; h != Name {
+		return nil, "", fmt.Errorf("staged chain %s is a %s snapshot, not %s", req.StagedDir, h, Name)
+	}
+	return staged, caps.Build, nil
+}
+
+// memoryBackend prepares guest memory for req.Mode.
+func (v *vm) memoryBackend(req hypervisor.RestoreRequest) (memBackend, error) {
+	switch req.Mode {
+	case hypervisor.ModeMmap:
+		return memBackend{BackendType: "File", BackendPath: v.staged.MemoryPath()}, nil
+	case hypervisor.ModeCopy:
+		dst := filepath.Join(v.runDir, memCopy)
+		begin := time.Now()
+		if err := copyMemory(v.staged.MemoryPath(), dst); err != nil {
+			return memBackend{}, err
+		}
+		req.Phase("copy", time.Since(begin))
+		return memBackend{BackendType: "File", BackendPath: dst}, nil
+	}
+	return memBackend{}, fmt.Errorf("restore mode %q: %s supports %v", req.Mode, Name, restoreModes)
+}
+
+// copyMemory makes the VM's private copy of the staged memory.
+func copyMemory(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("open staged memory: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create private memory copy: %w", err)
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("copy staged memory: %w", err)
+	}
+	return nil
+}
+
+// start spawns the process and waits for its API socket.
+func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest) error {
+	sock := filepath.Join(v.runDir, apiSock)
+	for _, p := range []string{sock, filepath.Join(v.runDir, vsockSock)} {
+		if err := checkSockPath(p); err != nil {
+			return err
+		}
+	}
+	begin := time.Now()
+	p, err := spawn(binary, []string{"--api-sock", sock}, v.runDir)
+	if err != nil {
+		return err
+	}
+	v.proc, v.api = p, newAPIClient(sock)
+	if err := p.waitSocket(ctx, sock); err != nil {
+		return err
+	}
+	req.Phase("spawn", time.Since(begin))
+	return nil
+}
+
+// load loads the snapshot paused and, for copy restores, lets go of the
+// memory names once Firecracker has mapped its private copy.
+func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend memBackend) error {
+	body := snapshotLoad{
+		SnapshotPath:  v.staged.StatePath(vmstateFile),
+		MemBackend:    backend,
+		VsockOverride: &vsockOverride{UDSPath: filepath.Join(v.runDir, vsockSock)},
+	}
+	begin := time.Now()
+	if err := v.api.call(ctx, "PUT", "snapshot/load", body); err != nil {
+		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
+	}
+	req.Phase("load", time.Since(begin))
+	if req.Mode != hypervisor.ModeCopy {
+		return nil
+	}
+	if err := os.Remove(backend.BackendPath); err != nil {
+		return fmt.Errorf("drop private memory name: %w", err)
+	}
+	if req.ReleaseAfterLoad {
+		if err := os.Remove(v.staged.MemoryPath()); err != nil {
+			return fmt.Errorf("release staged memory: %w", err)
+		}
+		log.G(ctx).WithField("staged", req.StagedDir).Debug("released staged memory after copy restore")
+	}
+	return nil
+}

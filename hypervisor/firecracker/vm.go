@@ -1,0 +1,110 @@
+package firecracker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// shutdownGrace is how long Shutdown waits for the guest to act on
+// Ctrl+Alt+Del before killing Firecracker.
+const shutdownGrace = 5 * time.Second
+
+// vm is one Firecracker process and its run directory.
+type vm struct {
+	proc   *process
+	api    *apiClient
+	runDir string
+	staged *chain.Staged
+	build  string
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var (
+	_ hypervisor.VM          = (*vm)(nil)
+	_ hypervisor.Snapshotter = (*vm)(nil)
+)
+
+// vmState is the PATCH /vm body (Vm in the spec).
+type vmState struct {
+	State string `json:"state"`
+}
+
+// action is the PUT /actions body (InstanceActionInfo in the spec).
+type action struct {
+	ActionType string `json:"action_type"`
+}
+
+func (v *vm) PID() int { return v.proc.pid() }
+
+func (v *vm) Resume(ctx context.Context) error {
+	return v.api.call(ctx, "PATCH", "vm", vmState{State: "Resumed"})
+}
+
+func (v *vm) Pause(ctx context.Context) error {
+	return v.api.call(ctx, "PATCH", "vm", vmState{State: "Paused"})
+}
+
+// Shutdown sends Ctrl+Alt+Del, which a Linux guest answers by rebooting
+// and Firecracker by exiting; a guest that does not react within
+// shutdownGrace (or ctx) is stopped by killing Firecracker.
+func (v *vm) Shutdown(ctx context.Context) error {
+	l := log.G(ctx).WithField("pid", v.PID())
+	if err := v.api.call(ctx, "PUT", "actions", action{ActionType: "SendCtrlAltDel"}); err != nil {
+		l.WithError(err).Warn("SendCtrlAltDel failed, killing firecracker")
+		return v.stop()
+	}
+	graceCtx, cancel := context.WithTimeout(ctx, shutdownGrace)
+	defer cancel()
+	if err := v.proc.wait(graceCtx); err != nil {
+		l.WithError(err).Warn("guest ignored Ctrl+Alt+Del, killing firecracker")
+		return v.stop()
+	}
+	return nil
+}
+
+func (v *vm) Kill() error { return v.proc.kill() }
+
+func (v *vm) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
+
+// DialAgent connects to the guest agent's vsock port through the vsock
+// device's host socket (vsock_override put it in the run directory).
+func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
+	return dialHybridVsock(ctx, filepath.Join(v.runDir, vsockSock), agentPort)
+}
+
+// Close kills the process if it still runs, reaps it and removes the run
+// directory.
+func (v *vm) Close() error {
+	v.closeOnce.Do(func() {
+		err := v.stop()
+		if rerr := os.RemoveAll(v.runDir); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove run dir: %w", rerr))
+		}
+		v.closeErr = err
+	})
+	return v.closeErr
+}
+
+// stop kills the process, if one was started, and waits until it has been
+// reaped.
+func (v *vm) stop() error {
+	if v.proc == nil {
+		return nil
+	}
+	err := v.proc.kill()
+	<-v.proc.done
+	return err
+}

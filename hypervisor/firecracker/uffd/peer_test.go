@@ -136,6 +136,21 @@ func (p *fcPeer) read(off int, buf []byte) error {
 	return nil
 }
 
+// write stores data into guest memory at off, faulting it in as KVM would.
+func (p *fcPeer) write(off int, data []byte) error {
+	local := []unix.Iovec{{Base: &data[0]}}
+	local[0].SetLen(len(data))
+	remote := []unix.RemoteIovec{{Base: uintptr(p.base()) + uintptr(off), Len: len(data)}}
+	n, err := unix.ProcessVMWritev(os.Getpid(), local, remote, 0)
+	if err != nil {
+		return fmt.Errorf("write guest memory at %#x: %w", off, err)
+	}
+	if n != len(data) {
+		return fmt.Errorf("write guest memory at %#x: %d of %d bytes", off, n, len(data))
+	}
+	return nil
+}
+
 // remove gives guest memory [off, off+size) back, as the balloon does.
 func (p *fcPeer) remove(off, size int) error {
 	if err := unix.Madvise(p.mem[off:off+size], unix.MADV_DONTNEED); err != nil {

@@ -32,7 +32,9 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	}
 	link, err := chain.Validate(dir, parent)
 	if err != nil {
-		return fmt.Errorf("commit %s as %s: not a valid snapshot link: %w: %w", key, name, err, errdefs.ErrInvalidArgument)
+		// The cause goes in the message only: a second %w would reach gRPC
+		// clients as an extra error detail and print "invalid argument" twice.
+		return fmt.Errorf("commit %s as %s: not a valid snapshot link: %v: %w", key, name, err, errdefs.ErrInvalidArgument)
 	}
 	usage, err := fs.DiskUsage(ctx, dir)
 	if err != nil {
@@ -111,11 +113,15 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	if renamed == "" {
 		return nil
 	}
-	if kind == snapshots.KindCommitted {
+	isLink := kind == snapshots.KindCommitted
+	if isLink {
 		if link, err := chain.ReadLink(renamed); err == nil {
 			s.flat.drop(ctx, link.ID())
 		}
 	}
 	removeDir(ctx, renamed)
+	if !isLink {
+		s.flat.evict(ctx) // dropping a staged link may unpin a file over budget
+	}
 	return nil
 }

@@ -24,6 +24,8 @@ type flattenFunc func(ctx context.Context, linkDirs []string, outPath string) er
 // flatCache holds one flattened memory file per chain, named by the top
 // link's ID (which pins every ancestor through the parent digests). Files
 // are immutable once published; a staged hard link pins one (nlink > 1).
+// Nothing here drops their page cache (POSIX_FADV_DONTNEED): it is shared by
+// every clone restored from the file.
 type flatCache struct {
 	dir     string
 	budget  int64 // allocated bytes; 0 = unlimited

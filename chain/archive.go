@@ -69,7 +69,7 @@ func scanArchive(r io.Reader) (*archiveContents, error) {
 			return c, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read tar: %w", err)
+			return nil, fmt.Errorf("not an OCI image layout tar: %w", err)
 		}
 		if hdr.Typeflag != tar.TypeReg {
 			continue

@@ -18,15 +18,33 @@ func Validate(dir string, parent *Link) (*Link, error) {
 	if err := checkParent(l, parent); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, LinkFile), err)
 	}
-	for _, name := range l.StateFiles {
-		if err := checkRegular(filepath.Join(dir, name)); err != nil {
-			return nil, fmt.Errorf("state file: %w", err)
-		}
-	}
-	if err := checkMemory(dir, l); err != nil {
+	if err := checkFiles(dir, l); err != nil {
 		return nil, err
 	}
 	return l, nil
+}
+
+// ValidateDir checks a link directory on its own, as Validate does but
+// without its place in a chain (for inspecting a single link).
+func ValidateDir(dir string) (*Link, error) {
+	l, err := ReadLink(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFiles(dir, l); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// checkFiles checks the state and memory files of the link l in dir.
+func checkFiles(dir string, l *Link) error {
+	for _, name := range l.StateFiles {
+		if err := checkRegular(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("state file: %w", err)
+		}
+	}
+	return checkMemory(dir, l)
 }
 
 // checkMemory checks memory.extents against the link and memory.data's size.

@@ -5,7 +5,9 @@
 // device's host socket moved into the run directory (vsock_override).
 // Restore modes map to the memory backend: mmap is the File backend over
 // the staged hard link itself (Firecracker maps it privately), copy is the
-// File backend over a private copy in the run directory.
+// File backend over a private copy in the run directory, ondemand is the Uffd
+// backend served by cocoon's page-fault handler (package uffd) from the
+// staged memory file.
 package firecracker
 
 import (
@@ -25,6 +27,9 @@ const Name = "firecracker"
 
 // vmstateFile is the state file of a Firecracker link.
 const vmstateFile = "vmstate"
+
+// restoreModes are the modes this driver restores in, best first.
+var restoreModes = []hypervisor.Mode{hypervisor.ModeMmap, hypervisor.ModeOnDemand, hypervisor.ModeCopy}
 
 // versionTimeout bounds `firecracker --version`.
 const versionTimeout = 5 * time.Second

@@ -17,21 +17,30 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/apifake"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/opencontainers/go-digest"
 )
 
 func TestRestoreFlow(t *testing.T) {
+	file := func(path string) map[string]any { return map[string]any{"backend_type": "File", "backend_path": path} }
 	tests := []struct {
 		name    string
 		mode    hypervisor.Mode
 		release bool
-		backend func(staged, run string) string
+		backend func(staged, run string) map[string]any
 	}{
-		{"mmap", hypervisor.ModeMmap, false, func(staged, _ string) string { return filepath.Join(staged, chain.StagedMemory) }},
-		{"copy", hypervisor.ModeCopy, false, func(_, run string) string { return filepath.Join(run, memCopy) }},
-		{"copy release", hypervisor.ModeCopy, true, func(_, run string) string { return filepath.Join(run, memCopy) }},
+		{"mmap", hypervisor.ModeMmap, false, func(staged, _ string) map[string]any { return file(filepath.Join(staged, chain.StagedMemory)) }},
+		{"copy", hypervisor.ModeCopy, false, func(_, run string) map[string]any { return file(filepath.Join(run, memCopy)) }},
+		{"copy release", hypervisor.ModeCopy, true, func(_, run string) map[string]any { return file(filepath.Join(run, memCopy)) }},
+		{"ondemand", hypervisor.ModeOnDemand, false, func(_, run string) map[string]any {
+			return map[string]any{"backend_type": "Uffd", "backend_path": filepath.Join(run, uffdSock)}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.mode == hypervisor.ModeOnDemand {
+				testenv.RequireRoot(t) // /dev/userfaultfd
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			d, record := newDriver(t, apifake.Fake{})
@@ -43,7 +52,7 @@ func TestRestoreFlow(t *testing.T) {
 			defer v.Close()
 			want := map[string]any{
 				"snapshot_path":  filepath.Join(staged, vmstateFile),
-				"mem_backend":    map[string]any{"backend_type": "File", "backend_path": tt.backend(staged, run)},
+				"mem_backend":    tt.backend(staged, run),
 				"resume_vm":      false,
 				"vsock_override": map[string]any{"uds_path": filepath.Join(run, vsockSock)},
 			}
@@ -51,7 +60,7 @@ func TestRestoreFlow(t *testing.T) {
 				t.Errorf("snapshot/load bodies %v, want [%v]", got, want)
 			}
 			checkMemory(t, staged, run, tt.mode, tt.release)
-			exercise(t, ctx, v, record)
+			exercise(t, ctx, v, record, stagedDigest(t, staged))
 		})
 	}
 }
@@ -69,7 +78,9 @@ func checkMemory(t *testing.T, staged, run string, mode hypervisor.Mode, release
 }
 
 // exercise drives a restored VM through its life and checks the requests.
-func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string) {
+// memDigest is the staged memory's data digest: the VM's memory must be the
+// restored memory, whichever backend served it.
+func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string, memDigest digest.Digest) {
 	t.Helper()
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
@@ -82,8 +93,8 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string)
 	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.Hypervisor != Name {
-		t.Errorf("snapshot link %+v, %v", l, err)
+	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.Hypervisor != Name || l.Memory.DataDigest != memDigest {
+		t.Errorf("snapshot link %+v, %v; want memory digest %s", l, err, memDigest)
 	}
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
@@ -106,6 +117,15 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string)
 	if got := bodies(t, record, "PUT", "actions"); len(got) != 1 || got[0]["action_type"] != "SendCtrlAltDel" {
 		t.Errorf("actions %v", got)
 	}
+}
+
+func stagedDigest(t *testing.T, staged string) digest.Digest {
+	t.Helper()
+	s, err := chain.OpenStaged(staged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Top().Memory.DataDigest
 }
 
 // checkAgent dials the guest agent port; the fake guest echoes.
@@ -164,7 +184,8 @@ func TestRestoreFailureCleansUp(t *testing.T) {
 		want string
 	}{
 		{"load fails", apifake.Fake{Fail: []string{"snapshot/load"}}, hypervisor.ModeCopy, "fake failure"},
-		{"ondemand unsupported", apifake.Fake{}, hypervisor.ModeOnDemand, `restore mode "ondemand"`},
+		{"ondemand load fails", apifake.Fake{Fail: []string{"snapshot/load"}}, hypervisor.ModeOnDemand, "fake failure"},
+		{"bad mode", apifake.Fake{}, hypervisor.Mode("lazy"), `restore mode "lazy"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package firecracker
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,6 +20,10 @@ func TestMain(m *testing.M) {
 
 const memBytes = 16 * 4096
 
+// testVMState is a vmstate in the fake's format: it needs the memory size
+// to set up Uffd-backed guest memory as Firecracker would.
+var testVMState = fmt.Sprintf(`{"memory_bytes":%d}`, memBytes)
+
 // stageChain writes a one-link Firecracker chain and stages it as the
 // snapshotter would: memory, a private vmstate and chain.json.
 func stageChain(t *testing.T) string {
@@ -31,7 +36,7 @@ func stageChain(t *testing.T) string {
 		}
 	}
 	for _, dir := range []string{linkDir, staged} {
-		if err := os.WriteFile(filepath.Join(dir, vmstateFile), []byte("vmstate bytes"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, vmstateFile), []byte(testVMState), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
 )
 
 // memBackend is MemoryBackend in the spec.
@@ -52,7 +53,7 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 			v.Close()
 		}
 	}()
-	backend, err := v.memoryBackend(req)
+	backend, err := v.memoryBackend(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +86,7 @@ func (d *Driver) prepare(ctx context.Context, req hypervisor.RestoreRequest) (*c
 }
 
 // memoryBackend prepares guest memory for req.Mode.
-func (v *vm) memoryBackend(req hypervisor.RestoreRequest) (memBackend, error) {
+func (v *vm) memoryBackend(ctx context.Context, req hypervisor.RestoreRequest) (memBackend, error) {
 	switch req.Mode {
 	case hypervisor.ModeMmap:
 		return memBackend{BackendType: "File", BackendPath: v.staged.MemoryPath()}, nil
@@ -97,8 +98,26 @@ func (v *vm) memoryBackend(req hypervisor.RestoreRequest) (memBackend, error) {
 		}
 		req.Phase("copy", time.Since(begin))
 		return memBackend{BackendType: "File", BackendPath: dst}, nil
+	case hypervisor.ModeOnDemand:
+		return v.serveFaults(ctx)
 	}
 	return memBackend{}, fmt.Errorf("restore mode %q: %s supports %v", req.Mode, Name, restoreModes)
+}
+
+// serveFaults starts the page-fault handler for the Uffd backend. It lives
+// as long as the VM, not the restore request, so it gets a context that is
+// never cancelled (keeping ctx's logger); Close stops it.
+func (v *vm) serveFaults(ctx context.Context) (memBackend, error) {
+	sock := filepath.Join(v.runDir, uffdSock)
+	if err := checkSockPath(sock); err != nil {
+		return memBackend{}, err
+	}
+	h, err := uffd.Listen(context.WithoutCancel(ctx), sock, v.staged.MemoryPath())
+	if err != nil {
+		return memBackend{}, fmt.Errorf("start page-fault handler: %w", err)
+	}
+	v.faults = h
+	return memBackend{BackendType: "Uffd", BackendPath: sock}, nil
 }
 
 // copyMemory makes the VM's private copy of the staged memory.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
 )
 
 // shutdownGrace is how long Shutdown waits for the guest to act on
@@ -27,6 +28,8 @@ type vm struct {
 	runDir string
 	staged *chain.Staged
 	build  string
+	// faults serves guest page faults for ondemand restores.
+	faults *uffd.Handler
 
 	closeOnce sync.Once
 	closeErr  error
@@ -85,11 +88,14 @@ func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
 	return dialHybridVsock(ctx, filepath.Join(v.runDir, vsockSock), agentPort)
 }
 
-// Close kills the process if it still runs, reaps it and removes the run
-// directory.
+// Close kills the process if it still runs, reaps it, stops the page-fault
+// handler and removes the run directory.
 func (v *vm) Close() error {
 	v.closeOnce.Do(func() {
 		err := v.stop()
+		if v.faults != nil {
+			err = errors.Join(err, v.faults.Close())
+		}
 		if rerr := os.RemoveAll(v.runDir); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("remove run dir: %w", rerr))
 		}

@@ -115,7 +115,7 @@ func (f *FC) loadFiles(p fcLoad) error {
 	case p.MemBackend.BackendType == "File":
 		f.mem, err = loadMemory(p.MemBackend.BackendPath, true)
 	default:
-		f.mem, err = dialUffdHandler(p.MemBackend.BackendPath)
+		f.mem, err = uffdBackend(p.MemBackend.BackendPath, f.vmst)
 	}
 	if err != nil {
 		return err
@@ -126,15 +126,20 @@ func (f *FC) loadFiles(p fcLoad) error {
 	return err
 }
 
-// dialUffdHandler checks that a page-fault handler listens on path. The
-// fake has no guest memory to register, so it serves snapshots as zeros.
-func dialUffdHandler(path string) (*guestMemory, error) {
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("connect to uffd handler: %w", err)
+// fakeVMState is the fake's vmstate format: only what it needs to set up
+// guest memory the way Firecracker does from a real vmstate.
+type fakeVMState struct {
+	MemoryBytes int `json:"memory_bytes"`
+}
+
+// uffdBackend registers guest memory of the size the vmstate names with
+// the page-fault handler on sock.
+func uffdBackend(sock string, vmstate []byte) (*guestMemory, error) {
+	var st fakeVMState
+	if err := json.Unmarshal(vmstate, &st); err != nil || st.MemoryBytes <= 0 {
+		return nil, fmt.Errorf("the fake's vmstate must be JSON with memory_bytes > 0 for the Uffd backend (%v)", err)
 	}
-	c.Close()
-	return &guestMemory{}, nil
+	return uffdMemory(sock, st.MemoryBytes)
 }
 
 func (f *FC) patchVM(body []byte) Response {

@@ -6,13 +6,15 @@ import (
 	"os"
 )
 
-// guestMemory stands in for a restored VM's RAM: either a private copy
-// read eagerly (copy restores) or an open file read lazily (mapped or
-// on-demand restores), which keeps the file's inode in use as a real
-// hypervisor's mapping would.
+// guestMemory stands in for a restored VM's RAM: a private copy read
+// eagerly (copy restores), an open file read lazily (mapped or on-demand
+// restores), which keeps the file's inode in use as a real hypervisor's
+// mapping would, or anonymous memory whose pages a userfaultfd handler
+// fills (Firecracker's Uffd backend).
 type guestMemory struct {
 	data []byte
 	file *os.File
+	anon []byte
 }
 
 func loadMemory(path string, lazy bool) (*guestMemory, error) {
@@ -36,9 +38,12 @@ func (m *guestMemory) writeTo(path string) error {
 	if err != nil {
 		return fmt.Errorf("create memory file: %w", err)
 	}
-	if m.file != nil {
+	switch {
+	case m.file != nil:
 		_, err = io.Copy(out, io.NewSectionReader(m.file, 0, 1<<62))
-	} else {
+	case m.anon != nil:
+		err = copyAnon(out, m.anon)
+	default:
 		_, err = out.Write(m.data)
 	}
 	if cerr := out.Close(); err == nil {
@@ -46,6 +51,21 @@ func (m *guestMemory) writeTo(path string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("write memory file: %w", err)
+	}
+	return nil
+}
+
+// copyAnon writes anonymous guest memory to w a chunk at a time.
+func copyAnon(w io.Writer, mem []byte) error {
+	buf := make([]byte, 1<<20)
+	for off := 0; off < len(mem); off += len(buf) {
+		chunk := buf[:min(len(buf), len(mem)-off)]
+		if err := readAnon(mem, off, chunk); err != nil {
+			return err
+		}
+		if _, err := w.Write(chunk); err != nil {
+			return err
+		}
 	}
 	return nil
 }

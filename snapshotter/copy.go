@@ -11,10 +11,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// linkOrCopy hard links src at dst. Across filesystems (EXDEV) it falls back
-// to a reflink, then to an exact sparse copy: the staged memory is still
-// correct, but clones no longer share its page cache. Never a symlink: the
-// flat file may be evicted once nothing pins it.
+// linkOrCopy hard links src at dst. On EXDEV it falls back to a reflink
+// (link(2) fails across mounts even of one filesystem, where FICLONE works),
+// then to an exact sparse copy: the staged memory is still correct, but
+// clones no longer share its page cache. Never a symlink: the flat file may
+// be evicted once nothing pins it.
 func linkOrCopy(ctx context.Context, src, dst string) error {
 	err := os.Link(src, dst)
 	if err == nil || !errors.Is(err, unix.EXDEV) {

@@ -3,6 +3,12 @@
 // under one short temp dir; Cleanup stops only the processes it started (and
 // the shims and VMs they started, found by that dir) and removes every
 // mount, socket and file it made.
+//
+//	c := ctrdtest.Start(t, ctrdtest.Options{})
+//	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
+//		t.Fatal(err)
+//	}
+//	img, err := c.Client().GetImage(ctx, ref)
 package ctrdtest
 
 import (

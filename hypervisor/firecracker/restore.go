@@ -3,7 +3,6 @@ package firecracker
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -118,27 +117,6 @@ func (v *vm) serveFaults(ctx context.Context) (memBackend, error) {
 	}
 	v.faults = h
 	return memBackend{BackendType: "Uffd", BackendPath: sock}, nil
-}
-
-// copyMemory makes the VM's private copy of the staged memory.
-func copyMemory(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("open staged memory: %w", err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("create private memory copy: %w", err)
-	}
-	_, err = io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("copy staged memory: %w", err)
-	}
-	return nil
 }
 
 // start spawns the process and waits for its API socket.

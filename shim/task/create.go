@@ -1,0 +1,244 @@
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/stdio"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// initGuestID names the init process to the guest agent; execs are
+// "exec-" + their exec id, so the two can never collide.
+const initGuestID = "init"
+
+// Create restores the task's VM from the staged chain; the init process
+// runs only at Start.
+func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	pid, err := s.create(ctx, r)
+	if err != nil {
+		return nil, toGRPC(err)
+	}
+	return &taskAPI.CreateTaskResponse{Pid: uint32(pid)}, nil
+}
+
+func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int, error) {
+	if r.Checkpoint != "" {
+		return 0, fmt.Errorf("create from checkpoint %s: a checkpoint restores as a snapshot image through the cocoon snapshotter, not as a task checkpoint: %w", r.Checkpoint, errdefs.ErrNotImplemented)
+	}
+	if _, err := s.getTask(r.ID); err == nil {
+		return 0, fmt.Errorf("task %s: %w", r.ID, errdefs.ErrAlreadyExists)
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return 0, err
+	}
+	init, err := initProcess(spec, r)
+	if err != nil {
+		return 0, err
+	}
+	req, err := launchRequest(s.namespace, spec, r)
+	if err != nil {
+		return 0, err
+	}
+	t, err := s.launch(ctx, req, spec, init)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	s.tasks[r.ID] = t
+	s.mu.Unlock()
+	s.send(&eventstypes.TaskCreate{
+		ContainerID: r.ID,
+		Bundle:      r.Bundle,
+		Rootfs:      r.Rootfs,
+		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Pid:         uint32(t.pid()),
+	})
+	t.run()
+	return t.pid(), nil
+}
+
+// launch restores the VM, records it in the bundle and puts it in its
+// cgroup. On error the VM is gone.
+func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spec, init *process) (_ *task, retErr error) {
+	began := time.Now()
+	sb, err := s.launcher.Launch(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("restore VM: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			discard(ctx, sb)
+		}
+	}()
+	rec, err := newRecord(req, sb)
+	if err != nil {
+		return nil, err
+	}
+	if err := state.WriteTask(req.Bundle, rec); err != nil {
+		return nil, err
+	}
+	t := newTask(ctx, req.ID, req.Bundle, sb, rec, init, s.send)
+	t.created = began
+	if err := t.writeReport(ctx); err != nil {
+		return nil, err
+	}
+	if spec.Linux != nil && spec.Linux.CgroupsPath != "" {
+		if t.cg, err = newCgroup(spec.Linux.CgroupsPath, spec.Linux.Resources); err != nil {
+			return nil, err
+		}
+		if err := t.cg.Add(sb.VM.PID()); err != nil {
+			return nil, errors.Join(fmt.Errorf("move hypervisor into cgroup: %w", err), t.cg.Delete())
+		}
+	}
+	return t, nil
+}
+
+// discard kills and releases a sandbox that will not become a task.
+func discard(ctx context.Context, sb *Sandbox) {
+	if err := errors.Join(sb.VM.Kill(), sb.Guest.Close(), sb.VM.Close()); err != nil {
+		log.G(ctx).WithError(err).Warn("release VM of a failed create")
+	}
+}
+
+func newRecord(req LaunchRequest, sb *Sandbox) (*state.Task, error) {
+	pid := sb.VM.PID()
+	start, err := state.StartTime(pid)
+	if err != nil {
+		return nil, fmt.Errorf("identify hypervisor process: %w", err)
+	}
+	return &state.Task{
+		ID:         req.ID,
+		Hypervisor: sb.Hypervisor,
+		PID:        pid,
+		PIDStart:   start,
+		RunDir:     sb.RunDir,
+		StagedDir:  req.StagedDir,
+		Plan:       sb.Plan,
+		Phases:     slices.Clone(sb.Phases),
+	}, nil
+}
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read bundle spec: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("decode bundle spec: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return &spec, nil
+}
+
+func initProcess(spec *specs.Spec, r *taskAPI.CreateTaskRequest) (*process, error) {
+	ps, err := guestProcess(initGuestID, spec.Process, r.Terminal, r.Stdin != "")
+	if err != nil {
+		return nil, err
+	}
+	sio := stdio.Stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}
+	return newProcess("", ps, sio), nil
+}
+
+// guestProcess turns an OCI process into what the agent runs.
+func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpec, error) {
+	if p == nil || len(p.Args) == 0 {
+		return ProcessSpec{}, fmt.Errorf("process %s has no args: %w", id, errdefs.ErrInvalidArgument)
+	}
+	cwd := p.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	return ProcessSpec{
+		ID:             id,
+		Args:           p.Args,
+		Env:            p.Env,
+		Cwd:            cwd,
+		UID:            p.User.UID,
+		GID:            p.User.GID,
+		AdditionalGIDs: p.User.AdditionalGids,
+		Terminal:       terminal,
+		Stdin:          stdin,
+	}, nil
+}
+
+func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (LaunchRequest, error) {
+	staged, err := stagedDir(r.Rootfs, r.Bundle)
+	if err != nil {
+		return LaunchRequest{}, err
+	}
+	configPath, err := configPathOf(r)
+	if err != nil {
+		return LaunchRequest{}, err
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = r.ID
+	}
+	return LaunchRequest{
+		ID: r.ID, Namespace: ns, Bundle: r.Bundle, Spec: spec,
+		StagedDir: staged, ConfigPath: configPath, Hostname: hostname,
+	}, nil
+}
+
+// stagedDir finds the snapshotter's staged chain: the source of the rootfs
+// bind mount. The shim reads it in place rather than mounting it on
+// bundle/rootfs: the hypervisor only opens files in it, a bind mount shows
+// the same inodes (page-cache sharing is unaffected), and a mount would be
+// one more thing for a crashed shim to leak. Without mounts, the client
+// mounted bundle/rootfs itself.
+func stagedDir(mounts []*types.Mount, bundle string) (string, error) {
+	switch {
+	case len(mounts) == 0:
+		return filepath.Join(bundle, "rootfs"), nil
+	case len(mounts) == 1 && isBind(mounts[0]):
+		return mounts[0].Source, nil
+	}
+	kinds := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		kinds = append(kinds, m.Type)
+	}
+	return "", fmt.Errorf("rootfs is %d mount(s) of type %v, want the cocoon snapshotter's staged chain (one bind mount): run the task with --snapshotter cocoon: %w",
+		len(mounts), kinds, errdefs.ErrInvalidArgument)
+}
+
+func isBind(m *types.Mount) bool {
+	if m.Type == "bind" || m.Type == "rbind" {
+		return true
+	}
+	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// configPathOf reads ConfigPath from the runtime options
+// (io.containerd.runtime.v1.Options, what ctr --runtime-config-path and a
+// CRI runtime class send).
+func configPathOf(r *taskAPI.CreateTaskRequest) (string, error) {
+	if r.Options == nil || len(r.Options.GetValue()) == 0 {
+		return "", nil
+	}
+	v, err := typeurl.UnmarshalAny(r.Options)
+	if err != nil {
+		return "", fmt.Errorf("decode runtime options: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	opts, ok := v.(*runtimeoptions.Options)
+	if !ok {
+		return "", fmt.Errorf("runtime options are %T, want io.containerd.runtime.v1.Options: %w", v, errdefs.ErrInvalidArgument)
+	}
+	return opts.ConfigPath, nil
+}

@@ -1,0 +1,89 @@
+package task
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+func TestStagedDir(t *testing.T) {
+	tests := []struct {
+		name    string
+		mounts  []*types.Mount
+		want    string
+		wantErr bool
+	}{
+		{"no mounts: client mounted rootfs", nil, "/b/rootfs", false},
+		{"bind type", []*types.Mount{{Type: "bind", Source: "/staged/1"}}, "/staged/1", false},
+		{"rbind option", []*types.Mount{{Type: "none", Source: "/staged/2", Options: []string{"rbind", "ro"}}}, "/staged/2", false},
+		{"overlay", []*types.Mount{{Type: "overlay", Source: "overlay"}}, "", true},
+		{"two binds", []*types.Mount{{Type: "bind", Source: "/a"}, {Type: "bind", Source: "/b"}}, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := stagedDir(tt.mounts, "/b")
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Fatalf("stagedDir = %q, %v; want %q, error %v", got, err, tt.want, tt.wantErr)
+			}
+			if err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("error %v is not an invalid argument", err)
+			}
+		})
+	}
+}
+
+func TestConfigPathOf(t *testing.T) {
+	good, err := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: "/etc/c.toml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runc, err := typeurl.MarshalAnyToProto(&options.Options{BinaryName: "runc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		req     *taskAPI.CreateTaskRequest
+		want    string
+		wantErr bool
+	}{
+		{"none", &taskAPI.CreateTaskRequest{}, "", false},
+		{"runtime options", &taskAPI.CreateTaskRequest{Options: good}, "/etc/c.toml", false},
+		{"runc options", &taskAPI.CreateTaskRequest{Options: runc}, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := configPathOf(tt.req)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Fatalf("configPathOf = %q, %v; want %q, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestGuestProcess(t *testing.T) {
+	p := &specs.Process{
+		Args: []string{"sh", "-c", "id"},
+		Env:  []string{"A=1"},
+		User: specs.User{UID: 1000, GID: 100, AdditionalGids: []uint32{10, 20}},
+	}
+	got, err := guestProcess("init", p, true, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != "init" || !slices.Equal(got.Args, p.Args) || got.Cwd != "/" || got.UID != 1000 || got.GID != 100 ||
+		!slices.Equal(got.AdditionalGIDs, []uint32{10, 20}) || !got.Terminal || !got.Stdin {
+		t.Fatalf("guest process %+v does not carry the OCI process", got)
+	}
+	if _, err := guestProcess("init", &specs.Process{}, false, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("process without args: %v, want invalid argument", err)
+	}
+}

@@ -1,0 +1,354 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/core/runtime"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// fakeVM is a VM whose "hypervisor" is a real sleep process, so pids,
+// cgroups and the task record behave as with a real one.
+type fakeVM struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu        sync.Mutex
+	paused    bool
+	pauseGate chan struct{} // if set, Pause blocks until it closes
+	snapshots []string
+	closed    bool
+}
+
+func newFakeVM(t *testing.T) *fakeVM {
+	t.Helper()
+	cmd := exec.Command("sleep", "3600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	vm := &fakeVM{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(vm.done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-vm.done })
+	return vm
+}
+
+func (v *fakeVM) PID() int { return v.cmd.Process.Pid }
+
+func (v *fakeVM) Pause(ctx context.Context) error {
+	v.mu.Lock()
+	gate := v.pauseGate
+	v.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.paused = true
+	return nil
+}
+
+func (v *fakeVM) Resume(context.Context) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.paused = false
+	return nil
+}
+
+func (v *fakeVM) isPaused() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.paused
+}
+
+func (v *fakeVM) Shutdown(ctx context.Context) error {
+	_ = v.cmd.Process.Kill()
+	return v.Wait(ctx)
+}
+
+func (v *fakeVM) Kill() error {
+	err := v.cmd.Process.Kill()
+	if errors.Is(err, os.ErrProcessDone) {
+		return nil
+	}
+	return err
+}
+
+func (v *fakeVM) Wait(ctx context.Context) error {
+	select {
+	case <-v.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (v *fakeVM) Close() error {
+	_ = v.Kill()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.closed = true
+	return nil
+}
+
+func (v *fakeVM) exited() bool {
+	select {
+	case <-v.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Snapshot writes a marker link into dir; like the real drivers it
+// refuses a running VM.
+func (v *fakeVM) Snapshot(_ context.Context, dir string, kind hypervisor.SnapshotKind) error {
+	if !v.isPaused() {
+		return errors.New("snapshot of a running VM")
+	}
+	v.mu.Lock()
+	v.snapshots = append(v.snapshots, dir)
+	v.mu.Unlock()
+	return os.WriteFile(filepath.Join(dir, "link.json"), []byte(`{"kind":"`+string(kind)+`"}`), 0o600)
+}
+
+// plainVM hides fakeVM's Snapshot: a driver that cannot checkpoint.
+type plainVM struct{ VM }
+
+// fakeGuest runs a few pretend commands: "echo ARGS", "exit N", "cat"
+// (stdin to stdout) and "sleep" (until signalled).
+type fakeGuest struct {
+	mu        sync.Mutex
+	procs     map[string]*fakeProc
+	signalErr error // when set, Signal fails as an unresponsive agent would
+	closed    bool
+}
+
+type fakeProc struct {
+	spec           ProcessSpec
+	stdinR         *io.PipeReader
+	stdinW         *io.PipeWriter
+	outR, errR     *io.PipeReader
+	outW, errW     *io.PipeWriter
+	sig            chan syscall.Signal
+	exited         chan struct{}
+	exit           Exit
+	width, height  uint32
+	resizeObserved chan struct{}
+}
+
+func newFakeGuest() *fakeGuest { return &fakeGuest{procs: map[string]*fakeProc{}} }
+
+func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.procs[spec.ID]; ok {
+		return fmt.Errorf("process %s exists", spec.ID)
+	}
+	p := &fakeProc{spec: spec, sig: make(chan syscall.Signal, 4), exited: make(chan struct{}), resizeObserved: make(chan struct{}, 1)}
+	p.stdinR, p.stdinW = io.Pipe()
+	p.outR, p.outW = io.Pipe()
+	p.errR, p.errW = io.Pipe()
+	g.procs[spec.ID] = p
+	go p.run()
+	return nil
+}
+
+func (p *fakeProc) run() {
+	status := uint32(0)
+	switch p.spec.Args[0] {
+	case "echo":
+		fmt.Fprintln(p.outW, strings.Join(p.spec.Args[1:], " "))
+	case "exit":
+		n, _ := strconv.Atoi(p.spec.Args[1])
+		status = uint32(n)
+	case "cat":
+		_, _ = io.Copy(p.outW, p.stdinR)
+	case "sleep":
+		status = 128 + uint32(<-p.sig)
+	}
+	p.outW.Close()
+	p.errW.Close()
+	p.exit = Exit{Status: status, At: time.Now()}
+	close(p.exited)
+}
+
+func (g *fakeGuest) proc(id string) (*fakeProc, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p, ok := g.procs[id]
+	if !ok {
+		return nil, fmt.Errorf("no process %s", id)
+	}
+	return p, nil
+}
+
+func (g *fakeGuest) Stdio(_ context.Context, id string) (io.WriteCloser, io.ReadCloser, io.ReadCloser, error) {
+	p, err := g.proc(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if p.spec.Terminal {
+		return p.stdinW, p.outR, nil, nil
+	}
+	return p.stdinW, p.outR, p.errR, nil
+}
+
+func (g *fakeGuest) Wait(ctx context.Context, id string) (Exit, error) {
+	p, err := g.proc(id)
+	if err != nil {
+		return Exit{}, err
+	}
+	select {
+	case <-p.exited:
+		return p.exit, nil
+	case <-ctx.Done():
+		return Exit{}, ctx.Err()
+	}
+}
+
+func (g *fakeGuest) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	g.mu.Lock()
+	serr := g.signalErr
+	g.mu.Unlock()
+	if serr != nil {
+		return serr
+	}
+	p, err := g.proc(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-p.exited:
+		return fmt.Errorf("process %s has exited", id)
+	case p.sig <- sig:
+		return nil
+	}
+}
+
+func (g *fakeGuest) ResizePty(_ context.Context, id string, w, h uint32) error {
+	p, err := g.proc(id)
+	if err != nil {
+		return err
+	}
+	p.width, p.height = w, h
+	p.resizeObserved <- struct{}{}
+	return nil
+}
+
+func (g *fakeGuest) CloseStdin(_ context.Context, id string) error {
+	p, err := g.proc(id)
+	if err != nil {
+		return err
+	}
+	return p.stdinW.Close()
+}
+
+func (g *fakeGuest) Processes(context.Context) ([]GuestProcess, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := []GuestProcess{{Pid: 1}}
+	pid := uint32(100)
+	for id, p := range g.procs {
+		select {
+		case <-p.exited:
+			continue
+		default:
+		}
+		pid++
+		out = append(out, GuestProcess{Pid: pid, ID: id})
+	}
+	return out, nil
+}
+
+func (g *fakeGuest) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	return nil
+}
+
+// fakeLauncher hands out one prepared sandbox.
+type fakeLauncher struct {
+	vm    VM
+	guest *fakeGuest
+	err   error
+	got   []LaunchRequest
+}
+
+func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, error) {
+	l.got = append(l.got, r)
+	if l.err != nil {
+		return nil, l.err
+	}
+	return &Sandbox{
+		VM:         l.vm,
+		Guest:      l.guest,
+		Hypervisor: "fake",
+		RunDir:     "/run/cocoon/fake",
+		Plan:       state.Plan{Mode: "mmap", Reasons: []string{"best mode the fake offers"}},
+		Phases:     []state.Phase{{Name: "spawn", Duration: state.Duration(time.Millisecond)}},
+	}, nil
+}
+
+// recorder is an events.Publisher that keeps the topics in order.
+type recorder struct {
+	mu     sync.Mutex
+	events []any
+}
+
+var _ events.Publisher = (*recorder)(nil)
+
+func (r *recorder) Publish(_ context.Context, _ string, e events.Event) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+	return nil
+}
+
+func (r *recorder) topics() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.events))
+	for _, e := range r.events {
+		topic := runtime.GetTopic(e)
+		if x, ok := e.(*eventstypes.TaskExit); ok {
+			topic += ":" + x.ID
+		}
+		out = append(out, topic)
+	}
+	return out
+}
+
+// waitTopics waits until the recorder holds n events; events are
+// published asynchronously, in order.
+func (r *recorder) waitTopics(t *testing.T, n int) []string {
+	t.Helper()
+	for range 1000 {
+		if got := r.topics(); len(got) >= n {
+			return got
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("events %v: want %d", r.topics(), n)
+	return nil
+}

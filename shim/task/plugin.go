@@ -1,0 +1,30 @@
+package task
+
+import (
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/containerd/v2/plugins"
+	"github.com/containerd/plugin"
+	"github.com/containerd/plugin/registry"
+)
+
+// Register makes the task service a pkg/shim TTRPC plugin that restores
+// VMs with l. Call it before shim.RunShim.
+func Register(l Launcher) {
+	registry.Register(&plugin.Registration{
+		Type:     plugins.TTRPCPlugin,
+		ID:       "task",
+		Requires: []plugin.Type{plugins.EventPlugin, plugins.InternalPlugin},
+		InitFn: func(ic *plugin.InitContext) (any, error) {
+			pp, err := ic.GetByID(plugins.EventPlugin, "publisher")
+			if err != nil {
+				return nil, err
+			}
+			ss, err := ic.GetByID(plugins.InternalPlugin, "shutdown")
+			if err != nil {
+				return nil, err
+			}
+			return NewService(ic.Context, l, pp.(shim.Publisher), ss.(shutdown.Service)), nil
+		},
+	})
+}

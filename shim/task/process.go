@@ -1,0 +1,116 @@
+package task
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/pkg/stdio"
+	"golang.org/x/sys/unix"
+)
+
+// process is one process of a task: the init process or an exec. Its
+// status and exit live in memory so State never waits on the VM.
+type process struct {
+	execID string // "" for the init process
+	spec   ProcessSpec
+	stdio  stdio.Stdio
+
+	// lifecycle serialises start and kill of this process.
+	lifecycle sync.Mutex
+
+	mu      sync.Mutex
+	status  tasktypes.Status
+	exit    Exit
+	io      *processIO
+	aborted *Exit // set when the process is ended before it ever started
+
+	started chan struct{} // closed once the guest runs it and the start event is queued
+	abort   chan struct{} // closed to end a process that never started
+	done    chan struct{} // closed once its exit is known and published
+}
+
+func newProcess(execID string, spec ProcessSpec, sio stdio.Stdio) *process {
+	return &process{
+		execID:  execID,
+		spec:    spec,
+		stdio:   sio,
+		status:  tasktypes.Status_CREATED,
+		started: make(chan struct{}),
+		abort:   make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
+
+// Status is the process's status; paused applies only while it runs.
+func (p *process) Status(paused bool) tasktypes.Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.status == tasktypes.Status_RUNNING && paused {
+		return tasktypes.Status_PAUSED
+	}
+	return p.status
+}
+
+// Exit returns the exit, valid once Status is STOPPED.
+func (p *process) Exit() Exit {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exit
+}
+
+// setRunning records that the guest runs the process with io attached;
+// the caller closes started once the start event is queued.
+func (p *process) setRunning(pio *processIO) {
+	p.mu.Lock()
+	p.status = tasktypes.Status_RUNNING
+	p.io = pio
+	p.mu.Unlock()
+}
+
+// endBeforeStart ends a process that never started with 128+sig. It
+// reports false if the process has started or already ended.
+func (p *process) endBeforeStart(sig unix.Signal) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.status != tasktypes.Status_CREATED || p.aborted != nil {
+		return false
+	}
+	p.aborted = &Exit{Status: 128 + uint32(sig), At: time.Now()}
+	close(p.abort)
+	return true
+}
+
+func (p *process) abortExit() Exit {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return *p.aborted
+}
+
+// setExited records the exit; done closes only after the exit event is
+// queued, by finish.
+func (p *process) setExited(e Exit) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.status = tasktypes.Status_STOPPED
+	p.exit = e
+}
+
+func (p *process) finish() { close(p.done) }
+
+// Wait blocks until the process has exited or ctx ends.
+func (p *process) Wait(ctx context.Context) (Exit, error) {
+	select {
+	case <-p.done:
+		return p.Exit(), nil
+	case <-ctx.Done():
+		return Exit{}, ctx.Err()
+	}
+}
+
+func (p *process) getIO() *processIO {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.io
+}

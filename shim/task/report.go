@@ -1,0 +1,58 @@
+package task
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// startedPhase is the restore phase from the Start call to the init
+// process running in the guest.
+const startedPhase = "process started"
+
+// writeReport writes the restore report (plan, reasons, phase timings) into
+// the bundle and logs it.
+func (t *task) writeReport(ctx context.Context) error {
+	t.recMu.Lock()
+	defer t.recMu.Unlock()
+	r := &state.Report{
+		ID:         t.id,
+		Hypervisor: t.rec.Hypervisor,
+		StagedDir:  t.rec.StagedDir,
+		Plan:       t.rec.Plan,
+		Phases:     t.rec.Phases,
+		CreatedAt:  t.created,
+	}
+	fields := log.Fields{"id": t.id, "hypervisor": r.Hypervisor, "mode": r.Plan.Mode, "reasons": r.Plan.Reasons}
+	for _, p := range r.Phases {
+		r.Total += p.Duration
+		fields["phase."+p.Name] = time.Duration(p.Duration).String()
+	}
+	fields["total"] = time.Duration(r.Total).String()
+	if len(r.Plan.Warnings) > 0 {
+		fields["warnings"] = r.Plan.Warnings
+	}
+	if err := state.WriteReport(t.bundle, r); err != nil {
+		return fmt.Errorf("write restore report: %w", err)
+	}
+	log.G(ctx).WithFields(fields).Info("restore report")
+	return nil
+}
+
+// recordPhase adds a phase to the task record and the report.
+func (t *task) recordPhase(ctx context.Context, name string, d time.Duration) {
+	t.recMu.Lock()
+	t.rec.Phases = append(t.rec.Phases, state.Phase{Name: name, Duration: state.Duration(d)})
+	err := state.WriteTask(t.bundle, t.rec)
+	t.recMu.Unlock()
+	if err == nil {
+		err = t.writeReport(ctx)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", t.id).Warn("record restore phase")
+	}
+}

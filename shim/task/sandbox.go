@@ -1,0 +1,93 @@
+package task
+
+import (
+	"context"
+	"io"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// ProcessSpec is a process to run in the guest.
+type ProcessSpec struct {
+	// ID names the process to the guest agent; unique within the VM.
+	ID             string
+	Args, Env      []string
+	Cwd            string
+	UID, GID       uint32
+	AdditionalGIDs []uint32
+	Terminal       bool
+	// Stdin gives the process a stdin stream (else /dev/null).
+	Stdin bool
+}
+
+// Exit is how a process ended.
+type Exit struct {
+	Status uint32
+	At     time.Time
+}
+
+// GuestProcess is one process running in the guest.
+type GuestProcess struct {
+	Pid uint32
+	// ID is the agent's name for it when the shim started it, else empty.
+	ID string
+}
+
+// Guest is the agent inside a task's VM, as the service uses it.
+type Guest interface {
+	Exec(ctx context.Context, p ProcessSpec) error
+	// Stdio returns the streams of a process just started; with a terminal
+	// stdout carries the pty and stderr is nil.
+	Stdio(ctx context.Context, id string) (stdin io.WriteCloser, stdout, stderr io.ReadCloser, err error)
+	Wait(ctx context.Context, id string) (Exit, error)
+	Signal(ctx context.Context, id string, sig syscall.Signal) error
+	ResizePty(ctx context.Context, id string, width, height uint32) error
+	CloseStdin(ctx context.Context, id string) error
+	Processes(ctx context.Context) ([]GuestProcess, error)
+	Close() error
+}
+
+// VM is the hypervisor process behind a task. hypervisor.VM satisfies it;
+// checkpointing additionally needs hypervisor.Snapshotter.
+type VM interface {
+	PID() int
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	Shutdown(ctx context.Context) error
+	Kill() error
+	Wait(ctx context.Context) error
+	Close() error
+}
+
+// Sandbox is a restored, running VM with its guest agent connected.
+type Sandbox struct {
+	VM         VM
+	Guest      Guest
+	Hypervisor string
+	RunDir     string
+	Plan       state.Plan
+	Phases     []state.Phase
+}
+
+// LaunchRequest is what a Launcher restores a task's VM from.
+type LaunchRequest struct {
+	ID        string
+	Namespace string
+	Bundle    string
+	Spec      *specs.Spec
+	// StagedDir is the snapshotter's staged chain.
+	StagedDir string
+	// ConfigPath is the runtime options' config file, if any.
+	ConfigPath string
+	Hostname   string
+}
+
+// Launcher restores the VM of a new task. On error nothing it started is
+// left running.
+type Launcher interface {
+	Launch(ctx context.Context, r LaunchRequest) (*Sandbox, error)
+}

@@ -1,0 +1,180 @@
+// Package task is cocoon's containerd task service (task API v3): each task
+// is a VM restored from a snapshot chain, its processes run in the guest
+// through the agent, and the task's pid is the hypervisor's.
+//
+// The VM and the agent sit behind the small Launcher, VM and Guest
+// interfaces, so the service is tested with fakes; errors become gRPC
+// status errors only at the RPC methods.
+package task
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	ptypes "github.com/containerd/containerd/v2/pkg/protobuf/types"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+)
+
+var (
+	_     taskAPI.TTRPCTaskService = (*Service)(nil)
+	_     shim.TTRPCService        = (*Service)(nil)
+	empty                          = &ptypes.Empty{}
+)
+
+// Service implements the task API for cocoon VMs.
+type Service struct {
+	ctx       context.Context
+	namespace string
+	launcher  Launcher
+	events    chan any
+	sd        shutdown.Service
+
+	mu    sync.Mutex
+	tasks map[string]*task
+}
+
+// NewService returns the task service; events go to publisher in the order
+// the service queues them.
+func NewService(ctx context.Context, launcher Launcher, publisher events.Publisher, sd shutdown.Service) *Service {
+	ns, _ := namespaces.Namespace(ctx)
+	s := &Service{
+		ctx:       ctx,
+		namespace: ns,
+		launcher:  launcher,
+		events:    make(chan any, 128),
+		sd:        sd,
+		tasks:     map[string]*task{},
+	}
+	go s.forward(publisher)
+	sd.RegisterCallback(s.destroyAll)
+	if address, err := shim.ReadAddress("address"); err == nil {
+		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
+	}
+	return s
+}
+
+// RegisterTTRPC serves the task API on server.
+func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, s)
+	return nil
+}
+
+func (s *Service) send(evt any) {
+	select {
+	case s.events <- evt:
+	case <-s.sd.Done():
+	}
+}
+
+// forward publishes queued events in order; on shutdown it drains the queue.
+func (s *Service) forward(publisher events.Publisher) {
+	ctx := context.WithoutCancel(s.ctx)
+	publish := func(e any) {
+		if err := publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
+			log.G(ctx).WithError(err).Error("publish event")
+		}
+	}
+	for {
+		select {
+		case e := <-s.events:
+			publish(e)
+		case <-s.sd.Done():
+			for {
+				select {
+				case e := <-s.events:
+					publish(e)
+				default:
+					if c, ok := publisher.(interface{ Close() error }); ok {
+						c.Close()
+					}
+					return
+				}
+			}
+		}
+	}
+}
+
+// destroyAll kills every VM still held when the shim shuts down, so none
+// outlives it.
+func (s *Service) destroyAll(ctx context.Context) error {
+	s.mu.Lock()
+	tasks := make([]*task, 0, len(s.tasks))
+	for _, t := range s.tasks {
+		tasks = append(tasks, t)
+	}
+	s.mu.Unlock()
+	for _, t := range tasks {
+		t.killVM("shim shutting down")
+		// Let the init exit reach the task record before the shim exits.
+		select {
+		case <-t.init.done:
+		case <-time.After(exitTimeout):
+		}
+		if err := t.sb.VM.Close(); err != nil {
+			log.G(ctx).WithError(err).WithField("id", t.id).Warn("close VM at shutdown")
+		}
+	}
+	return nil
+}
+
+func (s *Service) getTask(id string) (*task, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	if !ok {
+		return nil, fmt.Errorf("task %s: %w", id, errdefs.ErrNotFound)
+	}
+	return t, nil
+}
+
+func (s *Service) getProcess(id, execID string) (*task, *process, error) {
+	t, err := s.getTask(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := t.process(execID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, p, nil
+}
+
+// Connect returns the shim's and the task's pids.
+func (s *Service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}
+	if t, err := s.getTask(r.ID); err == nil {
+		resp.TaskPid = uint32(t.pid())
+	}
+	return resp, nil
+}
+
+// Shutdown stops the shim once it serves no task.
+func (s *Service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.tasks) > 0 {
+		return empty, nil
+	}
+	s.sd.Shutdown()
+	return empty, nil
+}
+
+// toGRPC converts an error to a gRPC status at the RPC edge.
+func toGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errgrpc.ToGRPC(err)
+}

@@ -1,0 +1,265 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/containerd/containerd/api/types/runc/options"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+const (
+	// shutdownTimeout bounds a graceful VM shutdown before it is killed.
+	shutdownTimeout = 10 * time.Second
+	// exitTimeout bounds the wait for a killed hypervisor to be reaped.
+	exitTimeout = 10 * time.Second
+)
+
+var errFinished = fmt.Errorf("process already finished: %w", errdefs.ErrNotFound)
+
+// kill delivers sig to p; with all, to every exec first, then to p.
+func (t *task) kill(p *process, sig unix.Signal, all bool) error {
+	if all && p.execID == "" {
+		for _, e := range t.execList() {
+			if err := t.signal(e, sig); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return err
+			}
+		}
+	}
+	return t.signal(p, sig)
+}
+
+func (t *task) execList() []*process {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*process, 0, len(t.execs))
+	for _, p := range t.execs {
+		out = append(out, p)
+	}
+	return out
+}
+
+// signal delivers sig to p. A process that never started ends with
+// 128+sig. SIGKILL to the init process kills the VM when the guest cannot
+// answer: the VM is paused or the agent does not reply in time.
+func (t *task) signal(p *process, sig unix.Signal) error {
+	p.lifecycle.Lock()
+	defer p.lifecycle.Unlock()
+	switch p.Status(false) {
+	case tasktypes.Status_STOPPED:
+		return errFinished
+	case tasktypes.Status_CREATED:
+		if p.endBeforeStart(sig) {
+			return nil
+		}
+		return errFinished
+	}
+	select {
+	case <-t.vmDone:
+		return nil // the VM is gone; the watcher reports the exit
+	default:
+	}
+	initKill := sig == unix.SIGKILL && p.execID == ""
+	if initKill && t.isPaused() {
+		t.killVM("SIGKILL while the VM is paused")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, guestCallTimeout)
+	defer cancel()
+	err := t.sb.Guest.Signal(ctx, p.spec.ID, sig)
+	if err == nil {
+		return nil
+	}
+	if initKill {
+		log.G(ctx).WithError(err).WithField("id", t.id).Warn("guest did not take SIGKILL")
+		t.killVM("guest did not answer SIGKILL")
+		return nil
+	}
+	return fmt.Errorf("signal %d to %s in guest: %w", sig, p.spec.ID, err)
+}
+
+// pause pauses the VM.
+func (t *task) pause(ctx context.Context) error {
+	t.opMu.Lock()
+	defer t.opMu.Unlock()
+	if t.isPaused() {
+		return fmt.Errorf("task %s is already paused: %w", t.id, errdefs.ErrFailedPrecondition)
+	}
+	if st := t.init.Status(false); st != tasktypes.Status_RUNNING {
+		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.sb.VM.Pause(ctx); err != nil {
+		return fmt.Errorf("pause VM: %w", err)
+	}
+	t.setPaused(true)
+	return nil
+}
+
+// resume resumes the paused VM.
+func (t *task) resume(ctx context.Context) error {
+	t.opMu.Lock()
+	defer t.opMu.Unlock()
+	if !t.isPaused() {
+		return fmt.Errorf("task %s is not paused: %w", t.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := t.sb.VM.Resume(ctx); err != nil {
+		return fmt.Errorf("resume VM: %w", err)
+	}
+	t.setPaused(false)
+	return nil
+}
+
+func (t *task) setPaused(v bool) {
+	t.mu.Lock()
+	t.paused = v
+	t.mu.Unlock()
+}
+
+// checkpoint writes a full chain link of the VM into dir. The VM is paused
+// for the snapshot and resumed after, unless exit asks to end the task.
+func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
+	t.opMu.Lock()
+	defer t.opMu.Unlock()
+	snap, ok := t.sb.VM.(hypervisor.Snapshotter)
+	if !ok {
+		return fmt.Errorf("checkpoint: the %s driver cannot snapshot a running VM: %w", t.sb.Hypervisor, errdefs.ErrNotImplemented)
+	}
+	if st := t.init.Status(false); st != tasktypes.Status_RUNNING {
+		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
+	}
+	wasPaused := t.isPaused()
+	if !wasPaused {
+		if err := t.sb.VM.Pause(ctx); err != nil {
+			return fmt.Errorf("pause VM for checkpoint: %w", err)
+		}
+		t.setPaused(true)
+	}
+	if err := snap.Snapshot(ctx, dir, hypervisor.SnapshotFull); err != nil {
+		return errors.Join(fmt.Errorf("snapshot VM into %s: %w", dir, err), t.resumeAfter(ctx, wasPaused))
+	}
+	if exit {
+		t.killVM("checkpointed with exit")
+		return nil
+	}
+	return t.resumeAfter(ctx, wasPaused)
+}
+
+func (t *task) resumeAfter(ctx context.Context, wasPaused bool) error {
+	if wasPaused {
+		return nil
+	}
+	if err := t.sb.VM.Resume(ctx); err != nil {
+		return fmt.Errorf("resume VM after checkpoint: %w", err)
+	}
+	t.setPaused(false)
+	return nil
+}
+
+// pids lists the guest's processes, naming the execs the shim started.
+func (t *task) pids(ctx context.Context) ([]*tasktypes.ProcessInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, guestCallTimeout)
+	defer cancel()
+	procs, err := t.sb.Guest.Processes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list guest processes: %w", err)
+	}
+	execByGuestID := map[string]string{}
+	for _, p := range t.execList() {
+		execByGuestID[p.spec.ID] = p.execID
+	}
+	out := make([]*tasktypes.ProcessInfo, 0, len(procs))
+	for _, gp := range procs {
+		info := &tasktypes.ProcessInfo{Pid: gp.Pid}
+		if execID, ok := execByGuestID[gp.ID]; ok && gp.ID != "" {
+			if info.Info, err = typeurl.MarshalAnyToProto(&options.ProcessDetails{ExecID: execID}); err != nil {
+				return nil, fmt.Errorf("encode process %d details: %w", gp.Pid, err)
+			}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// stats reports the hypervisor cgroup's metrics.
+func (t *task) stats() (any, error) {
+	if t.cg == nil {
+		return nil, fmt.Errorf("task %s has no cgroup (its spec sets no cgroupsPath): %w", t.id, errdefs.ErrNotFound)
+	}
+	m, err := t.cg.Stats()
+	if err != nil {
+		return nil, fmt.Errorf("read cgroup stats: %w", err)
+	}
+	return m, nil
+}
+
+// update applies new resources to the hypervisor cgroup.
+func (t *task) update(res *specs.LinuxResources) error {
+	if err := checkUpdate(res); err != nil {
+		return err
+	}
+	if t.cg == nil {
+		return fmt.Errorf("task %s has no cgroup (its spec sets no cgroupsPath): %w", t.id, errdefs.ErrNotFound)
+	}
+	if err := t.cg.Update(res); err != nil {
+		return fmt.Errorf("update cgroup: %w", err)
+	}
+	return nil
+}
+
+// destroy shuts the VM down and releases everything the task holds. An
+// init that never started ends first, so its exit precedes the delete.
+func (t *task) destroy(ctx context.Context) error {
+	t.init.lifecycle.Lock()
+	ended := t.init.endBeforeStart(unix.SIGKILL)
+	t.init.lifecycle.Unlock()
+	if ended {
+		<-t.init.done
+	}
+	sctx, cancel := context.WithTimeout(ctx, shutdownTimeout)
+	defer cancel()
+	if err := t.sb.VM.Shutdown(sctx); err != nil {
+		log.G(ctx).WithError(err).WithField("id", t.id).Warn("VM did not shut down; killing it")
+		t.killVM("shutdown failed")
+	}
+	select {
+	case <-t.vmDone:
+	case <-time.After(exitTimeout):
+		log.G(ctx).WithField("id", t.id).Error("hypervisor still runs after kill")
+	}
+	var errs []error
+	if err := t.sb.Guest.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close guest agent: %w", err))
+	}
+	if err := t.sb.VM.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close VM: %w", err))
+	}
+	if t.cg != nil {
+		if err := t.cg.Delete(); err != nil {
+			errs = append(errs, fmt.Errorf("delete cgroup: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deleteExec forgets an exec that never started or has exited.
+func (t *task) deleteExec(ctx context.Context, p *process) error {
+	p.lifecycle.Lock()
+	p.endBeforeStart(unix.SIGKILL)
+	p.lifecycle.Unlock()
+	if _, err := p.Wait(ctx); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	delete(t.execs, p.execID)
+	t.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,172 @@
+// Package agent is cocoon's host<->guest protocol: the ttrpc client the shim
+// uses, the stream transports that carry it, and the session framing the
+// guest server shares over virtio-serial.
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// VsockPort is the AF_VSOCK port the guest agent listens on.
+const VsockPort = 1024
+
+// Client talks to one guest agent.
+type Client struct {
+	tc  *ttrpc.Client
+	api api.AgentService
+
+	mu    sync.Mutex
+	stdio map[string]ExecRequest // how each Exec'd process's stdio is set up
+}
+
+// NewClient speaks the agent API over conn, a stream from DialUnix or
+// DialHybridVsock.
+func NewClient(conn net.Conn) *Client {
+	tc := ttrpc.NewClient(conn, ttrpc.WithUnaryClientInterceptor(nativeErrors))
+	return &Client{tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}}
+}
+
+// nativeErrors turns the guest's status errors back into containerd errdefs
+// errors, so callers can test them with errdefs.IsNotFound and friends.
+func nativeErrors(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
+	if err := invoke(ctx, req, resp); err != nil {
+		return errgrpc.ToNative(err)
+	}
+	return nil
+}
+
+// Close closes the connection; calls in flight fail.
+func (c *Client) Close() error {
+	return c.tc.Close()
+}
+
+// Ping returns once the agent serves.
+func (c *Client) Ping(ctx context.Context) error {
+	if _, err := c.api.Ping(ctx, &emptypb.Empty{}); err != nil {
+		return fmt.Errorf("ping guest agent: %w", err)
+	}
+	return nil
+}
+
+// InitRequest is the identity a restored clone gets.
+type InitRequest struct {
+	Time     time.Time // the guest's wall clock; zero leaves it
+	Entropy  []byte    // mixed into the guest's pool, then the CRNG is reseeded
+	Hostname string    // empty leaves it
+}
+
+// Init sets the clone's clock, randomness and name; call it after every restore.
+func (c *Client) Init(ctx context.Context, r InitRequest) error {
+	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname}
+	if !r.Time.IsZero() {
+		req.Time = timestamppb.New(r.Time)
+	}
+	if _, err := c.api.Init(ctx, req); err != nil {
+		return fmt.Errorf("init guest: %w", err)
+	}
+	return nil
+}
+
+// ExecRequest describes a process to start in the guest.
+type ExecRequest struct {
+	ID             string
+	Args, Env      []string
+	Cwd            string
+	UID, GID       uint32
+	AdditionalGIDs []uint32
+	Terminal       bool
+	Stdin          bool // the process gets a stdin stream (else /dev/null)
+}
+
+// Exec starts a process; follow it with Stdio to get its streams.
+func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
+	_, err := c.api.Exec(ctx, &api.ExecRequest{
+		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
+		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,
+		Terminal: r.Terminal, Stdin: r.Stdin,
+	})
+	if err != nil {
+		return fmt.Errorf("exec %q in guest: %w", r.ID, err)
+	}
+	c.mu.Lock()
+	c.stdio[r.ID] = ExecRequest{Terminal: r.Terminal, Stdin: r.Stdin}
+	c.mu.Unlock()
+	return nil
+}
+
+// ExitStatus is how a guest process ended.
+type ExitStatus struct {
+	Code     int // 128+Signal when killed by a signal
+	Signal   int // 0 when the process exited normally
+	ExitedAt time.Time
+}
+
+// Wait blocks until process id exits.
+func (c *Client) Wait(ctx context.Context, id string) (ExitStatus, error) {
+	resp, err := c.api.Wait(ctx, &api.ProcessRequest{Id: id})
+	if err != nil {
+		return ExitStatus{}, fmt.Errorf("wait for %q in guest: %w", id, err)
+	}
+	return ExitStatus{
+		Code:     int(resp.ExitCode),
+		Signal:   int(resp.Signal),
+		ExitedAt: resp.ExitedAt.AsTime(),
+	}, nil
+}
+
+// Signal sends sig to process id.
+func (c *Client) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	if _, err := c.api.Signal(ctx, &api.SignalRequest{Id: id, Signal: uint32(sig)}); err != nil {
+		return fmt.Errorf("signal %q in guest: %w", id, err)
+	}
+	return nil
+}
+
+// ResizePty sets the terminal size of process id.
+func (c *Client) ResizePty(ctx context.Context, id string, width, height uint32) error {
+	if _, err := c.api.ResizePty(ctx, &api.ResizePtyRequest{Id: id, Width: width, Height: height}); err != nil {
+		return fmt.Errorf("resize pty of %q in guest: %w", id, err)
+	}
+	return nil
+}
+
+// CloseStdin ends the stdin of process id (on a terminal: sends end-of-file).
+func (c *Client) CloseStdin(ctx context.Context, id string) error {
+	if _, err := c.api.CloseStdin(ctx, &api.ProcessRequest{Id: id}); err != nil {
+		return fmt.Errorf("close stdin of %q in guest: %w", id, err)
+	}
+	return nil
+}
+
+// Delete forgets an exited process; its id can then be used again.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	if _, err := c.api.Delete(ctx, &api.ProcessRequest{Id: id}); err != nil {
+		return fmt.Errorf("delete %q in guest: %w", id, err)
+	}
+	c.mu.Lock()
+	delete(c.stdio, id)
+	c.mu.Unlock()
+	return nil
+}
+
+// Shutdown syncs the guest's file systems and powers it off. The guest may
+// go away before it answers, so a dropped connection is success.
+func (c *Client) Shutdown(ctx context.Context) error {
+	_, err := c.api.Shutdown(ctx, &emptypb.Empty{})
+	if err != nil && !isConnectionGone(err) {
+		return fmt.Errorf("shut down guest: %w", err)
+	}
+	return nil
+}

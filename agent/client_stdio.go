@@ -1,0 +1,114 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// stdioChunk bounds one stdin write or output read; it fits one frame.
+const stdioChunk = 32 << 10
+
+// Stdio returns the streams of process id; call it right after Exec. stdin is
+// nil unless the process was started with Stdin. With a terminal, stdout
+// carries the pty and stderr is nil. stdout and stderr return io.EOF once the
+// process's output has been fully delivered.
+func (c *Client) Stdio(ctx context.Context, id string) (stdin io.WriteCloser, stdout, stderr io.ReadCloser, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, nil, fmt.Errorf("open stdio of %q: %w", id, err)
+	}
+	c.mu.Lock()
+	mode, known := c.stdio[id]
+	c.mu.Unlock()
+	if !known {
+		mode = ExecRequest{Stdin: true}
+	}
+	if mode.Stdin {
+		stdin = &stdinWriter{c: c, id: id}
+	}
+	stdout = newOutputReader(c, id, api.Stream_STDOUT)
+	if !mode.Terminal {
+		stderr = newOutputReader(c, id, api.Stream_STDERR)
+	}
+	return stdin, stdout, stderr, nil
+}
+
+// outputReader pulls one output stream with ReadOutput calls, so the guest
+// sends only what the reader asks for.
+type outputReader struct {
+	c      *Client
+	id     string
+	stream api.Stream
+	ctx    context.Context
+	cancel context.CancelFunc
+	eof    bool
+}
+
+func newOutputReader(c *Client, id string, stream api.Stream) *outputReader {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &outputReader{c: c, id: id, stream: stream, ctx: ctx, cancel: cancel}
+}
+
+func (r *outputReader) Read(p []byte) (int, error) {
+	if r.eof {
+		return 0, io.EOF
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for {
+		resp, err := r.c.api.ReadOutput(r.ctx, &api.ReadOutputRequest{
+			Id: r.id, Stream: r.stream, MaxBytes: uint32(min(len(p), stdioChunk)),
+		})
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return 0, os.ErrClosed
+			}
+			return 0, fmt.Errorf("read %s of %q: %w", r.stream, r.id, err)
+		}
+		r.eof = resp.Eof
+		if n := copy(p, resp.Data); n > 0 || r.eof {
+			if n == 0 {
+				return 0, io.EOF
+			}
+			return n, nil
+		}
+	}
+}
+
+// Close abandons the stream; a Read in progress returns os.ErrClosed.
+func (r *outputReader) Close() error {
+	r.cancel()
+	return nil
+}
+
+// stdinWriter writes a process's stdin with WriteStdin calls.
+type stdinWriter struct {
+	c    *Client
+	id   string
+	once sync.Once
+}
+
+func (w *stdinWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		chunk := p[:min(len(p), stdioChunk)]
+		if _, err := w.c.api.WriteStdin(context.Background(), &api.WriteStdinRequest{Id: w.id, Data: chunk}); err != nil {
+			return n, fmt.Errorf("write stdin of %q: %w", w.id, err)
+		}
+		n += len(chunk)
+		p = p[len(chunk):]
+	}
+	return n, nil
+}
+
+// Close ends the process's stdin.
+func (w *stdinWriter) Close() error {
+	var err error
+	w.once.Do(func() { err = w.c.CloseStdin(context.Background(), w.id) })
+	return err
+}

@@ -1,0 +1,165 @@
+// Package vmtest boots the project's guest on QEMU for the agent's VM tests,
+// independently of the QEMU driver.
+package vmtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+// ReadyTimeout bounds a cold boot to a ready agent (TCG is slow).
+const ReadyTimeout = 90 * time.Second
+
+// VM is a guest booted from build/guest, killed when the test ends.
+type VM struct {
+	Socket string // host end of the agent's virtio-serial port
+	Log    string // the guest's serial console
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// Boot starts QEMU with the guest's kernel and initramfs (microvm, the agent
+// port named "agent") and returns at once; use Client to wait for the agent.
+func Boot(t testing.TB) *VM {
+	t.Helper()
+	qemu := testenv.QEMU(t)
+	guest := testenv.Guest(t)
+	// unix socket paths are short; t.TempDir's can be too long.
+	dir, err := os.MkdirTemp("", "cocoon-vm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := &VM{
+		Socket: filepath.Join(dir, "agent.sock"),
+		Log:    filepath.Join(dir, "serial.log"),
+		exited: make(chan struct{}),
+	}
+	vm.cmd = exec.Command(qemu, Args(guest, vm.Socket, vm.Log)...)
+	var stderr bytes.Buffer
+	vm.cmd.Stderr = &stderr
+	if err := vm.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("start qemu: %v", err)
+	}
+	go func() { _ = vm.cmd.Wait(); close(vm.exited) }()
+	t.Cleanup(func() {
+		_ = vm.cmd.Process.Kill()
+		<-vm.exited
+		if t.Failed() {
+			t.Logf("qemu stderr: %s\nguest console (tail):\n%s", stderr.String(), vm.consoleTail())
+		}
+		os.RemoveAll(dir)
+	})
+	return vm
+}
+
+// Args is the QEMU command line booting guestDir's kernel with the agent
+// port on socket and the console in logFile.
+func Args(guestDir, socket, logFile string) []string {
+	return []string{
+		"-accel", Accel(), "-M", "microvm", "-m", "256M", "-smp", "1",
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-serial", "file:" + logFile,
+		"-kernel", filepath.Join(guestDir, "vmlinuz"),
+		"-initrd", filepath.Join(guestDir, "initramfs.cpio.gz"),
+		"-append", KernelCmdline(),
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,path=" + socket + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=agent",
+	}
+}
+
+// Accel is kvm on hosts whose KVM runs stock kernels (Intel/AMD), else tcg:
+// PVM's /dev/kvm cannot boot the guest.
+func Accel() string {
+	for _, m := range []string{"kvm_intel", "kvm_amd"} {
+		if _, err := os.Stat("/sys/module/" + m); err == nil {
+			if _, err := os.Stat("/dev/kvm"); err == nil {
+				return "kvm"
+			}
+		}
+	}
+	return "tcg"
+}
+
+// KernelCmdline is the guest's command line. Under TCG the guest's TSC runs
+// at the host's rate, and the kernel's PIT calibration of it fails on a busy
+// host (the boot then hangs), so the rate is passed in.
+func KernelCmdline() string {
+	cmdline := "console=ttyS0 quiet panic=-1"
+	if khz := hostTSCkHz(); khz > 0 && Accel() == "tcg" {
+		cmdline += " tsc_early_khz=" + strconv.Itoa(khz)
+	}
+	return cmdline
+}
+
+func hostTSCkHz() int {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
+			mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return 0
+			}
+			return int(mhz * 1000)
+		}
+	}
+	return 0
+}
+
+// Dial opens a new agent session.
+func (vm *VM) Dial(ctx context.Context) (net.Conn, error) {
+	return agent.DialUnix(ctx, vm.Socket)
+}
+
+// Client waits for the agent and returns a client closed when t ends.
+func (vm *VM) Client(t testing.TB) *agent.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-vm.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	c, err := agent.WaitReady(ctx, vm.Dial)
+	if err != nil {
+		t.Fatalf("guest agent not ready: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Exited is closed when QEMU has exited.
+func (vm *VM) Exited() <-chan struct{} { return vm.exited }
+
+func (vm *VM) consoleTail() string {
+	b, err := os.ReadFile(vm.Log)
+	if err != nil {
+		return fmt.Sprintf("(no console log: %v)", err)
+	}
+	if len(b) > 4096 {
+		b = b[len(b)-4096:]
+	}
+	return string(b)
+}

@@ -1,0 +1,152 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// Exec starts a process. Processes outlive the connection that started them.
+func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*emptypb.Empty, error) {
+	spec, err := newProcSpec(r)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.procs[r.Id]; ok {
+		return nil, fmt.Errorf("process %q: %w", r.Id, errdefs.ErrAlreadyExists)
+	}
+	p, err := startProcess(r.Id, spec, r.Terminal, r.Stdin)
+	if err != nil {
+		return nil, err
+	}
+	s.procs[r.Id] = p
+	log.G(ctx).WithField("id", r.Id).WithField("pid", p.cmd.Process.Pid).Debug("process started")
+	return &emptypb.Empty{}, nil
+}
+
+func (s *Service) process(id string) (*process, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.procs[id]
+	if !ok {
+		return nil, fmt.Errorf("process %q: %w", id, errdefs.ErrNotFound)
+	}
+	return p, nil
+}
+
+// ReadOutput returns the next bytes of a process's stdout or stderr.
+func (s *Service) ReadOutput(ctx context.Context, r *api.ReadOutputRequest) (*api.ReadOutputResponse, error) {
+	p, err := s.process(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	out := p.stdout
+	if r.Stream == api.Stream_STDERR {
+		if p.terminal {
+			return nil, fmt.Errorf("process %q has a terminal, its output is all on stdout: %w", r.Id, errdefs.ErrFailedPrecondition)
+		}
+		out = p.stderr
+	}
+	data, eof, err := out.read(ctx, int(r.MaxBytes))
+	if err != nil {
+		return nil, fmt.Errorf("read %s of %q: %w", r.Stream, r.Id, err)
+	}
+	return &api.ReadOutputResponse{Data: data, Eof: eof}, nil
+}
+
+// WriteStdin writes to a process's stdin.
+func (s *Service) WriteStdin(ctx context.Context, r *api.WriteStdinRequest) (*emptypb.Empty, error) {
+	p, err := s.process(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.writeStdin(ctx, r.Data); err != nil {
+		return nil, err
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// CloseStdin ends a process's stdin.
+func (s *Service) CloseStdin(ctx context.Context, r *api.ProcessRequest) (*emptypb.Empty, error) {
+	p, err := s.process(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.closeStdin(); err != nil {
+		return nil, err
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Wait blocks until a process exits and returns how.
+func (s *Service) Wait(ctx context.Context, r *api.ProcessRequest) (*api.WaitResponse, error) {
+	p, err := s.process(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for %q: %w", r.Id, ctx.Err())
+	}
+	return &api.WaitResponse{
+		ExitCode: int32(p.status.code),
+		Signal:   int32(p.status.signal),
+		ExitedAt: timestamppb.New(p.status.at),
+	}, nil
+}
+
+// Signal sends a signal to a running process.
+func (s *Service) Signal(ctx context.Context, r *api.SignalRequest) (*emptypb.Empty, error) {
+	if r.Signal == 0 || r.Signal > 64 {
+		return nil, fmt.Errorf("signal %d: expected 1..64: %w", r.Signal, errdefs.ErrInvalidArgument)
+	}
+	p, err := s.process(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.signal(syscall.Signal(r.Signal)); err != nil {
+		return nil, err
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// ResizePty sets the window size of a terminal process.
+func (s *Service) ResizePty(ctx context.Context, r *api.ResizePtyRequest) (*emptypb.Empty, error) {
+	if r.Width == 0 || r.Height == 0 || r.Width > 0xffff || r.Height > 0xffff {
+		return nil, fmt.Errorf("pty size %dx%d: expected 1..65535 columns and rows: %w", r.Width, r.Height, errdefs.ErrInvalidArgument)
+	}
+	p, err := s.process(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.resize(r.Width, r.Height); err != nil {
+		return nil, err
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Delete forgets an exited process and closes its streams.
+func (s *Service) Delete(ctx context.Context, r *api.ProcessRequest) (*emptypb.Empty, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.procs[r.Id]
+	if !ok {
+		return nil, fmt.Errorf("process %q: %w", r.Id, errdefs.ErrNotFound)
+	}
+	if !p.exited() {
+		return nil, fmt.Errorf("process %q is still running: %w", r.Id, errdefs.ErrFailedPrecondition)
+	}
+	delete(s.procs, r.Id)
+	p.closeParentEnds()
+	return &emptypb.Empty{}, nil
+}

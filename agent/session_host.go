@@ -91,4 +91,3 @@ func newSessionID() (uint64, error) {
 		}
 	}
 }
-

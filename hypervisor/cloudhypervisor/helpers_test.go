@@ -29,7 +29,7 @@ const memBytes = 16 * 4096
 
 // stageChain writes a one-link Cloud Hypervisor chain and stages it as the
 // snapshotter would: memory, private state files and chain.json.
-func stageChain(t *testing.T) string {
+func stageChain(t testing.TB) string {
 	t.Helper()
 	linkDir, staged := t.TempDir(), t.TempDir()
 	mem := make([]byte, memBytes)
@@ -63,7 +63,7 @@ func stageChain(t *testing.T) string {
 
 // newDriver returns a driver whose binary is a fake Cloud Hypervisor
 // validating against spec, and the fake's request record.
-func newDriver(t *testing.T, spec, cow string, fail ...string) (*Driver, string) {
+func newDriver(t testing.TB, spec, cow string, fail ...string) (*Driver, string) {
 	t.Helper()
 	bin, record := apifake.Fake{Spec: spec, Name: "cloud-hypervisor", Version: "v53.0", Fail: fail}.Script(t)
 	t.Cleanup(func() {
@@ -106,6 +106,6 @@ func ops(t *testing.T, record string) []string {
 }
 
 // runDir is a fresh run directory path (not created).
-func runDir(t *testing.T) string {
+func runDir(t testing.TB) string {
 	return filepath.Join(t.TempDir(), "run")
 }

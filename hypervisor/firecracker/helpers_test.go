@@ -26,7 +26,7 @@ var testVMState = fmt.Sprintf(`{"memory_bytes":%d}`, memBytes)
 
 // stageChain writes a one-link Firecracker chain and stages it as the
 // snapshotter would: memory, a private vmstate and chain.json.
-func stageChain(t *testing.T) string {
+func stageChain(t testing.TB) string {
 	t.Helper()
 	linkDir, staged := t.TempDir(), t.TempDir()
 	mem := make([]byte, memBytes)
@@ -57,7 +57,7 @@ func stageChain(t *testing.T) string {
 
 // newDriver returns a driver whose binary is a fake Firecracker, and the
 // fake's request record.
-func newDriver(t *testing.T, fake apifake.Fake) (*Driver, string) {
+func newDriver(t testing.TB, fake apifake.Fake) (*Driver, string) {
 	t.Helper()
 	fake.Spec, fake.Name, fake.Version = apifake.SpecFC, "Firecracker", "v1.16.1"
 	bin, record := fake.Script(t)
@@ -98,6 +98,6 @@ func ops(t *testing.T, record string) []string {
 	return out
 }
 
-func runDir(t *testing.T) string {
+func runDir(t testing.TB) string {
 	return filepath.Join(t.TempDir(), "run")
 }

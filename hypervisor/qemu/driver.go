@@ -29,9 +29,8 @@ type Driver struct {
 	cfg  config.QEMU
 	host host
 
-	buildOnce sync.Once
-	build     string
-	buildErr  error
+	mu    sync.Mutex
+	build string
 }
 
 // New returns a driver for cfg. Nothing is probed until first use.
@@ -60,18 +59,21 @@ func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 	}, nil
 }
 
-// Build is the first line of `qemu-system-x86_64 --version`, probed once.
+// Build is the first line of `qemu-system-x86_64 --version`, probed on
+// first success and kept.
 func (d *Driver) Build(ctx context.Context) (string, error) {
-	d.buildOnce.Do(func() {
-		out, err := exec.CommandContext(ctx, d.cfg.Binary, "--version").Output()
-		if err != nil {
-			d.buildErr = fmt.Errorf("probe %s --version: %w", d.cfg.Binary, err)
-			return
-		}
-		line, _, _ := bytes.Cut(out, []byte("\n"))
-		d.build = string(bytes.TrimSpace(line))
-	})
-	return d.build, d.buildErr
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.build != "" {
+		return d.build, nil
+	}
+	out, err := exec.CommandContext(ctx, d.cfg.Binary, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("probe %s --version: %w", d.cfg.Binary, err)
+	}
+	line, _, _ := bytes.Cut(out, []byte("\n"))
+	d.build = string(bytes.TrimSpace(line))
+	return d.build, nil
 }
 
 // BootSpec is a cold boot from a kernel and initramfs.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
@@ -80,20 +81,21 @@ func (v *VM) Resume(ctx context.Context) error { return v.command(ctx, "cont", n
 // Pause stops the vCPUs.
 func (v *VM) Pause(ctx context.Context) error { return v.command(ctx, "stop", nil) }
 
-// Shutdown asks QEMU to quit and waits for it; past the deadline it is
-// killed. The guest agent's Shutdown is the place to sync the guest first.
+// Shutdown asks QEMU to quit and waits for it to exit; past the deadline
+// it is killed. The guest agent's Shutdown is the place to sync the guest
+// first.
 func (v *VM) Shutdown(ctx context.Context) error {
 	ctx, cancel := bounded(ctx, shutdownTimeout)
 	defer cancel()
-	if err := v.qmp.Execute(ctx, "quit", nil, nil); err != nil && !v.proc.exited() {
-		log.G(ctx).WithError(err).WithField("pid", v.PID()).Warn("qemu quit failed, killing it")
-		return v.proc.kill()
+	// quit may lose its reply to the exit it causes; the exit is what counts.
+	qerr := v.qmp.Execute(ctx, "quit", nil, nil)
+	select {
+	case <-v.proc.done:
+		return nil
+	case <-ctx.Done():
 	}
-	if err := v.proc.wait(ctx); err != nil && !v.proc.exited() {
-		log.G(ctx).WithError(err).WithField("pid", v.PID()).Warn("qemu did not exit after quit, killing it")
-		return v.proc.kill()
-	}
-	return nil
+	log.G(ctx).WithError(qerr).WithField("pid", v.PID()).Warn("qemu did not exit after quit, killing it")
+	return v.proc.kill()
 }
 
 // Kill sends SIGKILL to QEMU and waits until it is reaped.
@@ -102,14 +104,9 @@ func (v *VM) Kill() error { return v.proc.kill() }
 // Wait blocks until QEMU has exited; a non-zero exit or a signal is an error.
 func (v *VM) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
 
-// DialAgent connects to the host end of the guest agent's port.
+// DialAgent opens an agent session on the guest agent's port.
 func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", v.AgentSocket())
-	if err != nil {
-		return nil, fmt.Errorf("dial guest agent: %w", err)
-	}
-	return conn, nil
+	return agent.DialUnix(ctx, v.AgentSocket())
 }
 
 // Close kills QEMU if it still runs and removes the run directory.

@@ -1,0 +1,165 @@
+package qemu
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// dirtyGuestMemory makes the guest write 32 MiB of fresh RAM (tmpfs).
+const dirtyGuestMemory = "dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=32 2>/dev/null && sync"
+
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+func TestRestoreMmapMapsStagedFile(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakedLink(t, d))
+	staged := s.stage()
+	before := fileSHA256(t, s.flat)
+	v, c := restoreReady(t, d, hypervisor.RestoreRequest{StagedDir: staged, RunDir: s.runDir(), Mode: hypervisor.ModeMmap})
+
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", v.PID()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(maps), filepath.Join(staged, "memory")) {
+		t.Fatalf("/proc/%d/maps does not map %s/memory", v.PID(), staged)
+	}
+	run(t, c, "/bin/sh", "-c", dirtyGuestMemory)
+	if err := v.Pause(testContext(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if after := fileSHA256(t, s.flat); after != before {
+		t.Fatalf("staged memory changed under an mmap restore: sha256 %s, was %s", after, before)
+	}
+}
+
+func TestRestoreCopyReleasesStagedFile(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakedLink(t, d))
+	staged := s.stage()
+	var phases []string
+	req := hypervisor.RestoreRequest{StagedDir: staged, RunDir: s.runDir(), Mode: hypervisor.ModeCopy, ReleaseAfterLoad: true,
+		OnPhase: func(p string, _ time.Duration) {
+			phases = append(phases, p)
+			if _, err := os.Stat(filepath.Join(staged, "memory")); p == "load" && err != nil {
+				t.Errorf("staged memory gone before the load finished: %v", err)
+			}
+		}}
+	ctx := testContext(t, time.Minute)
+	hv, err := d.Restore(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := hv.(*VM)
+	closeVM(t, v)
+	if _, err := os.Stat(filepath.Join(staged, "memory")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("staged memory still linked after a copy restore (%v)", err)
+	}
+	if want := "fill,spawn,load"; strings.Join(phases, ",") != want {
+		t.Errorf("phases %v, want %s", phases, want)
+	}
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := agent.WaitReady(ctx, v.DialAgent)
+	if err != nil {
+		t.Fatalf("agent after copy restore: %v", err)
+	}
+	defer c.Close()
+	run(t, c, "/bin/sh", "-c", dirtyGuestMemory)
+	if got := run(t, c, "/bin/sh", "-c", "wc -c < /dev/shm/dirty"); got != strconv.Itoa(32<<20) {
+		t.Fatalf("guest file size %q after writing 32 MiB", got)
+	}
+}
+
+// Clones of one snapshot must not share hostname, clock or randomness once
+// the agent's Init has run in each.
+func TestClonesGetOwnIdentity(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakedLink(t, d))
+	type clone struct{ hostname, random string }
+	var clones []clone
+	for i := range 2 {
+		_, c := restoreReady(t, d, hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeMmap})
+		entropy := make([]byte, 64)
+		rand.Read(entropy)
+		name := fmt.Sprintf("clone-%d", i)
+		if err := c.Init(testContext(t, 10*time.Second), agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: name}); err != nil {
+			t.Fatalf("init %s: %v", name, err)
+		}
+		host := float64(time.Now().UnixNano()) / 1e9
+		guest, err := strconv.ParseFloat(run(t, c, "date", "+%s.%N"), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if skew := math.Abs(guest - host); skew > 1 {
+			t.Errorf("%s: guest clock %.3f is %.3fs from the host's", name, guest, skew)
+		}
+		clones = append(clones, clone{
+			hostname: run(t, c, "hostname"),
+			random:   run(t, c, "/bin/sh", "-c", "head -c 16 /dev/urandom | od -An -tx1"),
+		})
+		if clones[i].hostname != name {
+			t.Errorf("hostname %q, want %q", clones[i].hostname, name)
+		}
+	}
+	if clones[0].random == clones[1].random {
+		t.Errorf("both clones read %s from /dev/urandom", clones[0].random)
+	}
+}
+
+func TestAgentNeverAnswers(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakeBare(t, d, root))
+	ctx := testContext(t, 30*time.Second)
+	hv, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeCopy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := hv.(*VM)
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx := testContext(t, time.Second)
+	start := time.Now()
+	if c, err := agent.WaitReady(wctx, v.DialAgent); err == nil {
+		c.Close()
+		t.Fatal("an agent answered in a guest that has none")
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("WaitReady took %v, its context allowed 1s", took)
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, v.PID(), v.RunDir())
+}

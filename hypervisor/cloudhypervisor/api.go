@@ -44,6 +44,8 @@ func (e *APIError) Error() string {
 
 // put sends PUT op with body (nil: no body) and expects a 2xx answer.
 func (c *apiClient) put(ctx context.Context, op string, body any) error {
+	ctx, cancel := withDefaultTimeout(ctx, callTimeout)
+	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)

@@ -45,6 +45,8 @@ func (e *APIError) Error() string {
 
 // call sends method path with body as JSON and expects a 2xx answer.
 func (c *apiClient) call(ctx context.Context, method, path string, body any) error {
+	ctx, cancel := withDefaultTimeout(ctx, callTimeout)
+	defer cancel()
 	b, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("encode %s /%s request: %w", method, path, err)

@@ -28,6 +28,22 @@ const maxSockPath = 107
 // binds it itself and takes no listening fd.
 const socketPoll = 2 * time.Millisecond
 
+// Default bounds for waits whose context has no deadline of its own: a
+// hypervisor that never serves its API or never answers a request must
+// not hang the caller.
+const (
+	spawnTimeout = 10 * time.Second
+	callTimeout  = 2 * time.Minute
+)
+
+// withDefaultTimeout bounds ctx by d unless it already has a deadline.
+func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
 // process is one supervised hypervisor process. Its exit status is
 // collected once, by the goroutine started with it, and kept for every Wait.
 type process struct {
@@ -62,6 +78,8 @@ func spawn(binary string, args []string, runDir string) (*process, error) {
 // waitSocket returns once something accepts connections on path, failing
 // early if the process exits or ctx ends.
 func (p *process) waitSocket(ctx context.Context, path string) error {
+	ctx, cancel := withDefaultTimeout(ctx, spawnTimeout)
+	defer cancel()
 	t := time.NewTicker(socketPoll)
 	defer t.Stop()
 	for {

@@ -42,6 +42,8 @@ type Fake struct {
 	Name, Version string
 	// Fail lists operations that fail ("vm.restore", "snapshot/load").
 	Fail []string
+	// Hang lists operations the fake never answers.
+	Hang []string
 	// IgnoreCtrlAltDel makes a Firecracker guest ignore SendCtrlAltDel.
 	IgnoreCtrlAltDel bool
 }
@@ -59,7 +61,7 @@ func (f Fake) Script(t testing.TB) (bin, record string) {
 	record = filepath.Join(dir, "requests.jsonl")
 	env := map[string]string{
 		envFake: "1", envSpec: SpecPath(t, f.Spec), envRecord: record,
-		envName: f.Name, envVersion: f.Version, envFail: strings.Join(f.Fail, ","),
+		envName: f.Name, envVersion: f.Version, envFail: strings.Join(f.Fail, ","), envHang: strings.Join(f.Hang, ","),
 	}
 	if f.IgnoreCtrlAltDel {
 		env[envIgnoreCAD] = "1"

@@ -20,6 +20,7 @@ const (
 	envVersion   = "COCOON_FAKE_VERSION"
 	envIgnoreCAD = "COCOON_FAKE_IGNORE_CTRL_ALT_DEL"
 	envName      = "COCOON_FAKE_NAME"
+	envHang      = "COCOON_FAKE_HANG"
 )
 
 // RunIfFake turns the current process into a fake VMM when it was started
@@ -91,7 +92,9 @@ func serve(sock string, model Model, exit <-chan struct{}) error {
 			return err
 		}
 	}
-	ln, err := NewServer(spec, model, record).ServeUnix(sock)
+	srv := NewServer(spec, model, record)
+	srv.Hang = failSet(os.Getenv(envHang))
+	ln, err := srv.ServeUnix(sock)
 	if err != nil {
 		return err
 	}

@@ -41,6 +41,10 @@ type Request struct {
 // Server checks each request against a Spec, hands valid ones to a Model
 // and records every request.
 type Server struct {
+	// Hang names operations ("vm.restore") never answered: the request
+	// blocks until the client goes away.
+	Hang map[string]bool
+
 	spec   *Spec
 	model  Model
 	mu     sync.Mutex
@@ -86,6 +90,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if status, verr := s.spec.Validate(r.Context(), r, body); verr != nil {
 		resp = Response{Status: status, Body: s.model.Reject(verr.Error())}
 		rec.Error = verr.Error()
+	} else if s.Hang[op] {
+		s.remember(rec)
+		<-r.Context().Done()
+		return
 	} else {
 		resp = s.model.Handle(r.Method, op, body)
 	}

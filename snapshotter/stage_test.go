@@ -228,3 +228,26 @@ func mustMounts(t *testing.T, sn *Snapshotter, key string) string {
 	}
 	return mountDir(t, ms)
 }
+
+func TestCleanupKeepsInFlightDirs(t *testing.T) {
+	root := t.TempDir()
+	sn := newSnapshotter(t, root)
+	inFlight := filepath.Join(root, "snapshots", tempDirPrefix+"1")
+	orphans := []string{filepath.Join(root, "snapshots", "42"), filepath.Join(root, "snapshots", removedDirPrefix+"3")}
+	for _, d := range append(orphans, inFlight) {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sn.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range orphans {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("orphan %s survived Cleanup (err %v)", d, err)
+		}
+	}
+	if _, err := os.Stat(inFlight); err != nil {
+		t.Errorf("Cleanup removed a dir a Prepare may still be filling: %v", err)
+	}
+}

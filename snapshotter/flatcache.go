@@ -71,7 +71,6 @@ func openFlatCache(dir string, budget int64, flatten flattenFunc) (*flatCache, e
 		}
 		c.entries[de.Name()] = &flatEntry{size: allocated(fi), used: fi.ModTime()}
 	}
-	c.evict(ctx)
 	return c, nil
 }
 

@@ -84,6 +84,8 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 		ms.Close()
 		return nil, err
 	}
+	// After reconcile: removing orphan staging dirs may have unpinned files.
+	s.flat.evict(context.Background())
 	return s, nil
 }
 

@@ -121,16 +121,6 @@ func (p *process) wait(ctx context.Context) error {
 	}
 }
 
-// exited reports whether the process has been reaped.
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 func checkSockPath(path string) error {
 	if len(path) > maxSockPath {
 		return fmt.Errorf("socket path %s is %d bytes: unix sockets allow %d", path, len(path), maxSockPath)

@@ -32,28 +32,23 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 	if err := os.Mkdir(req.RunDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
+	v := &vm{runDir: req.RunDir, staged: staged, build: build}
 	defer func() {
 		if retErr != nil {
-			os.RemoveAll(req.RunDir)
+			v.Close()
 		}
 	}()
 	source := filepath.Join(req.RunDir, restoreDir)
 	if err := materialize(ctx, staged, req.RunDir, source); err != nil {
 		return nil, err
 	}
-	v, err := d.start(ctx, req)
-	if err != nil {
+	if err := v.start(ctx, d.cfg.Binary, req); err != nil {
 		return nil, err
 	}
-	defer func() {
-		if retErr != nil {
-			v.stop()
-		}
-	}()
-	v.staged, v.build = staged, build
 	if err := v.load(ctx, req, source); err != nil {
 		return nil, err
 	}
+	log.G(ctx).WithFields(log.Fields{"pid": v.PID(), "mode": req.Mode, "run_dir": req.RunDir}).Debug("restored cloud hypervisor vm, paused")
 	return v, nil
 }
 
@@ -77,23 +72,22 @@ func (d *Driver) prepare(ctx context.Context, req hypervisor.RestoreRequest) (*c
 }
 
 // start spawns the process and waits for its API socket.
-func (d *Driver) start(ctx context.Context, req hypervisor.RestoreRequest) (*vm, error) {
-	sock := filepath.Join(req.RunDir, apiSock)
+func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest) error {
+	sock := filepath.Join(v.runDir, apiSock)
 	if err := checkSockPath(sock); err != nil {
-		return nil, err
+		return err
 	}
 	begin := time.Now()
-	p, err := spawn(d.cfg.Binary, []string{"--api-socket", "path=" + sock}, req.RunDir)
+	p, err := spawn(binary, []string{"--api-socket", "path=" + sock}, v.runDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	v := &vm{proc: p, api: newAPIClient(sock), runDir: req.RunDir}
+	v.proc, v.api = p, newAPIClient(sock)
 	if err := p.waitSocket(ctx, sock); err != nil {
-		v.stop()
-		return nil, err
+		return err
 	}
 	req.Phase("spawn", time.Since(begin))
-	return v, nil
+	return nil
 }
 
 // load asks for vm.restore and, for copy restores, lets go of the memory

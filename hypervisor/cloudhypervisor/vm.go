@@ -83,8 +83,12 @@ func (v *vm) Close() error {
 	return v.closeErr
 }
 
-// stop kills the process and waits until it has been reaped.
+// stop kills the process, if one was started, and waits until it has been
+// reaped.
 func (v *vm) stop() error {
+	if v.proc == nil {
+		return nil
+	}
 	err := v.proc.kill()
 	<-v.proc.done
 	return err

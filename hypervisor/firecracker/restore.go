@@ -62,6 +62,7 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 	if err := v.load(ctx, req, backend); err != nil {
 		return nil, err
 	}
+	log.G(ctx).WithFields(log.Fields{"pid": v.PID(), "mode": req.Mode, "run_dir": req.RunDir}).Debug("restored firecracker vm, paused")
 	return v, nil
 }
 

@@ -9,9 +9,12 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shim"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/manager"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
 )
 
 func main() {
+	task.Register(&vm.Launcher{})
 	// The hypervisor is the shim's direct child and the drivers reap it with
 	// exec.Cmd.Wait. pkg/shim's default reaper would steal that exit status,
 	// and a subreaper would collect orphans nobody reaps, so both are off.

@@ -263,6 +263,22 @@ func (g *fakeGuest) CloseStdin(_ context.Context, id string) error {
 	return p.stdinW.Close()
 }
 
+func (g *fakeGuest) Delete(_ context.Context, id string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p, ok := g.procs[id]
+	if !ok {
+		return fmt.Errorf("no process %s", id)
+	}
+	select {
+	case <-p.exited:
+	default:
+		return fmt.Errorf("process %s is running", id)
+	}
+	delete(g.procs, id)
+	return nil
+}
+
 func (g *fakeGuest) Processes(context.Context) ([]GuestProcess, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

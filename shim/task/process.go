@@ -109,6 +109,16 @@ func (p *process) Wait(ctx context.Context) (Exit, error) {
 	}
 }
 
+// startedInGuest reports whether the guest ever ran the process.
+func (p *process) startedInGuest() bool {
+	select {
+	case <-p.started:
+		return true
+	default:
+		return false
+	}
+}
+
 func (p *process) getIO() *processIO {
 	p.mu.Lock()
 	defer p.mu.Unlock()

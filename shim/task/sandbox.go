@@ -47,6 +47,8 @@ type Guest interface {
 	Signal(ctx context.Context, id string, sig syscall.Signal) error
 	ResizePty(ctx context.Context, id string, width, height uint32) error
 	CloseStdin(ctx context.Context, id string) error
+	// Delete forgets an exited process.
+	Delete(ctx context.Context, id string) error
 	Processes(ctx context.Context) ([]GuestProcess, error)
 	Close() error
 }

@@ -261,5 +261,12 @@ func (t *task) deleteExec(ctx context.Context, p *process) error {
 	t.mu.Lock()
 	delete(t.execs, p.execID)
 	t.mu.Unlock()
+	if p.startedInGuest() {
+		gctx, cancel := context.WithTimeout(ctx, guestCallTimeout)
+		defer cancel()
+		if err := t.sb.Guest.Delete(gctx, p.spec.ID); err != nil {
+			log.G(ctx).WithError(err).WithField("exec", p.execID).Warn("forget exec in guest")
+		}
+	}
 	return nil
 }

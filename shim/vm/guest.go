@@ -1,0 +1,95 @@
+package vm
+
+import (
+	"context"
+	"io"
+	"syscall"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
+)
+
+// guest adapts the agent client to task.Guest. Calls that answer at once
+// are bounded by the configured call timeout; Wait and the stdio streams
+// last as long as the process does.
+type guest struct {
+	c           *agent.Client
+	callTimeout time.Duration
+}
+
+var _ task.Guest = (*guest)(nil)
+
+// NewGuest wraps an agent client for the task service.
+func NewGuest(c *agent.Client, callTimeout time.Duration) task.Guest {
+	return &guest{c: c, callTimeout: callTimeout}
+}
+
+func (g *guest) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if g.callTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, g.callTimeout)
+}
+
+func (g *guest) Exec(ctx context.Context, p task.ProcessSpec) error {
+	ctx, cancel := g.bounded(ctx)
+	defer cancel()
+	return g.c.Exec(ctx, agent.ExecRequest{
+		ID: p.ID, Args: p.Args, Env: p.Env, Cwd: p.Cwd,
+		UID: p.UID, GID: p.GID, AdditionalGIDs: p.AdditionalGIDs,
+		Terminal: p.Terminal, Stdin: p.Stdin,
+	})
+}
+
+func (g *guest) Stdio(ctx context.Context, id string) (io.WriteCloser, io.ReadCloser, io.ReadCloser, error) {
+	return g.c.Stdio(ctx, id)
+}
+
+func (g *guest) Wait(ctx context.Context, id string) (task.Exit, error) {
+	st, err := g.c.Wait(ctx, id)
+	if err != nil {
+		return task.Exit{}, err
+	}
+	return task.Exit{Status: uint32(st.Code), At: st.ExitedAt}, nil
+}
+
+func (g *guest) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	ctx, cancel := g.bounded(ctx)
+	defer cancel()
+	return g.c.Signal(ctx, id, sig)
+}
+
+func (g *guest) ResizePty(ctx context.Context, id string, width, height uint32) error {
+	ctx, cancel := g.bounded(ctx)
+	defer cancel()
+	return g.c.ResizePty(ctx, id, width, height)
+}
+
+func (g *guest) CloseStdin(ctx context.Context, id string) error {
+	ctx, cancel := g.bounded(ctx)
+	defer cancel()
+	return g.c.CloseStdin(ctx, id)
+}
+
+func (g *guest) Delete(ctx context.Context, id string) error {
+	ctx, cancel := g.bounded(ctx)
+	defer cancel()
+	return g.c.Delete(ctx, id)
+}
+
+func (g *guest) Processes(ctx context.Context) ([]task.GuestProcess, error) {
+	ctx, cancel := g.bounded(ctx)
+	defer cancel()
+	procs, err := g.c.Processes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]task.GuestProcess, 0, len(procs))
+	for _, p := range procs {
+		out = append(out, task.GuestProcess{Pid: p.Pid, ID: p.ID})
+	}
+	return out, nil
+}
+
+func (g *guest) Close() error { return g.c.Close() }

@@ -1,0 +1,134 @@
+// Package vm restores a task's VM for the task service: it loads the
+// runtime config, decides the restore plan with the policy helper and runs
+// the restore, handing back the VM and its guest agent.
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
+)
+
+// Launcher restores VMs with the driver the config names.
+type Launcher struct {
+	// NewDriver builds the driver from the config; restore.NewDriver when nil.
+	NewDriver func(config.Config) (hypervisor.Driver, error)
+}
+
+var _ task.Launcher = (*Launcher)(nil)
+
+// Launch restores r's staged chain into a running VM with a ready agent.
+func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
+	cfg, err := config.Load(r.ConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	newDriver := l.NewDriver
+	if newDriver == nil {
+		newDriver = restore.NewDriver
+	}
+	d, err := newDriver(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("hypervisor driver: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	plan, err := decide(ctx, d, cfg, r)
+	if err != nil {
+		return nil, err
+	}
+	runDir, err := runDirOf(cfg, r)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
+	defer cancel()
+	res, err := restore.Run(ctx, d, restore.Request{
+		StagedDir:    r.StagedDir,
+		RunDir:       runDir,
+		Plan:         plan,
+		Hostname:     r.Hostname,
+		AgentTimeout: cfg.Agent.ConnectTimeout.D(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &task.Sandbox{
+		VM:         res.VM,
+		Guest:      NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
+		Hypervisor: d.Name(),
+		RunDir:     runDir,
+		Plan:       planRecord(plan),
+		Phases:     phaseRecords(res.Report.Phases),
+	}, nil
+}
+
+// decide reads the staged chain's top link and asks the policy for a plan.
+func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest) (restore.Plan, error) {
+	staged, err := chain.OpenStaged(r.StagedDir)
+	if err != nil {
+		return restore.Plan{}, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
+			r.StagedDir, err, errdefs.ErrInvalidArgument)
+	}
+	caps, err := d.Capabilities(ctx)
+	if err != nil {
+		return restore.Plan{}, fmt.Errorf("%s capabilities: %w", d.Name(), err)
+	}
+	var annotations map[string]string
+	if r.Spec != nil {
+		annotations = r.Spec.Annotations
+	}
+	plan, err := restore.Decide(restore.Inputs{
+		Hypervisor:  d.Name(),
+		Caps:        caps,
+		Link:        staged.Top(),
+		Config:      cfg.Restore,
+		Annotations: annotations,
+	})
+	if err != nil {
+		return restore.Plan{}, fmt.Errorf("restore plan: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	entry := log.G(ctx).WithFields(log.Fields{"id": r.ID, "hypervisor": d.Name(), "mode": plan.Mode, "reasons": plan.Reasons})
+	if len(plan.Warnings) > 0 {
+		entry.WithField("warnings", plan.Warnings).Warn("restore plan")
+	} else {
+		entry.Info("restore plan")
+	}
+	return plan, nil
+}
+
+// runDirOf is the VM's private directory, <shim.run_dir>/<namespace>/<id>;
+// the driver creates the last element.
+func runDirOf(cfg config.Config, r task.LaunchRequest) (string, error) {
+	parent := filepath.Join(cfg.Shim.RunDir, r.Namespace)
+	if err := os.MkdirAll(parent, 0o711); err != nil {
+		return "", fmt.Errorf("create run dir parent: %w", err)
+	}
+	return filepath.Join(parent, r.ID), nil
+}
+
+func planRecord(p restore.Plan) state.Plan {
+	return state.Plan{
+		Mode:             string(p.Mode),
+		ReleaseAfterLoad: p.ReleaseAfterLoad,
+		Reasons:          p.Reasons,
+		Warnings:         p.Warnings,
+	}
+}
+
+func phaseRecords(phases []restore.Phase) []state.Phase {
+	out := make([]state.Phase, 0, len(phases))
+	for _, p := range phases {
+		out = append(out, state.Phase{Name: p.Name, Duration: state.Duration(p.Duration)})
+	}
+	return out
+}

@@ -1,0 +1,110 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
+)
+
+func writeConfig(t *testing.T, allowAnnotation bool) (path, runDir string) {
+	t.Helper()
+	dir := t.TempDir()
+	runDir = filepath.Join(dir, "run")
+	path = filepath.Join(dir, "config.toml")
+	body := fmt.Sprintf("[restore]\nallow_annotation = %v\n\n[shim]\nrun_dir = %q\n", allowAnnotation, runDir)
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, runDir
+}
+
+func newLauncher(t *testing.T) (*Launcher, *fakeDriver) {
+	d := &fakeDriver{t: t, sys: &nopSystem{}}
+	return &Launcher{NewDriver: func(config.Config) (hypervisor.Driver, error) { return d, nil }}, d
+}
+
+func TestLaunchPlan(t *testing.T) {
+	tests := []struct {
+		name        string
+		allow       bool
+		annotation  string
+		wantMode    string
+		wantWarning string
+		wantErr     string
+	}{
+		{"best mode by default", false, "", "mmap", "", ""},
+		{"annotation chooses copy", true, "copy", "copy", "", ""},
+		{"disallowed annotation is ignored", false, "copy", "mmap", "allow_annotation is false", ""},
+		{"unknown mode fails", true, "fast", "", "", `"fast"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfgPath, runDir := writeConfig(t, tt.allow)
+			l, d := newLauncher(t)
+			spec := &specs.Spec{Annotations: map[string]string{}}
+			if tt.annotation != "" {
+				spec.Annotations["io.cocoon.restore-mode"] = tt.annotation
+			}
+			sb, err := l.Launch(context.Background(), task.LaunchRequest{
+				ID: "t1", Namespace: "ns", StagedDir: stageChain(t), ConfigPath: cfgPath, Hostname: "web", Spec: spec,
+			})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+					t.Fatalf("Launch error %v, want an invalid argument naming %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sb.Guest.Close(); _ = sb.VM.Close() })
+			if sb.Plan.Mode != tt.wantMode || string(d.restores[0].Mode) != tt.wantMode {
+				t.Fatalf("plan mode %q, driver asked for %q; want %q", sb.Plan.Mode, d.restores[0].Mode, tt.wantMode)
+			}
+			if got := strings.Join(sb.Plan.Warnings, "; "); !strings.Contains(got, tt.wantWarning) || (tt.wantWarning == "" && got != "") {
+				t.Fatalf("warnings %q, want %q", got, tt.wantWarning)
+			}
+			if want := filepath.Join(runDir, "ns", "t1"); sb.RunDir != want || d.restores[0].RunDir != want {
+				t.Fatalf("run dir %s (driver %s), want %s", sb.RunDir, d.restores[0].RunDir, want)
+			}
+			if d.sys.name() != "web" {
+				t.Fatalf("guest hostname %q, want web", d.sys.name())
+			}
+			if len(sb.Phases) == 0 || sb.Phases[0].Name != "spawn" {
+				t.Fatalf("phases %+v, want the driver's spawn first", sb.Phases)
+			}
+		})
+	}
+}
+
+func TestLaunchRejectsUnstagedRootfs(t *testing.T) {
+	cfgPath, _ := writeConfig(t, false)
+	l, _ := newLauncher(t)
+	_, err := l.Launch(context.Background(), task.LaunchRequest{ID: "t1", StagedDir: t.TempDir(), ConfigPath: cfgPath})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "--snapshotter cocoon") {
+		t.Fatalf("Launch of a plain directory: %v, want an invalid argument pointing at the snapshotter", err)
+	}
+}
+
+func TestLaunchBadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("[restore]\nmood = \"happy\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := newLauncher(t)
+	_, err := l.Launch(context.Background(), task.LaunchRequest{ID: "t1", StagedDir: stageChain(t), ConfigPath: path})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "mood") {
+		t.Fatalf("Launch with an unknown config key: %v, want an invalid argument naming it", err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
@@ -67,7 +68,7 @@ func (v *vm) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
 // DialAgent connects to the guest agent's vsock port through the vsock
 // device's host socket.
 func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
-	return dialHybridVsock(ctx, filepath.Join(v.runDir, vsockSock), agentPort)
+	return agent.DialHybridVsock(ctx, filepath.Join(v.runDir, vsockSock), agent.VsockPort)
 }
 
 // Close kills the process if it still runs, reaps it and removes the run

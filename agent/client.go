@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -34,17 +35,18 @@ type Client struct {
 // NewClient speaks the agent API over conn, a stream from DialUnix or
 // DialHybridVsock.
 func NewClient(conn net.Conn) *Client {
-	tc := ttrpc.NewClient(conn, ttrpc.WithUnaryClientInterceptor(nativeErrors))
+	tc := ttrpc.NewClient(conn)
 	return &Client{tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}}
 }
 
-// nativeErrors turns the guest's status errors back into containerd errdefs
+// native turns the guest's status errors back into containerd errdefs
 // errors, so callers can test them with errdefs.IsNotFound and friends.
-func nativeErrors(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
-	if err := invoke(ctx, req, resp); err != nil {
+// Other errors (a closed connection, an ended context) pass unchanged.
+func native(err error) error {
+	if _, ok := status.FromError(err); ok {
 		return errgrpc.ToNative(err)
 	}
-	return nil
+	return err
 }
 
 // Close closes the connection; calls in flight fail.
@@ -55,7 +57,7 @@ func (c *Client) Close() error {
 // Ping returns once the agent serves.
 func (c *Client) Ping(ctx context.Context) error {
 	if _, err := c.api.Ping(ctx, &emptypb.Empty{}); err != nil {
-		return fmt.Errorf("ping guest agent: %w", err)
+		return fmt.Errorf("ping guest agent: %w", native(err))
 	}
 	return nil
 }
@@ -74,7 +76,7 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 		req.Time = timestamppb.New(r.Time)
 	}
 	if _, err := c.api.Init(ctx, req); err != nil {
-		return fmt.Errorf("init guest: %w", err)
+		return fmt.Errorf("init guest: %w", native(err))
 	}
 	return nil
 }
@@ -98,7 +100,7 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
 		Terminal: r.Terminal, Stdin: r.Stdin,
 	})
 	if err != nil {
-		return fmt.Errorf("exec %q in guest: %w", r.ID, err)
+		return fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
 	}
 	c.mu.Lock()
 	c.stdio[r.ID] = ExecRequest{Terminal: r.Terminal, Stdin: r.Stdin}
@@ -117,7 +119,7 @@ type ExitStatus struct {
 func (c *Client) Wait(ctx context.Context, id string) (ExitStatus, error) {
 	resp, err := c.api.Wait(ctx, &api.ProcessRequest{Id: id})
 	if err != nil {
-		return ExitStatus{}, fmt.Errorf("wait for %q in guest: %w", id, err)
+		return ExitStatus{}, fmt.Errorf("wait for %q in guest: %w", id, native(err))
 	}
 	return ExitStatus{
 		Code:     int(resp.ExitCode),
@@ -129,7 +131,7 @@ func (c *Client) Wait(ctx context.Context, id string) (ExitStatus, error) {
 // Signal sends sig to process id.
 func (c *Client) Signal(ctx context.Context, id string, sig syscall.Signal) error {
 	if _, err := c.api.Signal(ctx, &api.SignalRequest{Id: id, Signal: uint32(sig)}); err != nil {
-		return fmt.Errorf("signal %q in guest: %w", id, err)
+		return fmt.Errorf("signal %q in guest: %w", id, native(err))
 	}
 	return nil
 }
@@ -137,7 +139,7 @@ func (c *Client) Signal(ctx context.Context, id string, sig syscall.Signal) erro
 // ResizePty sets the terminal size of process id.
 func (c *Client) ResizePty(ctx context.Context, id string, width, height uint32) error {
 	if _, err := c.api.ResizePty(ctx, &api.ResizePtyRequest{Id: id, Width: width, Height: height}); err != nil {
-		return fmt.Errorf("resize pty of %q in guest: %w", id, err)
+		return fmt.Errorf("resize pty of %q in guest: %w", id, native(err))
 	}
 	return nil
 }
@@ -145,7 +147,7 @@ func (c *Client) ResizePty(ctx context.Context, id string, width, height uint32)
 // CloseStdin ends the stdin of process id (on a terminal: sends end-of-file).
 func (c *Client) CloseStdin(ctx context.Context, id string) error {
 	if _, err := c.api.CloseStdin(ctx, &api.ProcessRequest{Id: id}); err != nil {
-		return fmt.Errorf("close stdin of %q in guest: %w", id, err)
+		return fmt.Errorf("close stdin of %q in guest: %w", id, native(err))
 	}
 	return nil
 }
@@ -153,7 +155,7 @@ func (c *Client) CloseStdin(ctx context.Context, id string) error {
 // Delete forgets an exited process; its id can then be used again.
 func (c *Client) Delete(ctx context.Context, id string) error {
 	if _, err := c.api.Delete(ctx, &api.ProcessRequest{Id: id}); err != nil {
-		return fmt.Errorf("delete %q in guest: %w", id, err)
+		return fmt.Errorf("delete %q in guest: %w", id, native(err))
 	}
 	c.mu.Lock()
 	delete(c.stdio, id)
@@ -166,7 +168,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 func (c *Client) Shutdown(ctx context.Context) error {
 	_, err := c.api.Shutdown(ctx, &emptypb.Empty{})
 	if err != nil && !isConnectionGone(err) {
-		return fmt.Errorf("shut down guest: %w", err)
+		return fmt.Errorf("shut down guest: %w", native(err))
 	}
 	return nil
 }

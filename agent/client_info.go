@@ -23,7 +23,7 @@ type ProcessInfo struct {
 func (c *Client) Processes(ctx context.Context) ([]ProcessInfo, error) {
 	resp, err := c.api.Processes(ctx, &emptypb.Empty{})
 	if err != nil {
-		return nil, fmt.Errorf("list guest processes: %w", err)
+		return nil, fmt.Errorf("list guest processes: %w", native(err))
 	}
 	out := make([]ProcessInfo, 0, len(resp.Processes))
 	for _, p := range resp.Processes {
@@ -45,7 +45,7 @@ type Stats struct {
 func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 	r, err := c.api.Stats(ctx, &emptypb.Empty{})
 	if err != nil {
-		return nil, fmt.Errorf("read guest stats: %w", err)
+		return nil, fmt.Errorf("read guest stats: %w", native(err))
 	}
 	return &Stats{
 		MemoryTotal: r.MemoryTotal, MemoryFree: r.MemoryFree, MemoryAvailable: r.MemoryAvailable,

@@ -68,7 +68,7 @@ func (r *outputReader) Read(p []byte) (int, error) {
 			if r.ctx.Err() != nil {
 				return 0, os.ErrClosed
 			}
-			return 0, fmt.Errorf("read %s of %q: %w", r.stream, r.id, err)
+			return 0, fmt.Errorf("read %s of %q: %w", r.stream, r.id, native(err))
 		}
 		r.eof = resp.Eof
 		if n := copy(p, resp.Data); n > 0 || r.eof {
@@ -98,7 +98,7 @@ func (w *stdinWriter) Write(p []byte) (int, error) {
 	for len(p) > 0 {
 		chunk := p[:min(len(p), stdioChunk)]
 		if _, err := w.c.api.WriteStdin(context.Background(), &api.WriteStdinRequest{Id: w.id, Data: chunk}); err != nil {
-			return n, fmt.Errorf("write stdin of %q: %w", w.id, err)
+			return n, fmt.Errorf("write stdin of %q: %w", w.id, native(err))
 		}
 		n += len(chunk)
 		p = p[len(chunk):]

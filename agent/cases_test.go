@@ -1,0 +1,247 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+)
+
+// target is an agent to test: in-process behind a fake QEMU, or in a VM.
+type target struct {
+	c    *agent.Client
+	dial func(ctx context.Context) (net.Conn, error)
+}
+
+// agentCases run against every target.
+var agentCases = []struct {
+	name string
+	run  func(t *testing.T, tg target)
+}{
+	{"ExitCodes", testExitCodes},
+	{"Signal", testSignal},
+	{"TerminalResize", testTerminalResize},
+	{"CloseStdinEndsCat", testCloseStdin},
+	{"BadInput", testBadInput},
+	{"ProcessesStatsDelete", testProcessesStatsDelete},
+	{"Reconnect", testReconnect},
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func procID(t *testing.T) string {
+	return strings.NewReplacer("/", "-").Replace(t.Name())
+}
+
+func testExitCodes(t *testing.T, tg target) {
+	for _, tc := range []struct {
+		name           string
+		args           []string
+		stdout, stderr string
+		code, signal   int
+	}{
+		{"separate streams", []string{"sh", "-c", "echo out; echo err >&2"}, "out\n", "err\n", 0, 0},
+		{"exit 3", []string{"sh", "-c", "exit 3"}, "", "", 3, 0},
+		{"killed by signal", []string{"sh", "-c", "kill -TERM $$"}, "", "", 128 + 15, 15},
+		{"env and cwd", []string{"sh", "-c", `echo "$FOO $(pwd)"`}, "bar /tmp\n", "", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := run(t, tg.c, agent.ExecRequest{ID: procID(t), Args: tc.args, Env: []string{"FOO=bar"}, Cwd: "/tmp"}, "")
+			if res.stdout != tc.stdout || res.stderr != tc.stderr {
+				t.Errorf("stdout %q stderr %q, want %q and %q", res.stdout, res.stderr, tc.stdout, tc.stderr)
+			}
+			if res.status.Code != tc.code || res.status.Signal != tc.signal {
+				t.Errorf("exit %+v, want code %d signal %d", res.status, tc.code, tc.signal)
+			}
+		})
+	}
+}
+
+func testSignal(t *testing.T, tg target) {
+	ctx, id := ctxT(t), procID(t)
+	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.c.Signal(ctx, id, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	st, err := tg.c.Wait(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Signal != int(syscall.SIGTERM) || st.Code != 128+int(syscall.SIGTERM) || st.ExitedAt.IsZero() {
+		t.Errorf("exit %+v, want SIGTERM", st)
+	}
+	if err := tg.c.Signal(ctx, id, syscall.SIGTERM); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("signal after exit: %v, want a failed precondition", err)
+	}
+}
+
+func testTerminalResize(t *testing.T, tg target) {
+	ctx, id := ctxT(t), procID(t)
+	req := agent.ExecRequest{ID: id, Args: []string{"sh", "-c", "read go; stty size"}, Terminal: true, Stdin: true}
+	if err := tg.c.Exec(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	in, out, errOut, err := tg.c.Stdio(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errOut != nil {
+		t.Error("a terminal process has a separate stderr")
+	}
+	if err := tg.c.ResizePty(ctx, id, 100, 40); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(in, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	got := readAll(t, out)
+	if !strings.Contains(got, "40 100") {
+		t.Errorf("terminal output %q, want stty size 40 100", got)
+	}
+	if st, err := tg.c.Wait(ctx, id); err != nil || st.Code != 0 {
+		t.Errorf("wait: %+v %v", st, err)
+	}
+	if err := tg.c.ResizePty(ctx, id, 0, 40); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("resize to 0 columns: %v, want invalid argument", err)
+	}
+}
+
+func testCloseStdin(t *testing.T, tg target) {
+	for _, terminal := range []bool{false, true} {
+		name := map[bool]string{false: "pipe", true: "terminal"}[terminal]
+		t.Run(name, func(t *testing.T) {
+			res := run(t, tg.c, agent.ExecRequest{ID: procID(t), Args: []string{"cat"}, Terminal: terminal, Stdin: true}, "hello\n")
+			if !strings.Contains(res.stdout, "hello") || res.status.Code != 0 {
+				t.Errorf("cat: stdout %q exit %+v, want hello and 0", res.stdout, res.status)
+			}
+		})
+	}
+}
+
+func testBadInput(t *testing.T, tg target) {
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		req  agent.ExecRequest
+		want string
+	}{
+		{"empty args", agent.ExecRequest{ID: "bad"}, "args are empty"},
+		{"empty id", agent.ExecRequest{Args: []string{"true"}}, "id is empty"},
+		{"unknown uid", agent.ExecRequest{ID: "bad", Args: []string{"true"}, UID: 4242424}, "uid 4242424 is unknown"},
+		{"missing cwd", agent.ExecRequest{ID: "bad", Args: []string{"true"}, Cwd: "/no/such/dir"}, `cwd "/no/such/dir" does not exist`},
+		{"relative cwd", agent.ExecRequest{ID: "bad", Args: []string{"true"}, Cwd: "tmp"}, "not an absolute path"},
+		{"missing binary", agent.ExecRequest{ID: "bad", Args: []string{"no-such-program"}}, `"no-such-program" not found in PATH`},
+		{"missing path", agent.ExecRequest{ID: "bad", Args: []string{"/no/such/program"}}, "not found in the guest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tg.c.Exec(ctx, tc.req)
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("exec: %v, want invalid argument saying %q", err, tc.want)
+			}
+			if err := tg.c.Ping(ctx); err != nil {
+				t.Errorf("agent stopped serving after bad input: %v", err)
+			}
+		})
+	}
+	if _, err := tg.c.Wait(ctx, "no-such-process"); !errdefs.IsNotFound(err) {
+		t.Errorf("wait for unknown process: %v, want not found", err)
+	}
+	if err := tg.c.Signal(ctx, "no-such-process", syscall.SIGKILL); !errdefs.IsNotFound(err) {
+		t.Errorf("signal unknown process: %v, want not found", err)
+	}
+}
+
+func testProcessesStatsDelete(t *testing.T, tg target) {
+	ctx, id := ctxT(t), procID(t)
+	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"true"}}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("exec with a used id: %v, want already exists", err)
+	}
+	procs, err := tg.c.Processes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasProcess(procs, id, "sleep 100") {
+		t.Errorf("processes %+v lack %s (sleep 100)", procs, id)
+	}
+	if err := tg.c.Delete(ctx, id); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("delete a running process: %v, want failed precondition", err)
+	}
+	st, err := tg.c.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.MemoryTotal == 0 || st.MemoryAvailable == 0 || st.Uptime == 0 || st.Processes == 0 {
+		t.Errorf("stats %+v have zeros", st)
+	}
+	if err := tg.c.Signal(ctx, id, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tg.c.Wait(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.c.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tg.c.Wait(ctx, id); !errdefs.IsNotFound(err) {
+		t.Errorf("wait after delete: %v, want not found", err)
+	}
+}
+
+func hasProcess(procs []agent.ProcessInfo, id, cmd string) bool {
+	for _, p := range procs {
+		if p.ID == id && p.Command == cmd && p.Pid > 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// testReconnect drops the host side with a call in flight: the call fails,
+// the process lives on, and a new connection controls it.
+func testReconnect(t *testing.T, tg target) {
+	ctx, id := ctxT(t), procID(t)
+	conn, err := tg.dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := agent.NewClient(conn)
+	if err := old.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { _, err := old.Wait(ctx, id); waited <- err }()
+	if err := old.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	if err := <-waited; err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("wait in flight when the host left: %v, want a prompt connection error", err)
+	}
+	c, err := agent.WaitReady(ctx, tg.dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Signal(ctx, id, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Wait(ctx, id); err != nil || st.Signal != int(syscall.SIGKILL) {
+		t.Errorf("wait after reconnect: %+v %v, want SIGKILL", st, err)
+	}
+}

@@ -1,0 +1,241 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
+)
+
+// callTimeout bounds every call a test makes.
+const callTimeout = 30 * time.Second
+
+// fakeQEMU plays QEMU's virtio-serial chardev: hosts connect to a unix
+// socket one at a time, and the guest end (its Read/Write/Close) sees one
+// stream that reads io.EOF when a host leaves and drops writes while no host
+// is connected.
+type fakeQEMU struct {
+	ln   net.Listener
+	mu   sync.Mutex
+	cond *sync.Cond
+	cur  net.Conn
+	shut bool
+}
+
+func newFakeQEMU(ln net.Listener) *fakeQEMU {
+	q := &fakeQEMU{ln: ln}
+	q.cond = sync.NewCond(&q.mu)
+	go q.acceptLoop()
+	return q
+}
+
+func (q *fakeQEMU) acceptLoop() {
+	for {
+		c, err := q.ln.Accept()
+		if err != nil {
+			return
+		}
+		q.mu.Lock()
+		if q.cur != nil {
+			q.cur.Close()
+		}
+		q.cur = c
+		q.cond.Broadcast()
+		q.mu.Unlock()
+	}
+}
+
+func (q *fakeQEMU) current() (net.Conn, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.cur == nil && !q.shut {
+		q.cond.Wait()
+	}
+	if q.shut {
+		return nil, net.ErrClosed
+	}
+	return q.cur, nil
+}
+
+func (q *fakeQEMU) Read(b []byte) (int, error) {
+	c, err := q.current()
+	if err != nil {
+		return 0, err
+	}
+	n, err := c.Read(b)
+	if err != nil {
+		q.mu.Lock()
+		if q.cur == c {
+			q.cur = nil
+		}
+		q.mu.Unlock()
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (q *fakeQEMU) Write(b []byte) (int, error) {
+	q.mu.Lock()
+	c := q.cur
+	q.mu.Unlock()
+	if c != nil {
+		_, _ = c.Write(b)
+	}
+	return len(b), nil
+}
+
+func (q *fakeQEMU) Close() error {
+	q.mu.Lock()
+	q.shut = true
+	if q.cur != nil {
+		q.cur.Close()
+	}
+	q.cond.Broadcast()
+	q.mu.Unlock()
+	return q.ln.Close()
+}
+
+// fakeSystem records what Init and Shutdown would change on a guest.
+type fakeSystem struct {
+	mu       sync.Mutex
+	time     time.Time
+	entropy  []byte
+	hostname string
+	synced   bool
+	off      chan struct{}
+}
+
+func (s *fakeSystem) KernelRelease() string { return "6.1.0-test" }
+func (s *fakeSystem) SetTime(t time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.time = t
+	return nil
+}
+func (s *fakeSystem) AddEntropy(b []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.entropy = append([]byte(nil), b...)
+	return nil
+}
+func (s *fakeSystem) SetHostname(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hostname = name
+	return nil
+}
+func (s *fakeSystem) Sync() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.synced = true
+}
+func (s *fakeSystem) PowerOff() error {
+	close(s.off)
+	return nil
+}
+
+// harness runs the guest server in-process behind a fakeQEMU socket.
+type harness struct {
+	sock string
+	sys  *fakeSystem
+}
+
+func newHarness(t testing.TB) *harness {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cocoon-agent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	h := &harness{sock: filepath.Join(dir, "agent.sock"), sys: &fakeSystem{off: make(chan struct{})}}
+	ln, err := net.Listen("unix", h.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.NewTTRPCServer(server.New(h.sys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := agent.ListenSerial(newFakeQEMU(ln))
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(context.Background(), l); close(served) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		_ = l.Close()
+		<-served
+	})
+	return h
+}
+
+func (h *harness) dial(ctx context.Context) (net.Conn, error) {
+	return agent.DialUnix(ctx, h.sock)
+}
+
+func (h *harness) client(t testing.TB) *agent.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	c, err := agent.WaitReady(ctx, h.dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// result is what a finished process left.
+type result struct {
+	stdout, stderr string
+	status         agent.ExitStatus
+}
+
+// run execs r, feeds it stdin, drains stdout and stderr separately and waits.
+func run(t *testing.T, c *agent.Client, r agent.ExecRequest, stdin string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	if err := c.Exec(ctx, r); err != nil {
+		t.Fatalf("exec %v: %v", r.Args, err)
+	}
+	in, out, errOut, err := c.Stdio(ctx, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res result
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); res.stdout = readAll(t, out) }()
+	if errOut != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); res.stderr = readAll(t, errOut) }()
+	}
+	if in != nil {
+		if _, err := io.WriteString(in, stdin); err != nil {
+			t.Errorf("write stdin: %v", err)
+		}
+		if err := in.Close(); err != nil {
+			t.Errorf("close stdin: %v", err)
+		}
+	}
+	wg.Wait()
+	if res.status, err = c.Wait(ctx, r.ID); err != nil {
+		t.Fatalf("wait %v: %v", r.Args, err)
+	}
+	return res
+}
+
+func readAll(t *testing.T, r io.Reader) string {
+	var b bytes.Buffer
+	if _, err := io.Copy(&b, r); err != nil {
+		t.Errorf("read output: %v", err)
+	}
+	return b.String()
+}

@@ -1,0 +1,252 @@
+// Package devstack starts a private containerd v2.4.2 with cocoon-snapshotter
+// registered as the proxy snapshotter "cocoon" and the cocoon shim on PATH,
+// for the demo, the benchmark and the end-to-end tests. Everything lives
+// under one short temp dir; Close stops only the processes it started (and
+// the shims and VMs they started, found by that dir) and removes every
+// mount, socket and file it made.
+//
+//	s, err := devstack.Start(ctx, devstack.Options{BinDir: "bin"})
+//	if err != nil { ... }
+//	defer s.Close()
+//	out, err := s.Ctr(ctx, "images", "import", "--snapshotter", devstack.Snapshotter, archive)
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/template"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+)
+
+const (
+	// DefaultNamespace is the containerd namespace ctr and the client use
+	// when Options.Namespace is empty.
+	DefaultNamespace = "cocoon"
+	// Snapshotter is the proxy snapshotter's name in containerd's config.
+	Snapshotter = "cocoon"
+	// Runtime is the cocoon runtime type; containerd resolves it to
+	// containerd-shim-cocoon-v2 on PATH.
+	Runtime = "io.containerd.cocoon.v2"
+	// dirPrefix keeps the shim socket dir within containerd's 42-byte limit.
+	dirPrefix = "ctrd-"
+)
+
+// Options adjust the private containerd.
+type Options struct {
+	// BinDir holds containerd, ctr, cocoon-snapshotter and
+	// containerd-shim-cocoon-v2 (make build). It goes first on
+	// containerd's PATH so containerd finds the shim.
+	BinDir string
+	// Namespace for Ctr and Client; DefaultNamespace when empty.
+	Namespace string
+	// Config is the cocoon config.toml, given to cocoon-snapshotter with
+	// --config and to the shims through $COCOON_CONFIG; config.Default()
+	// when nil. Its shim run dir and snapshotter root and address are
+	// replaced by paths under the stack's dir.
+	Config *config.Config
+	// ExtraConfig is appended to containerd's config.toml (version 3). It
+	// must not repeat a table the stack writes (see containerdConfig).
+	ExtraConfig string
+	// Env is added to containerd's environment (and so the shims').
+	Env []string
+	// LogLevel of containerd and the snapshotter; "debug" when empty.
+	LogLevel string
+}
+
+// Stack is a running private containerd and cocoon-snapshotter.
+type Stack struct {
+	Dir                string // the temp dir holding everything below
+	Address            string // containerd's gRPC socket
+	Root, State        string // containerd's root and state dirs
+	FifoDir            string // for ctr --fifo-dir
+	SnapshotterRoot    string // cocoon-snapshotter --root
+	SnapshotterAddress string // cocoon-snapshotter --address
+	ConfigPath         string // the cocoon config.toml ($COCOON_CONFIG)
+	RunDir             string // the shims' [shim] run_dir
+	Namespace          string
+	BinDir             string
+
+	procs  []*proc
+	client *client.Client
+}
+
+// Start starts cocoon-snapshotter and containerd and waits until both
+// serve. On error nothing it started is left behind.
+func Start(ctx context.Context, opts Options) (s *Stack, err error) {
+	if opts.BinDir == "" {
+		return nil, errors.New("start devstack: no bin dir: want the directory make build fills")
+	}
+	for _, name := range []string{"containerd", "ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
+		if _, err := os.Stat(filepath.Join(opts.BinDir, name)); err != nil {
+			return nil, fmt.Errorf("start devstack: %s missing in %s (make build): %w", name, opts.BinDir, err)
+		}
+	}
+	dir, err := os.MkdirTemp("/tmp", dirPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("create stack dir: %w", err)
+	}
+	s = newStack(dir, opts)
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.Close())
+		}
+	}()
+	if err := s.start(ctx, opts); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func newStack(dir string, opts Options) *Stack {
+	ns := opts.Namespace
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	bin, _ := filepath.Abs(opts.BinDir)
+	return &Stack{
+		Dir:                dir,
+		Address:            filepath.Join(dir, "c.sock"),
+		Root:               filepath.Join(dir, "root"),
+		State:              filepath.Join(dir, "state"),
+		FifoDir:            filepath.Join(dir, "fifo"),
+		SnapshotterRoot:    filepath.Join(dir, "sn"),
+		SnapshotterAddress: filepath.Join(dir, "sn.sock"),
+		ConfigPath:         filepath.Join(dir, "cocoon.toml"),
+		RunDir:             filepath.Join(dir, "run"),
+		Namespace:          ns,
+		BinDir:             bin,
+	}
+}
+
+func (s *Stack) start(ctx context.Context, opts Options) error {
+	level := opts.LogLevel
+	if level == "" {
+		level = "debug"
+	}
+	if err := os.MkdirAll(s.FifoDir, 0o700); err != nil {
+		return fmt.Errorf("create fifo dir: %w", err)
+	}
+	if err := s.writeCocoonConfig(opts.Config); err != nil {
+		return err
+	}
+	if err := s.spawn("cocoon-snapshotter", nil, "--config", s.ConfigPath, "--root", s.SnapshotterRoot,
+		"--address", s.SnapshotterAddress, "--log-level", level); err != nil {
+		return err
+	}
+	if err := s.waitSocket(ctx, s.SnapshotterAddress); err != nil {
+		return err
+	}
+	ctrdCfg, err := s.containerdConfig(opts.ExtraConfig, level)
+	if err != nil {
+		return err
+	}
+	env := append([]string{
+		"PATH=" + s.BinDir + ":" + os.Getenv("PATH"),
+		config.EnvPath + "=" + s.ConfigPath,
+	}, opts.Env...)
+	if err := s.spawn("containerd", env, "--config", ctrdCfg); err != nil {
+		return err
+	}
+	if err := s.waitSocket(ctx, s.Address); err != nil {
+		return err
+	}
+	if _, err := s.Ctr(ctx, "version"); err != nil {
+		return fmt.Errorf("containerd does not answer: %w", err)
+	}
+	return nil
+}
+
+// writeCocoonConfig writes the cocoon config.toml with every path it names
+// moved under Dir.
+func (s *Stack) writeCocoonConfig(c *config.Config) error {
+	cfg := config.Default()
+	if c != nil {
+		cfg = *c
+	}
+	cfg.Shim.RunDir = s.RunDir
+	cfg.Snapshotter.Root = s.SnapshotterRoot
+	cfg.Snapshotter.Address = s.SnapshotterAddress
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("cocoon config: %w", err)
+	}
+	data, err := toml.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("encode cocoon config: %w", err)
+	}
+	if err := os.WriteFile(s.ConfigPath, data, 0o644); err != nil {
+		return fmt.Errorf("write cocoon config: %w", err)
+	}
+	return nil
+}
+
+const containerdConfigTemplate = `version = 3
+root = "{{.Root}}"
+state = "{{.State}}"
+disabled_plugins = [
+  "io.containerd.grpc.v1.cri",
+  "io.containerd.cri.v1.images",
+  "io.containerd.cri.v1.runtime",
+  "io.containerd.podsandbox.controller.v1.podsandbox",
+  "io.containerd.nri.v1.nri",
+]
+
+[debug]
+  level = "{{.Level}}"
+
+[grpc]
+  address = "{{.Address}}"
+
+[ttrpc]
+  address = "{{.Address}}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{{.Dir}}/opt"
+
+[plugins."io.containerd.shim.v1.manager"]
+  socket_dir = "{{.Dir}}/s"
+
+[plugins."io.containerd.transfer.v1.local"]
+  unpack_config = [{ platform = "linux/amd64", snapshotter = "{{.Snapshotter}}" }]
+
+[proxy_plugins.{{.Snapshotter}}]
+  type = "snapshot"
+  address = "{{.SnapshotterAddress}}"
+`
+
+// containerdConfig writes containerd's config.toml and returns its path.
+func (s *Stack) containerdConfig(extra, level string) (string, error) {
+	var b strings.Builder
+	data := struct {
+		*Stack
+		Level, Snapshotter string
+	}{s, level, Snapshotter}
+	if err := template.Must(template.New("config").Parse(containerdConfigTemplate)).Execute(&b, data); err != nil {
+		return "", fmt.Errorf("render containerd config: %w", err)
+	}
+	b.WriteString("\n" + extra)
+	path := filepath.Join(s.Dir, "containerd.toml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return "", fmt.Errorf("write containerd config: %w", err)
+	}
+	return path, nil
+}
+
+// Client returns a containerd Go client in Namespace, closed by Close.
+func (s *Stack) Client() (*client.Client, error) {
+	if s.client == nil {
+		cl, err := client.New(s.Address, client.WithDefaultNamespace(s.Namespace))
+		if err != nil {
+			return nil, fmt.Errorf("connect to containerd: %w", err)
+		}
+		s.client = cl
+	}
+	return s.client, nil
+}

@@ -1,0 +1,98 @@
+package devstack
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// serveTimeout bounds how long a daemon may take to serve its socket.
+const serveTimeout = 30 * time.Second
+
+// proc is one daemon the stack started.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+// spawn starts bin/name with its output in a log file under Dir. The
+// daemons get their own process group so a terminal's ^C reaches only the
+// caller, which then tears the stack down in order.
+func (s *Stack) spawn(name string, env []string, args ...string) error {
+	logPath := filepath.Join(s.Dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return fmt.Errorf("create %s log: %w", name, err)
+	}
+	defer f.Close()
+	cmd := exec.Command(filepath.Join(s.BinDir, name), args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	s.procs = append(s.procs, p)
+	return nil
+}
+
+// waitSocket waits until the last started daemon listens on path.
+func (s *Stack) waitSocket(ctx context.Context, path string) error {
+	p := s.procs[len(s.procs)-1]
+	ctx, cancel := context.WithTimeout(ctx, serveTimeout)
+	defer cancel()
+	for {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Type() == os.ModeSocket {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited before serving %s:\n%s", p.name, path, s.Logs())
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not serve %s: %w:\n%s", p.name, path, ctx.Err(), s.Logs())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// CtrArgs is the ctr command line that talks to this containerd in
+// Namespace, without the subcommand: for running ctr by hand.
+func (s *Stack) CtrArgs() []string {
+	return []string{filepath.Join(s.BinDir, "ctr"), "--address", s.Address, "--namespace", s.Namespace}
+}
+
+// Ctr runs ctr against this containerd in Namespace and returns its
+// stdout; the error carries stderr.
+func (s *Stack) Ctr(ctx context.Context, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	base := s.CtrArgs()
+	cmd := exec.CommandContext(ctx, base[0], append(base[1:], args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// Logs returns what containerd and the snapshotter have logged so far.
+func (s *Stack) Logs() string {
+	var b strings.Builder
+	for _, p := range s.procs {
+		data, _ := os.ReadFile(p.log)
+		fmt.Fprintf(&b, "==== %s ====\n%s\n", p.name, data)
+	}
+	return b.String()
+}

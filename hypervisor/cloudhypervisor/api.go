@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -63,7 +65,7 @@ func (c *apiClient) put(ctx context.Context, op string, body any) error {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
+		return fmt.Errorf("%s: %w", op, transportError(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 == 2 {
@@ -71,4 +73,14 @@ func (c *apiClient) put(ctx context.Context, op string, body any) error {
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	return &APIError{Op: op, Status: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
+}
+
+// transportError drops the *url.Error wrapping, which only repeats the
+// method and the URL of a socket that has but one server.
+func transportError(err error) error {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		return uerr.Err
+	}
+	return err
 }

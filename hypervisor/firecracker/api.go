@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -58,7 +60,7 @@ func (c *apiClient) call(ctx context.Context, method, path string, body any) err
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s /%s: %w", method, path, err)
+		return fmt.Errorf("%s /%s: %w", method, path, transportError(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 == 2 {
@@ -72,4 +74,14 @@ func (c *apiClient) call(ctx context.Context, method, path string, body any) err
 		fault.FaultMessage = strings.TrimSpace(string(msg))
 	}
 	return &APIError{Method: method, Path: path, Status: resp.StatusCode, Fault: fault.FaultMessage}
+}
+
+// transportError drops the *url.Error wrapping, which only repeats the
+// method and the URL of a socket that has but one server.
+func transportError(err error) error {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		return uerr.Err
+	}
+	return err
 }

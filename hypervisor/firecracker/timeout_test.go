@@ -36,15 +36,18 @@ func TestRestoreTimeouts(t *testing.T) {
 		pids      func() []int
 		want      string
 	}{
-		{"snapshot/load never answers", hang, func() []int { return apifake.PIDs(t, hangRecord) }, "deadline exceeded"},
+		{"snapshot/load never answers", hang, func() []int { return apifake.PIDs(t, hangRecord) }, "PUT /snapshot/load: context deadline exceeded"},
 		{"api socket never appears", silent, func() []int { return readPIDs(t, silentPids) }, "wait for api socket"},
 		{"vmm exits at once", dies, func() []int { return nil }, "exited before serving its API"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			d := New(config.Firecracker{Binary: tt.bin})
+			if _, err := d.Capabilities(ctx); err != nil {
+				t.Fatal(err)
+			}
 			run := runDir(t)
 			_, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: run, Mode: hypervisor.ModeCopy})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -221,3 +221,19 @@ func TestStateMachineViolations(t *testing.T) {
 		t.Errorf("%d restores, want 1", n)
 	}
 }
+
+func TestShutdownRefusedKills(t *testing.T) {
+	ctx := context.Background()
+	d, _ := newDriver(t, apifake.SpecCHFork, "yes", "vmm.shutdown")
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if err := v.Shutdown(ctx); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("shutdown refused by the vmm: err = %v, want one saying it was killed", err)
+	}
+	if err := syscall.Kill(v.PID(), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("pid %d after Shutdown: kill 0 = %v, want ESRCH", v.PID(), err)
+	}
+}

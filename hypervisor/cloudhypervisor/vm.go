@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/containerd/log"
 
@@ -39,22 +40,29 @@ func (v *vm) Resume(ctx context.Context) error { return v.api.put(ctx, "vm.resum
 
 func (v *vm) Pause(ctx context.Context) error { return v.api.put(ctx, "vm.pause", nil) }
 
+// shutdownTimeout bounds Shutdown's wait for the VMM to exit when the
+// caller's context has no deadline.
+const shutdownTimeout = 10 * time.Second
+
 // Shutdown stops the VM, then the VMM, and waits for the process to exit.
 // The VMM may exit before its answer to vmm.shutdown arrives, so only the
-// exit counts; a VMM still running at the end of ctx is killed.
+// exit counts; a VMM that refuses, or is still running at the deadline, is
+// killed.
 func (v *vm) Shutdown(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx, shutdownTimeout)
+	defer cancel()
+	l := log.G(ctx).WithField("pid", v.PID())
 	if err := v.api.put(ctx, "vm.shutdown", nil); err != nil {
-		log.G(ctx).WithError(err).WithField("pid", v.PID()).Warn("vm.shutdown failed, shutting the vmm down anyway")
+		l.WithError(err).Warn("vm.shutdown failed, shutting the vmm down anyway")
 	}
 	err := v.api.put(ctx, "vmm.shutdown", nil)
-	if apiErr := (*APIError)(nil); errors.As(err, &apiErr) {
-		v.stop()
-		return fmt.Errorf("shut down %s pid %d (killed): %w", Name, v.PID(), err)
+	if apiErr := new(APIError); !errors.As(err, &apiErr) {
+		if err != nil {
+			l.WithError(err).Debug("vmm.shutdown got no answer, waiting for the exit")
+		}
+		err = v.proc.wait(ctx)
 	}
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("pid", v.PID()).Debug("vmm.shutdown got no answer")
-	}
-	if err := v.proc.wait(ctx); err != nil {
 		v.stop()
 		return fmt.Errorf("shut down %s pid %d (killed): %w", Name, v.PID(), err)
 	}

@@ -1,0 +1,169 @@
+package restore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// Phases Run times itself. Drivers report theirs (spawn, load) through
+// hypervisor.RestoreRequest.OnPhase; they come first in the report.
+const (
+	PhaseResume = "resume"
+	PhaseAgent  = "agent"
+	PhaseInit   = "init"
+)
+
+// entropyBytes is the randomness each restored guest gets to reseed its
+// CRNG, so clones of one snapshot do not share random streams.
+const entropyBytes = 32
+
+// Request is one restore of a staged chain.
+type Request struct {
+	// StagedDir is the snapshotter's staged directory; RunDir is private
+	// to this VM (the driver creates and removes it).
+	StagedDir, RunDir string
+	Plan              Plan
+	// Hostname is set in the guest after restore.
+	Hostname string
+	// AgentTimeout bounds waiting for the guest agent after resume, and
+	// then the identity call.
+	AgentTimeout time.Duration
+}
+
+// Phase is how long one step of a restore took.
+type Phase struct {
+	Name     string
+	Duration time.Duration
+}
+
+// Report is what a restore did and how long each step took.
+type Report struct {
+	Plan   Plan
+	Phases []Phase
+	Total  time.Duration
+}
+
+// Result is a restored, running VM with a connected, initialised agent.
+type Result struct {
+	VM     hypervisor.VM
+	Agent  *agent.Client
+	Report Report
+}
+
+// Run restores r.StagedDir with d (paused), resumes the VM, waits for its
+// agent and gives the guest a fresh identity: wall clock, entropy,
+// hostname. On error nothing is left running: the VM is closed. On success
+// the caller owns the VM and the agent client and closes both.
+func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
+	if r.AgentTimeout <= 0 {
+		return nil, fmt.Errorf("restore: agent timeout %s: want a positive duration", r.AgentTimeout)
+	}
+	start := time.Now()
+	rec := &recorder{}
+	vm, err := d.Restore(ctx, hypervisor.RestoreRequest{
+		StagedDir:        r.StagedDir,
+		RunDir:           r.RunDir,
+		Mode:             r.Plan.Mode,
+		ReleaseAfterLoad: r.Plan.ReleaseAfterLoad,
+		OnPhase:          rec.add,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("restore %s vm in %s mode: %w", d.Name(), r.Plan.Mode, err)
+	}
+	c, err := bringUp(ctx, vm, r, rec)
+	if err != nil {
+		if cerr := vm.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close vm: %w", cerr))
+		}
+		return nil, err
+	}
+	rep := Report{Plan: r.Plan, Phases: rec.list(), Total: time.Since(start)}
+	log.G(ctx).WithFields(log.Fields{
+		"hypervisor": d.Name(), "mode": r.Plan.Mode, "pid": vm.PID(), "timings": rep.String(),
+	}).Info("vm restored")
+	return &Result{VM: vm, Agent: c, Report: rep}, nil
+}
+
+// bringUp resumes the paused VM, connects to its agent and initialises the
+// guest. The caller closes the VM if it fails.
+func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*agent.Client, error) {
+	if err := rec.time(PhaseResume, func() error { return vm.Resume(ctx) }); err != nil {
+		return nil, fmt.Errorf("resume vm: %w", err)
+	}
+	var c *agent.Client
+	err := rec.time(PhaseAgent, func() error {
+		actx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
+		defer cancel()
+		var err error
+		c, err = agent.WaitReady(actx, vm.DialAgent)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("guest agent not ready within %s: %w", r.AgentTimeout, err)
+	}
+	if err := rec.time(PhaseInit, func() error { return initGuest(ctx, c, r) }); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("init guest identity: %w", err)
+	}
+	return c, nil
+}
+
+// initGuest gives a restored guest its own clock, randomness and name.
+func initGuest(ctx context.Context, c *agent.Client, r Request) error {
+	entropy := make([]byte, entropyBytes)
+	if _, err := rand.Read(entropy); err != nil {
+		return fmt.Errorf("read entropy: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
+	defer cancel()
+	return c.Init(ctx, agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname})
+}
+
+// recorder collects phases in the order they finish. Drivers may report
+// from their own goroutines.
+type recorder struct {
+	mu     sync.Mutex
+	phases []Phase
+}
+
+func (r *recorder) add(name string, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.phases = append(r.phases, Phase{Name: name, Duration: d})
+}
+
+// time runs f and records its duration under name if it succeeds.
+func (r *recorder) time(name string, f func() error) error {
+	start := time.Now()
+	if err := f(); err != nil {
+		return err
+	}
+	r.add(name, time.Since(start))
+	return nil
+}
+
+func (r *recorder) list() []Phase {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Phase(nil), r.phases...)
+}
+
+// String is the report on one line: each phase, then the total.
+func (r Report) String() string {
+	var b strings.Builder
+	for _, p := range r.Phases {
+		fmt.Fprintf(&b, "%s=%s ", p.Name, p.Duration.Round(time.Microsecond))
+	}
+	fmt.Fprintf(&b, "total=%s", r.Total.Round(time.Microsecond))
+	return b.String()
+}

@@ -1,0 +1,341 @@
+package restore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// fakeSystem is the guest machine the in-process agent changes.
+type fakeSystem struct {
+	setTimeErr error
+	hang       chan struct{} // SetHostname waits on it when set
+
+	mu       sync.Mutex
+	time     time.Time
+	entropy  []byte
+	hostname string
+}
+
+func (s *fakeSystem) KernelRelease() string { return "6.1.0-test" }
+
+func (s *fakeSystem) SetTime(t time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.time = t
+	return s.setTimeErr
+}
+
+func (s *fakeSystem) AddEntropy(b []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.entropy = append([]byte(nil), b...)
+	return nil
+}
+
+func (s *fakeSystem) SetHostname(name string) error {
+	if s.hang != nil {
+		<-s.hang
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hostname = name
+	return nil
+}
+
+func (s *fakeSystem) Sync()           {}
+func (s *fakeSystem) PowerOff() error { return nil }
+
+// pipeListener hands the guest ends of net.Pipe connections to the agent.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return &net.UnixAddr{Name: "pipe", Net: "pipe"} }
+
+// startAgent serves the real agent over pipes with a fake system.
+func startAgent(t *testing.T, sys *fakeSystem) *pipeListener {
+	t.Helper()
+	srv, err := server.NewTTRPCServer(server.New(sys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+	go srv.Serve(context.Background(), l)
+	t.Cleanup(func() { srv.Close(); l.Close() })
+	return l
+}
+
+// agentState is how the guest agent behaves when dialled.
+type agentState int
+
+const (
+	agentUp      agentState = iota
+	agentRefused            // the VMM socket refuses connections
+	agentMute               // accepts the connection, never answers
+)
+
+// fakeDriver restores fakeVMs, reporting spawn and load like a real driver.
+type fakeDriver struct {
+	restoreErr error
+	vm         *fakeVM
+	got        hypervisor.RestoreRequest
+}
+
+func (d *fakeDriver) Name() string { return "fake" }
+
+func (d *fakeDriver) Capabilities(context.Context) (hypervisor.Capabilities, error) {
+	return hypervisor.Capabilities{RestoreModes: []hypervisor.Mode{hypervisor.ModeCopy}}, nil
+}
+
+func (d *fakeDriver) Restore(_ context.Context, req hypervisor.RestoreRequest) (hypervisor.VM, error) {
+	d.got = req
+	req.Phase("spawn", time.Millisecond)
+	if d.restoreErr != nil {
+		return nil, d.restoreErr
+	}
+	req.Phase("load", 2*time.Millisecond)
+	return d.vm, nil
+}
+
+// fakeVM records its calls and the agent connections it handed out.
+type fakeVM struct {
+	resumeErr error
+	agent     agentState
+	guest     *pipeListener
+
+	mu      sync.Mutex
+	calls   []string
+	closed  int
+	running bool
+	conns   []*trackedConn
+}
+
+func (v *fakeVM) record(call string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.calls = append(v.calls, call)
+}
+
+func (v *fakeVM) PID() int { return 4242 }
+
+func (v *fakeVM) Resume(context.Context) error {
+	v.record("resume")
+	if v.resumeErr != nil {
+		return v.resumeErr
+	}
+	v.running = true
+	return nil
+}
+
+func (v *fakeVM) Pause(context.Context) error    { v.record("pause"); return nil }
+func (v *fakeVM) Shutdown(context.Context) error { v.record("shutdown"); return nil }
+func (v *fakeVM) Kill() error                    { v.record("kill"); return nil }
+func (v *fakeVM) Wait(context.Context) error     { return nil }
+
+func (v *fakeVM) DialAgent(ctx context.Context) (net.Conn, error) {
+	v.record("dial")
+	if v.agent == agentRefused {
+		return nil, errors.New("connection refused")
+	}
+	host, guest := net.Pipe()
+	switch v.agent {
+	case agentUp:
+		select {
+		case v.guest.conns <- guest:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	case agentMute:
+		// Like a socket buffer: takes the bytes, never answers.
+		go io.Copy(io.Discard, guest)
+	}
+	tc := &trackedConn{Conn: host, peer: guest}
+	v.mu.Lock()
+	v.conns = append(v.conns, tc)
+	v.mu.Unlock()
+	return tc, nil
+}
+
+func (v *fakeVM) Close() error {
+	v.record("close")
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.closed++
+	v.running = false
+	for _, c := range v.conns {
+		c.peer.Close() // the guest ends die with the VM
+	}
+	return nil
+}
+
+// openConns counts the host-side agent connections not closed by Run.
+func (v *fakeVM) openConns() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n := 0
+	for _, c := range v.conns {
+		if !c.isClosed() {
+			n++
+		}
+	}
+	return n
+}
+
+type trackedConn struct {
+	net.Conn
+	peer   net.Conn
+	mu     sync.Mutex
+	closed bool
+}
+
+func (c *trackedConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return c.Conn.Close()
+}
+
+func (c *trackedConn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func testRequest() Request {
+	return Request{StagedDir: "/staged", RunDir: "/run/vm", Hostname: "clone-1", AgentTimeout: 300 * time.Millisecond,
+		Plan: Plan{Mode: hypervisor.ModeCopy, ReleaseAfterLoad: true}}
+}
+
+func TestRunPhasesInOrder(t *testing.T) {
+	sys := &fakeSystem{}
+	vm := &fakeVM{guest: startAgent(t, sys)}
+	d := &fakeDriver{vm: vm}
+	before := time.Now()
+	res, err := Run(context.Background(), d, testRequest())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Cleanup(func() { res.Agent.Close(); res.VM.Close() })
+	if d.got.Mode != hypervisor.ModeCopy || !d.got.ReleaseAfterLoad || d.got.StagedDir != "/staged" || d.got.RunDir != "/run/vm" {
+		t.Errorf("restore request = %+v", d.got)
+	}
+	var names []string
+	for _, p := range res.Report.Phases {
+		names = append(names, p.Name)
+	}
+	if want := []string{"spawn", "load", PhaseResume, PhaseAgent, PhaseInit}; !reflect.DeepEqual(names, want) {
+		t.Fatalf("phases = %v, want %v", names, want)
+	}
+	if res.Report.Total <= 0 || res.Report.Plan.Mode != hypervisor.ModeCopy || res.VM != vm {
+		t.Errorf("result = %+v", res)
+	}
+	if want := []string{"resume", "dial"}; !reflect.DeepEqual(vm.calls, want) {
+		t.Errorf("vm calls = %v, want %v", vm.calls, want)
+	}
+	if err := res.Agent.Ping(context.Background()); err != nil {
+		t.Errorf("agent from Run does not answer: %v", err)
+	}
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	if sys.time.Before(before) || sys.time.After(time.Now()) {
+		t.Errorf("guest clock set to %v, want the restore time", sys.time)
+	}
+	if len(sys.entropy) != 32 || bytes.Equal(sys.entropy, make([]byte, 32)) {
+		t.Errorf("guest entropy = %x, want 32 random bytes", sys.entropy)
+	}
+	if sys.hostname != "clone-1" {
+		t.Errorf("guest hostname = %q, want clone-1", sys.hostname)
+	}
+}
+
+// TestRunFailureLeavesNothing fails each step in turn: the error names the
+// step, the VM is closed exactly once (unless the driver itself failed, and
+// cleaned up) and no agent connection is left open.
+func TestRunFailureLeavesNothing(t *testing.T) {
+	boom := errors.New("boom")
+	tests := []struct {
+		name      string
+		driverErr error
+		resumeErr error
+		agent     agentState
+		initErr   error
+		initHangs bool
+		want      string
+		closes    int
+	}{
+		{"restore", boom, nil, agentUp, nil, false, "restore fake vm in copy mode: boom", 0},
+		{"resume", nil, boom, agentUp, nil, false, "resume vm: boom", 1},
+		{"agent refuses", nil, nil, agentRefused, nil, false, "connection refused", 1},
+		{"agent never answers", nil, nil, agentMute, nil, false, "guest agent not ready within 300ms", 1},
+		{"init fails", nil, nil, agentUp, boom, false, "init guest identity", 1},
+		{"init hangs", nil, nil, agentUp, nil, true, "deadline exceeded", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sys := &fakeSystem{setTimeErr: tt.initErr}
+			if tt.initHangs {
+				sys.hang = make(chan struct{})
+				t.Cleanup(func() { close(sys.hang) })
+			}
+			vm := &fakeVM{resumeErr: tt.resumeErr, agent: tt.agent, guest: startAgent(t, sys)}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			res, err := Run(ctx, &fakeDriver{vm: vm, restoreErr: tt.driverErr}, testRequest())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Run = %+v, %v; want an error containing %q", res, err, tt.want)
+			}
+			if vm.closed != tt.closes || vm.running {
+				t.Errorf("vm closed %d times (want %d), running %v", vm.closed, tt.closes, vm.running)
+			}
+			if n := vm.openConns(); n != 0 {
+				t.Errorf("%d agent connections left open", n)
+			}
+		})
+	}
+}
+
+func TestRunRejectsNoAgentTimeout(t *testing.T) {
+	r := testRequest()
+	r.AgentTimeout = 0
+	d := &fakeDriver{vm: &fakeVM{}}
+	if _, err := Run(context.Background(), d, r); err == nil {
+		t.Fatal("Run with no agent timeout succeeded")
+	}
+	if d.got.StagedDir != "" {
+		t.Error("restore started despite the bad request")
+	}
+}
+
+func TestReportString(t *testing.T) {
+	r := Report{Phases: []Phase{{"spawn", time.Millisecond}, {"load", 1500 * time.Microsecond}}, Total: 3 * time.Millisecond}
+	if got, want := r.String(), "spawn=1ms load=1.5ms total=3ms"; got != want {
+		t.Errorf("String = %q, want %q", got, want)
+	}
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/docker/go-units"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+)
+
+// explain prints the restore plan the shim would make for a chain link,
+// with the policy's reasons and warnings.
+//
+// The hypervisor's capabilities come from its driver, as in the shim, so
+// the configured binary must be installed (drivers read its version). For
+// cloud-hypervisor they depend on cloud_hypervisor.copy_on_write: "probe"
+// asks the binary whether it accepts CopyOnWrite, so mmap is offered only on
+// a build that has it (the cocoonstack fork) and an upstream build plans
+// ondemand instead; "yes" or "no" pin the answer without the probe.
+func init() {
+	register(command{
+		name:    "explain",
+		summary: "show the restore plan for a chain link and why",
+		flags:   explainCommand(os.Stdout),
+	})
+}
+
+// capabilities asks the configured driver what it can do. Tests replace it
+// with static capabilities.
+var capabilities = func(ctx context.Context, cfg config.Config) (hypervisor.Capabilities, error) {
+	d, err := restore.NewDriver(cfg)
+	if err != nil {
+		return hypervisor.Capabilities{}, err
+	}
+	return d.Capabilities(ctx)
+}
+
+type explainOptions struct {
+	link, config, hypervisor string
+	annotations              annotations
+}
+
+func explainCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
+	return func(fs *flag.FlagSet) func(context.Context, []string) error {
+		o := explainOptions{annotations: annotations{}}
+		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (required)")
+		fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
+		fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
+		fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
+		return func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("unexpected arguments %q: explain takes only flags", args)
+			}
+			return explain(ctx, out, o)
+		}
+	}
+}
+
+func explain(ctx context.Context, out io.Writer, o explainOptions) error {
+	if o.link == "" {
+		return errors.New("--link is required: the chain's top link directory")
+	}
+	link, err := chain.ReadLink(o.link)
+	if err != nil {
+		return err
+	}
+	cfg, source, err := loadExplainConfig(o.config, o.hypervisor)
+	if err != nil {
+		return err
+	}
+	caps, err := capabilities(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("capabilities of %s: %w", cfg.Hypervisor, err)
+	}
+	plan, err := restore.Decide(restore.Inputs{
+		Hypervisor:  cfg.Hypervisor,
+		Caps:        caps,
+		Link:        link,
+		Config:      cfg.Restore,
+		Annotations: o.annotations,
+	})
+	if err != nil {
+		return err
+	}
+	printPlan(out, o, link, cfg.Hypervisor, caps, source, plan)
+	return nil
+}
+
+// loadExplainConfig finds the config as the shim does and applies the
+// --hypervisor override.
+func loadExplainConfig(path, hv string) (config.Config, string, error) {
+	cfg, source := config.Default(), "built-in defaults"
+	if p, ok := config.Resolve(path); ok {
+		var err error
+		if cfg, err = config.Load(p); err != nil {
+			return config.Config{}, "", err
+		}
+		source = p
+	}
+	if hv != "" {
+		cfg.Hypervisor = hv
+		if err := cfg.Validate(); err != nil {
+			return config.Config{}, "", fmt.Errorf("--hypervisor: %w", err)
+		}
+	}
+	return cfg, source, nil
+}
+
+func printPlan(w io.Writer, o explainOptions, l *chain.Link, hv string, caps hypervisor.Capabilities, source string, p restore.Plan) {
+	made := l.Hypervisor
+	if l.HypervisorBuild != "" {
+		made += ": " + l.HypervisorBuild
+	}
+	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", o.link, l.Kind, made)
+	fmt.Fprintf(w, "guest        %s, %d vCPUs, %s memory, %s pages, hugepages %s, shared memory %s\n",
+		l.GuestOS, l.VCPUs, units.BytesSize(float64(l.MemoryBytes)), units.BytesSize(float64(l.PageSize)),
+		yesNo(l.HugePages), yesNo(l.SharedMemory))
+	build := ""
+	if caps.Build != "" {
+		build = " (" + caps.Build + ")"
+	}
+	fmt.Fprintf(w, "hypervisor   %s%s, restore modes %s\n", hv, build, modeList(caps.RestoreModes))
+	fmt.Fprintf(w, "config       %s\n", source)
+	if len(o.annotations) > 0 {
+		fmt.Fprintf(w, "annotations  %s\n", o.annotations)
+	}
+	release := "kept for the VM's life"
+	if p.ReleaseAfterLoad {
+		release = "released after load"
+	}
+	fmt.Fprintf(w, "\nplan         %s (staged memory %s)\n\nreasons\n", p.Mode, release)
+	for i, r := range p.Reasons {
+		fmt.Fprintf(w, "  %d. %s\n", i+1, r)
+	}
+	if len(p.Warnings) > 0 {
+		fmt.Fprintln(w, "\nwarnings")
+		for _, r := range p.Warnings {
+			fmt.Fprintf(w, "  - %s\n", r)
+		}
+	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func modeList(ms []hypervisor.Mode) string {
+	s := make([]string, len(ms))
+	for i, m := range ms {
+		s[i] = string(m)
+	}
+	return strings.Join(s, ", ")
+}
+
+// annotations collects repeated --annotation k=v flags.
+type annotations map[string]string
+
+func (a annotations) String() string {
+	kv := make([]string, 0, len(a))
+	for k, v := range a {
+		kv = append(kv, k+"="+v)
+	}
+	sort.Strings(kv)
+	return strings.Join(kv, " ")
+}
+
+func (a annotations) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("annotation %q: want key=value", s)
+	}
+	a[k] = v
+	return nil
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+// explainStaticCaps stands in for the drivers: Cloud Hypervisor without
+// CopyOnWrite, as copy_on_write = "no" (or a probe of an upstream build)
+// reports it.
+func explainStaticCaps(t *testing.T) {
+	t.Helper()
+	saved := capabilities
+	t.Cleanup(func() { capabilities = saved })
+	modes := map[string][]hypervisor.Mode{
+		"qemu":             {hypervisor.ModeMmap, hypervisor.ModeCopy},
+		"cloud-hypervisor": {hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+		"firecracker":      {hypervisor.ModeMmap, hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+	}
+	capabilities = func(_ context.Context, cfg config.Config) (hypervisor.Capabilities, error) {
+		return hypervisor.Capabilities{RestoreModes: modes[cfg.Hypervisor], Build: cfg.Hypervisor + " test build"}, nil
+	}
+}
+
+// explainLink writes a full link of an empty (sparse) 512 MiB guest made by hv.
+func explainLink(t *testing.T, hv, guestOS string, huge bool) string {
+	t.Helper()
+	mem := filepath.Join(t.TempDir(), "memory")
+	if err := os.WriteFile(mem, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(mem, 512<<20); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	meta := chain.Meta{Hypervisor: hv, HypervisorBuild: hv + " 1.0", GuestOS: guestOS, VCPUs: 2, HugePages: huge}
+	if _, err := chain.WriteFull(context.Background(), mem, meta, dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func explainConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func runExplainCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	fs.SetOutput(&bytes.Buffer{})
+	do := explainCommand(&out)(fs)
+	if err := fs.Parse(args); err != nil {
+		return "", err
+	}
+	err := do(context.Background(), fs.Args())
+	return out.String(), err
+}
+
+func TestExplain(t *testing.T) {
+	explainStaticCaps(t)
+	t.Setenv(config.EnvPath, "")
+	qemuLink := explainLink(t, "qemu", "linux", false)
+	chLink := explainLink(t, "cloud-hypervisor", "linux", false)
+	winLink := explainLink(t, "firecracker", "windows", false)
+	hugeLink := explainLink(t, "qemu", "linux", true)
+	allow := explainConfig(t, "hypervisor = \"firecracker\"\n[restore]\nallow_annotation = true\n")
+	strictCH := explainConfig(t, "hypervisor = \"cloud-hypervisor\"\n[restore]\nmode = \"mmap\"\nstrict = true\n")
+	tests := []struct {
+		name string
+		args []string
+		want []string // substrings of the output, or of the error if err
+		err  bool
+	}{
+		{"qemu auto", []string{"--link", qemuLink, "--config", explainConfig(t, "")},
+			[]string{"plan         mmap (staged memory kept for the VM's life)", "1. restore.mode = \"auto\"",
+				"auto picks mmap, the best mode qemu supports (mmap, copy)", "(full, made by qemu: qemu 1.0)", "qemu (qemu test build), restore modes mmap, copy",
+				"linux, 2 vCPUs, 512MiB memory, 4KiB pages, hugepages no"}, false},
+		{"annotation ignored by default", []string{"--link", qemuLink, "--config", explainConfig(t, ""), "--annotation", "io.cocoon.restore-mode=copy"},
+			[]string{"plan         mmap", "warnings", "ignored: restore.allow_annotation is false", "annotations  io.cocoon.restore-mode=copy"}, false},
+		{"annotation allowed", []string{"--link", winLink, "--config", allow, "--annotation", "io.cocoon.restore-mode=ondemand"},
+			[]string{"plan         copy (staged memory released after load)", "windows guest", "asked for ondemand"}, false},
+		{"hypervisor flag with ch falls back", []string{"--link", chLink, "--hypervisor", "cloud-hypervisor", "--annotation", "a=b"},
+			[]string{"plan         ondemand", "config       built-in defaults"}, false},
+		{"hugepages", []string{"--link", hugeLink, "--config", explainConfig(t, "[restore]\nforce_mode = \"mmap\"\n")},
+			[]string{"plan         copy", "hugepage-backed"}, false},
+		{"strict fails", []string{"--link", chLink, "--config", strictCH},
+			[]string{"cloud-hypervisor does not support mmap", "restore.strict = true"}, true},
+		{"unknown annotation mode", []string{"--link", winLink, "--config", allow, "--annotation", "io.cocoon.restore-mode=fast"},
+			[]string{`"fast"`, "want one of auto, mmap, ondemand, copy"}, true},
+		{"link for another hypervisor", []string{"--link", qemuLink, "--hypervisor", "firecracker"}, []string{`made by "qemu"`}, true},
+		{"unknown hypervisor", []string{"--link", qemuLink, "--hypervisor", "xen"}, []string{`"xen"`}, true},
+		{"no link", []string{}, []string{"--link is required"}, true},
+		{"bad annotation", []string{"--link", qemuLink, "--annotation", "novalue"}, []string{"want key=value"}, true},
+		{"stray argument", []string{"--link", qemuLink, "extra"}, []string{"unexpected arguments"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runExplainCmd(t, tt.args...)
+			got := out
+			if tt.err {
+				if err == nil {
+					t.Fatalf("explain succeeded, want an error; output:\n%s", out)
+				}
+				got = err.Error()
+			} else if err != nil {
+				t.Fatalf("explain: %v", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("missing %q in:\n%s", w, got)
+				}
+			}
+		})
+	}
+}
+
+// TestExplainRegistered runs explain through the CLI entry point.
+func TestExplainRegistered(t *testing.T) {
+	explainStaticCaps(t)
+	t.Setenv(config.EnvPath, explainConfig(t, "[restore]\nmode = \"bogus\"\n"))
+	if code := run([]string{"explain", "--link", explainLink(t, "qemu", "linux", false)}); code != 1 {
+		t.Fatalf("explain with a bad config mode exited %d, want 1", code)
+	}
+}
+
+// TestExplainQEMU asks the real QEMU driver for its capabilities: the
+// binary's version is the build shown.
+func TestExplainQEMU(t *testing.T) {
+	bin := testenv.QEMU(t)
+	cfg := explainConfig(t, "[qemu]\nbinary = \""+bin+"\"\n")
+	out, err := runExplainCmd(t, "--link", explainLink(t, "qemu", "linux", false), "--config", cfg)
+	if err != nil {
+		t.Fatalf("explain: %v", err)
+	}
+	for _, w := range []string{"restore modes mmap, copy", "QEMU emulator version", "plan         mmap"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("missing %q in:\n%s", w, out)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package chain
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -41,9 +42,9 @@ func Flatten(ctx context.Context, linkDirs []string, outPath string) error {
 		discard(f)
 		return fmt.Errorf("flatten: size %s: %w", f.Name(), err)
 	}
-	buf := make([]byte, ioChunk)
+	br := bufio.NewReaderSize(nil, ioChunk)
 	for i, l := range links {
-		if err := replay(ctx, f, linkDirs[i], l, i == 0, buf); err != nil {
+		if err := replay(ctx, f, linkDirs[i], l, i == 0, br); err != nil {
 			discard(f)
 			return fmt.Errorf("flatten: %w", err)
 		}
@@ -55,14 +56,17 @@ func Flatten(ctx context.Context, linkDirs []string, outPath string) error {
 }
 
 // replay writes one link's extents into out. fresh means out holds only
-// holes, so zero pages need no write.
-func replay(ctx context.Context, out *os.File, dir string, l *Link, fresh bool, buf []byte) error {
+// holes, so zero pages need no write. br is reused across links: the data
+// is read in large chunks whatever the extents' sizes, and hashed and
+// written from br's buffer without a copy.
+func replay(ctx context.Context, out *os.File, dir string, l *Link, fresh bool, br *bufio.Reader) error {
 	dataPath := filepath.Join(dir, DataFile)
 	data, err := os.Open(dataPath)
 	if err != nil {
 		return fmt.Errorf("replay link: %w", err)
 	}
 	defer data.Close()
+	br.Reset(data)
 	h := digest.SHA256.Hash()
 	c := extentChecker{memBytes: l.MemoryBytes, pageSize: l.PageSize}
 	_, extDigest, err := readExtents(filepath.Join(dir, ExtentsFile), func(e Extent) error {
@@ -73,14 +77,17 @@ func replay(ctx context.Context, out *os.File, dir string, l *Link, fresh bool, 
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			b := buf[:min(int64(len(buf)), e.End()-off)]
-			if _, err := io.ReadFull(data, b); err != nil {
+			b, err := br.Peek(int(min(int64(br.Size()), e.End()-off)))
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("%s: shorter than its extents", dataPath)
+			} else if err != nil {
 				return fmt.Errorf("read %s: %w", dataPath, err)
 			}
 			h.Write(b)
 			if err := writeBlocks(out, off, b, fresh); err != nil {
 				return err
 			}
+			br.Discard(len(b))
 			off += int64(len(b))
 		}
 		return nil
@@ -91,7 +98,7 @@ func replay(ctx context.Context, out *os.File, dir string, l *Link, fresh bool, 
 	if extDigest != l.Memory.ExtentsDigest {
 		return fmt.Errorf("%s: changed while flattening", filepath.Join(dir, ExtentsFile))
 	}
-	if n, _ := data.Read(buf[:1]); n != 0 {
+	if _, err := br.Peek(1); err != io.EOF {
 		return fmt.Errorf("%s: longer than its extents", dataPath)
 	}
 	if got := digest.NewDigest(digest.SHA256, h); got != l.Memory.DataDigest {

@@ -12,13 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 )
 
-// extentsMagic opens memory.extents. The format, version 1, little-endian:
-//
-//	header  16 bytes: magic "COCOONEX", uint32 version (1), uint32 zero
-//	record  16 bytes each: uint64 offset, uint64 length
-//
-// Records are whole pages, sorted by offset, non-overlapping, inside the
-// memory, and adjacent extents are merged, so one memory has one encoding.
+// extentsMagic opens memory.extents; the format is in the package doc.
 const extentsMagic = "COCOONEX"
 
 const (

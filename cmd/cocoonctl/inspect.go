@@ -82,8 +82,8 @@ func inspectPath(path string) (*inspected, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := os.Stat(s.MemoryPath()); err != nil {
-			return nil, fmt.Errorf("staged memory: %w", err)
+		if err := checkStagedMemory(s); err != nil {
+			return nil, err
 		}
 		links = s.Links
 	case exists(filepath.Join(path, chain.LinkFile)):
@@ -100,6 +100,18 @@ func inspectPath(path string) (*inspected, error) {
 		r.Links = append(r.Links, inspectedLink{ID: l.ID().String(), Link: l})
 	}
 	return r, nil
+}
+
+// checkStagedMemory checks the staged memory file has the chain's size.
+func checkStagedMemory(s *chain.Staged) error {
+	fi, err := os.Stat(s.MemoryPath())
+	if err != nil {
+		return fmt.Errorf("staged memory: %w", err)
+	}
+	if want := s.Top().MemoryBytes; fi.Size() != want {
+		return fmt.Errorf("%s: %d bytes, the chain's memory is %d", s.MemoryPath(), fi.Size(), want)
+	}
+	return nil
 }
 
 func exists(path string) bool {

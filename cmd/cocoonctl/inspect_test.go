@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ func TestInspect(t *testing.T) {
 	if err := chain.WriteStaged(staged, links); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(staged, chain.StagedMemory), nil, 0o444); err != nil {
+	if err := chain.Flatten(context.Background(), dirs, filepath.Join(staged, chain.StagedMemory)); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -60,5 +61,11 @@ func TestInspect(t *testing.T) {
 				t.Errorf("inspect --json: %+v", r)
 			}
 		})
+	}
+	if err := os.Truncate(filepath.Join(staged, chain.StagedMemory), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runChainCmd(t, "inspect", staged); err == nil || !strings.Contains(err.Error(), "the chain's memory is") {
+		t.Fatalf("inspect of a staged dir with a short memory: %v", err)
 	}
 }

@@ -18,7 +18,8 @@ import (
 func TestAgent(t *testing.T) {
 	testenv.RequireRoot(t) // setuid to the requested uid, ptys
 	h := newHarness(t)
-	tg := target{c: h.client(t), dial: h.dial}
+	tg := &target{c: h.client(t), dial: h.dial}
+	t.Cleanup(func() { _ = tg.c.Close() })
 	for _, tc := range agentCases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
 	}

@@ -15,6 +15,7 @@ import (
 )
 
 // target is an agent to test: in-process behind a fake QEMU, or in a VM.
+// Reconnect replaces c.
 type target struct {
 	c    *agent.Client
 	dial func(ctx context.Context) (net.Conn, error)
@@ -23,9 +24,10 @@ type target struct {
 // agentCases run against every target.
 var agentCases = []struct {
 	name string
-	run  func(t *testing.T, tg target)
+	run  func(t *testing.T, tg *target)
 }{
 	{"ExitCodes", testExitCodes},
+	{"User", testUser},
 	{"Signal", testSignal},
 	{"TerminalResize", testTerminalResize},
 	{"CloseStdinEndsCat", testCloseStdin},
@@ -44,7 +46,7 @@ func procID(t *testing.T) string {
 	return strings.NewReplacer("/", "-").Replace(t.Name())
 }
 
-func testExitCodes(t *testing.T, tg target) {
+func testExitCodes(t *testing.T, tg *target) {
 	for _, tc := range []struct {
 		name           string
 		args           []string
@@ -68,7 +70,18 @@ func testExitCodes(t *testing.T, tg target) {
 	}
 }
 
-func testSignal(t *testing.T, tg target) {
+func testUser(t *testing.T, tg *target) {
+	req := agent.ExecRequest{
+		ID: procID(t), Args: []string{"sh", "-c", "id -u; id -g; id -G; echo $HOME"},
+		UID: 65534, GID: 65534, AdditionalGIDs: []uint32{1},
+	}
+	res := run(t, tg.c, req, "")
+	if want := "65534\n65534\n65534 1\n/nonexistent\n"; res.stdout != want || res.status.Code != 0 {
+		t.Errorf("id as nobody: %q (stderr %q, exit %+v), want %q", res.stdout, res.stderr, res.status, want)
+	}
+}
+
+func testSignal(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
 	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
 		t.Fatal(err)
@@ -88,7 +101,7 @@ func testSignal(t *testing.T, tg target) {
 	}
 }
 
-func testTerminalResize(t *testing.T, tg target) {
+func testTerminalResize(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
 	req := agent.ExecRequest{ID: id, Args: []string{"sh", "-c", "read go; stty size"}, Terminal: true, Stdin: true}
 	if err := tg.c.Exec(ctx, req); err != nil {
@@ -119,7 +132,7 @@ func testTerminalResize(t *testing.T, tg target) {
 	}
 }
 
-func testCloseStdin(t *testing.T, tg target) {
+func testCloseStdin(t *testing.T, tg *target) {
 	for _, terminal := range []bool{false, true} {
 		name := map[bool]string{false: "pipe", true: "terminal"}[terminal]
 		t.Run(name, func(t *testing.T) {
@@ -131,7 +144,7 @@ func testCloseStdin(t *testing.T, tg target) {
 	}
 }
 
-func testBadInput(t *testing.T, tg target) {
+func testBadInput(t *testing.T, tg *target) {
 	ctx := ctxT(t)
 	for _, tc := range []struct {
 		name string
@@ -164,7 +177,7 @@ func testBadInput(t *testing.T, tg target) {
 	}
 }
 
-func testProcessesStatsDelete(t *testing.T, tg target) {
+func testProcessesStatsDelete(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
 	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
 		t.Fatal(err)
@@ -213,23 +226,19 @@ func hasProcess(procs []agent.ProcessInfo, id, cmd string) bool {
 }
 
 // testReconnect drops the host side with a call in flight: the call fails,
-// the process lives on, and a new connection controls it.
-func testReconnect(t *testing.T, tg target) {
+// the process lives on, and a new connection controls it. Like QEMU's
+// chardev, the agent serves one host at a time.
+func testReconnect(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
-	conn, err := tg.dial(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := agent.NewClient(conn)
-	if err := old.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
+	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
 		t.Fatal(err)
 	}
 	waited := make(chan error, 1)
-	go func() { _, err := old.Wait(ctx, id); waited <- err }()
-	if err := old.Ping(ctx); err != nil {
+	go func() { _, err := tg.c.Wait(ctx, id); waited <- err }()
+	if err := tg.c.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
-	old.Close()
+	tg.c.Close()
 	if err := <-waited; err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("wait in flight when the host left: %v, want a prompt connection error", err)
 	}
@@ -237,7 +246,7 @@ func testReconnect(t *testing.T, tg target) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	tg.c = c
 	if err := c.Signal(ctx, id, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

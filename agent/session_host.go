@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -28,9 +29,16 @@ func openSession(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	})
 	acked := make(chan error, 1)
 	go hostReadLoop(newFrameReader(conn), s, acked)
+	// A write blocks while nobody reads the socket (QEMU serves one host at
+	// a time), so ctx must end writes too.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetWriteDeadline(time.Now()) })
+	defer stop()
 
 	if err := w.writeDelimiter(); err != nil {
 		_ = conn.Close()
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
 		return nil, fmt.Errorf("write to guest agent: %w", err)
 	}
 	tick := time.NewTicker(synInterval)
@@ -38,10 +46,16 @@ func openSession(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	for {
 		if err := w.writeFrame(frame{typ: frameSyn, session: id}); err != nil {
 			_ = conn.Close()
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
 			return nil, fmt.Errorf("write to guest agent: %w", err)
 		}
 		select {
 		case err := <-acked:
+			if !stop() {
+				err = errors.Join(err, ctx.Err())
+			}
 			if err != nil {
 				_ = conn.Close()
 				return nil, fmt.Errorf("guest agent stream ended before it answered: %w", err)

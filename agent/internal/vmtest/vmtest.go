@@ -56,8 +56,7 @@ func Boot(t testing.TB) *VM {
 	}
 	go func() { _ = vm.cmd.Wait(); close(vm.exited) }()
 	t.Cleanup(func() {
-		_ = vm.cmd.Process.Kill()
-		<-vm.exited
+		vm.Stop()
 		if t.Failed() {
 			t.Logf("qemu stderr: %s\nguest console (tail):\n%s", stderr.String(), vm.consoleTail())
 		}
@@ -148,6 +147,12 @@ func (vm *VM) Client(t testing.TB) *agent.Client {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// Stop kills QEMU and waits for it to exit.
+func (vm *VM) Stop() {
+	_ = vm.cmd.Process.Kill()
+	<-vm.exited
 }
 
 // Exited is closed when QEMU has exited.

@@ -1,0 +1,112 @@
+package agent_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/internal/vmtest"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+// TestVM boots the real guest on QEMU and runs every agent case against its
+// agent over virtio-serial, then the guest-only ones.
+func TestVM(t *testing.T) {
+	vm := vmtest.Boot(t)
+	tg := &target{c: vm.Client(t), dial: vm.Dial}
+	t.Cleanup(func() { _ = tg.c.Close() })
+	t.Run("KernelRelease", func(t *testing.T) { testKernelRelease(t, tg) })
+	for _, tc := range agentCases {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
+	}
+	t.Run("Init", func(t *testing.T) { testGuestInit(t, tg) })
+	t.Run("Shutdown", func(t *testing.T) {
+		if err := tg.c.Shutdown(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-vm.Exited():
+		case <-time.After(callTimeout):
+			t.Error("the guest did not power off")
+		}
+	})
+}
+
+func testKernelRelease(t *testing.T, tg *target) {
+	want := buildInfo(t)["kernel.release"]
+	res := run(t, tg.c, agent.ExecRequest{ID: procID(t), Args: []string{"uname", "-r"}}, "")
+	if res.stdout != want+"\n" || res.stderr != "" || res.status.Code != 0 {
+		t.Errorf("uname -r: %q %q exit %+v, want %q exit 0", res.stdout, res.stderr, res.status, want)
+	}
+}
+
+func buildInfo(t *testing.T) map[string]string {
+	f, err := os.Open(filepath.Join(testenv.Guest(t), "BUILDINFO"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	info := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			info[k] = v
+		}
+	}
+	return info
+}
+
+// testGuestInit: Init sets the guest's clock and name.
+func testGuestInit(t *testing.T, tg *target) {
+	entropy := make([]byte, 64)
+	if _, err := rand.Read(entropy); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := tg.c.Init(ctxT(t), agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-7"}); err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, tg.c, agent.ExecRequest{ID: procID(t), Args: []string{"sh", "-c", "hostname; date +%s"}}, "")
+	lines := strings.Fields(res.stdout)
+	if len(lines) != 2 || lines[0] != "clone-7" {
+		t.Fatalf("hostname; date: %q, want clone-7 and a time", res.stdout)
+	}
+	sec, err := strconv.ParseInt(lines[1], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Unix(sec, 0).Sub(time.Now()); d < -2*time.Second || d > 2*time.Second {
+		t.Errorf("guest clock is %v off the host's", d)
+	}
+}
+
+// BenchmarkVMColdBoot measures QEMU start to a ready agent.
+func BenchmarkVMColdBoot(b *testing.B) {
+	for b.Loop() {
+		vm := vmtest.Boot(b)
+		c := vm.Client(b)
+		b.StopTimer()
+		c.Close()
+		vm.Stop()
+		b.StartTimer()
+	}
+}
+
+// BenchmarkVMPing measures an agent call's round trip into the guest.
+func BenchmarkVMPing(b *testing.B) {
+	vm := vmtest.Boot(b)
+	c := vm.Client(b)
+	ctx := context.Background()
+	for b.Loop() {
+		if err := c.Ping(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

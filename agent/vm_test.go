@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -108,5 +110,44 @@ func BenchmarkVMPing(b *testing.B) {
 		if err := c.Ping(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestVMSnapshotRestore snapshots a guest with a call in flight and restores
+// it in a new QEMU: the in-flight call fails, a new host connection works,
+// and the guest's process lived on through it.
+func TestVMSnapshotRestore(t *testing.T) {
+	dir := t.TempDir()
+	mem, state := filepath.Join(dir, "memory"), filepath.Join(dir, "state")
+	src := vmtest.Start(t, vmtest.Options{MemoryFile: mem, Share: true})
+	c := src.Client(t)
+	ctx := ctxT(t)
+	if err := c.Exec(ctx, agent.ExecRequest{ID: "survivor", Args: []string{"sleep", "100"}}); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { _, err := c.Wait(ctx, "survivor"); waited <- err }()
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	src.Snapshot(t, state)
+	src.Stop()
+	if err := <-waited; err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("wait in flight at the snapshot: %v, want a prompt connection error", err)
+	}
+
+	clone := vmtest.Start(t, vmtest.Options{MemoryFile: mem, Incoming: true})
+	clone.Restore(t, state)
+	c = clone.Client(t)
+	res := run(t, c, agent.ExecRequest{ID: "after", Args: []string{"echo", "restored"}}, "")
+	if res.stdout != "restored\n" || res.status.Code != 0 {
+		t.Errorf("exec after restore: %q %+v", res.stdout, res.status)
+	}
+	if err := c.Signal(ctx, "survivor", syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Wait(ctx, "survivor"); err != nil || st.Signal != int(syscall.SIGKILL) {
+		t.Errorf("wait for the process started before the snapshot: %+v %v, want SIGKILL", st, err)
 	}
 }

@@ -27,13 +27,30 @@ const ReadyTimeout = 90 * time.Second
 type VM struct {
 	Socket string // host end of the agent's virtio-serial port
 	Log    string // the guest's serial console
+	QMP    string // QEMU's QMP socket
 	cmd    *exec.Cmd
 	exited chan struct{}
+}
+
+// Options change how Start runs the guest.
+type Options struct {
+	// MemoryFile backs guest RAM with a file, as snapshots need: mapped
+	// shared when Share, else private (how a clone restores from it).
+	MemoryFile string
+	Share      bool
+	// Incoming starts QEMU paused, waiting for Restore.
+	Incoming bool
 }
 
 // Boot starts QEMU with the guest's kernel and initramfs (microvm, the agent
 // port named "agent") and returns at once; use Client to wait for the agent.
 func Boot(t testing.TB) *VM {
+	t.Helper()
+	return Start(t, Options{})
+}
+
+// Start is Boot with options.
+func Start(t testing.TB, o Options) *VM {
 	t.Helper()
 	qemu := testenv.QEMU(t)
 	guest := testenv.Guest(t)
@@ -45,9 +62,11 @@ func Boot(t testing.TB) *VM {
 	vm := &VM{
 		Socket: filepath.Join(dir, "agent.sock"),
 		Log:    filepath.Join(dir, "serial.log"),
+		QMP:    filepath.Join(dir, "qmp.sock"),
 		exited: make(chan struct{}),
 	}
-	vm.cmd = exec.Command(qemu, Args(guest, vm.Socket, vm.Log)...)
+	args := append(Args(guest, vm.Socket, vm.Log), "-qmp", "unix:"+vm.QMP+",server=on,wait=off")
+	vm.cmd = exec.Command(qemu, append(args, o.args()...)...)
 	var stderr bytes.Buffer
 	vm.cmd.Stderr = &stderr
 	if err := vm.cmd.Start(); err != nil {
@@ -79,6 +98,20 @@ func Args(guestDir, socket, logFile string) []string {
 		"-chardev", "socket,id=agent,path=" + socket + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=agent",
 	}
+}
+
+func (o Options) args() []string {
+	var args []string
+	if o.MemoryFile != "" {
+		share := map[bool]string{true: "on", false: "off"}[o.Share]
+		args = append(args,
+			"-object", "memory-backend-file,id=microvm.ram,size=256M,mem-path="+o.MemoryFile+",share="+share,
+			"-machine", "memory-backend=microvm.ram")
+	}
+	if o.Incoming {
+		args = append(args, "-incoming", "defer")
+	}
+	return args
 }
 
 // Accel is kvm on hosts whose KVM runs stock kernels (Intel/AMD), else tcg:

@@ -50,11 +50,17 @@ fetch() {
 	[ -n "$version" ] || die "package $pkg has no candidate version"
 	deb="$cache/${pkg}_${version//:/%3a}_amd64.deb"
 	if [ ! -f "$deb" ] || ! echo "$sha  $deb" | sha256sum -c --status; then
-		(cd "$cache" && apt-get download -q "$pkg=$version" >&2 2>/dev/null) ||
-			die "apt-get download $pkg=$version failed"
+		download "$pkg=$version" || die "apt-get download $pkg=$version failed"
 	fi
 	echo "$sha  $deb" | sha256sum -c --status || die "$deb does not match its sha256 $sha"
 	echo "$deb"
+}
+
+# download PKG=VERSION fetches a .deb into the cache, refreshing the package
+# lists once if the mirror no longer has it.
+download() {
+	(cd "$cache" && apt-get download -q "$1" >/dev/null 2>&1) && return 0
+	apt-get update -qq >&2 && (cd "$cache" && apt-get download -q "$1" >/dev/null 2>&1)
 }
 
 # module_file DIR NAME prints the uncompressed path of module NAME, unpacking

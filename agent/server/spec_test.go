@@ -1,0 +1,63 @@
+package server
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+func TestNewProcSpec(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "prog")
+	if err := os.WriteFile(prog, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "data"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	passwd := filepath.Join(dir, "passwd")
+	if err := os.WriteFile(passwd, []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := passwdPath
+	passwdPath = passwd
+	t.Cleanup(func() { passwdPath = old })
+
+	for _, tc := range []struct {
+		name     string
+		req      *api.ExecRequest
+		wantPath string
+		wantEnv  []string
+		wantErr  string
+	}{
+		{"search PATH", &api.ExecRequest{Id: "a", Args: []string{"prog"}, Env: []string{"PATH=" + dir}}, prog, []string{"PATH=" + dir, "HOME=/root"}, ""},
+		{"relative to cwd", &api.ExecRequest{Id: "a", Args: []string{"./prog"}, Cwd: dir}, prog, []string{defaultPath, "HOME=/root"}, ""},
+		{"HOME kept", &api.ExecRequest{Id: "a", Args: []string{prog}, Env: []string{"HOME=/h"}}, prog, []string{"HOME=/h", defaultPath}, ""},
+		{"not executable", &api.ExecRequest{Id: "a", Args: []string{filepath.Join(dir, "data")}}, "", nil, "is not executable"},
+		{"a directory", &api.ExecRequest{Id: "a", Args: []string{dir}}, "", nil, "is a directory"},
+		{"cwd is a file", &api.ExecRequest{Id: "a", Args: []string{prog}, Cwd: prog}, "", nil, "is not a directory"},
+		{"unknown uid", &api.ExecRequest{Id: "a", Args: []string{prog}, Uid: 7}, "", nil, "uid 7 is unknown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec, err := newProcSpec(tc.req)
+			if tc.wantErr != "" {
+				if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want invalid argument saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if spec.path != tc.wantPath || !slices.Equal(spec.env, tc.wantEnv) {
+				t.Errorf("path %q env %q, want %q %q", spec.path, spec.env, tc.wantPath, tc.wantEnv)
+			}
+		})
+	}
+}

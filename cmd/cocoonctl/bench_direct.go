@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/snapshotter"
+)
+
+// benchAgentTimeout bounds waiting for a restored guest's agent; 16 TCG
+// guests on 2 cores are slow to answer.
+const benchAgentTimeout = 2 * time.Minute
+
+// directPath restores with restore.Run and the QEMU driver on dirs staged
+// by an in-process snapshotter: no containerd, no shim.
+type directPath struct {
+	dir    string
+	sn     *snapshotter.Snapshotter
+	driver hypervisor.Driver
+	caps   hypervisor.Capabilities
+	link   *chain.Link
+	top    string
+}
+
+const directTop = "link"
+
+// newDirectPath imports img's link into a fresh snapshotter under dir, as
+// containerd's unpacker would: Prepare with the ref label, write, Commit.
+func newDirectPath(ctx context.Context, img snapshotImage, dir string) (p *directPath, err error) {
+	cfg, err := config.Load("")
+	if err != nil {
+		return nil, err
+	}
+	driver, err := restore.NewDriver(cfg)
+	if err != nil {
+		return nil, err
+	}
+	caps, err := driver.Capabilities(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := snapshotter.New(filepath.Join(dir, "sn"))
+	if err != nil {
+		return nil, err
+	}
+	p = &directPath{dir: dir, sn: sn, driver: driver, caps: caps, top: directTop}
+	defer func() {
+		if err != nil {
+			sn.Close()
+		}
+	}()
+	if p.link, err = importLink(ctx, sn, img.LinkDir, directTop); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func importLink(ctx context.Context, sn snapshots.Snapshotter, linkDir, name string) (*chain.Link, error) {
+	const key = "extract-" + directTop
+	ms, err := sn.Prepare(ctx, key, "", snapshots.WithLabels(map[string]string{snapshots.LabelSnapshotRef: name}))
+	if err != nil {
+		return nil, fmt.Errorf("prepare link import: %w", err)
+	}
+	dst, err := stagedDir(ms)
+	if err != nil {
+		return nil, err
+	}
+	if err := copyFiles(linkDir, dst); err != nil {
+		return nil, err
+	}
+	if err := sn.Commit(ctx, name, key); err != nil {
+		return nil, fmt.Errorf("commit link: %w", err)
+	}
+	return chain.ReadLink(linkDir)
+}
+
+// stagedDir is the directory the snapshotter's one bind mount exposes.
+func stagedDir(ms []mount.Mount) (string, error) {
+	if len(ms) != 1 || ms[0].Type != "bind" {
+		return "", fmt.Errorf("snapshot mounts %+v: want one bind mount of a directory", ms)
+	}
+	return ms[0].Source, nil
+}
+
+func copyFiles(src, dst string) error {
+	des, err := os.ReadDir(src)
+	if err != nil {
+		return fmt.Errorf("read link dir: %w", err)
+	}
+	for _, de := range des {
+		if err := copyFile(filepath.Join(src, de.Name()), filepath.Join(dst, de.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *directPath) name() string { return "direct" }
+
+func (p *directPath) firstPrepare(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	if _, err := p.sn.Prepare(ctx, "first", p.top); err != nil {
+		return 0, fmt.Errorf("stage first clone: %w", err)
+	}
+	d := time.Since(start)
+	return d, p.sn.Remove(ctx, "first")
+}
+
+func (p *directPath) start(ctx context.Context, id string, mode hypervisor.Mode) (*clone, error) {
+	start := time.Now()
+	ms, err := p.sn.Prepare(ctx, id, p.top)
+	if err != nil {
+		return nil, fmt.Errorf("stage %s: %w", id, err)
+	}
+	staged := time.Since(start)
+	unstage := func(err error) error { return errors.Join(err, p.sn.Remove(context.Background(), id)) }
+	dir, err := stagedDir(ms)
+	if err != nil {
+		return nil, unstage(err)
+	}
+	plan, err := restore.Decide(restore.Inputs{
+		Hypervisor: p.driver.Name(), Caps: p.caps, Link: p.link,
+		Config: config.Restore{Mode: string(mode), Strict: true},
+	})
+	if err != nil {
+		return nil, unstage(err)
+	}
+	res, err := restore.Run(ctx, p.driver, restore.Request{
+		StagedDir: dir, RunDir: filepath.Join(p.dir, "run", id), Plan: plan,
+		Hostname: id, AgentTimeout: benchAgentTimeout,
+	})
+	if err != nil {
+		return nil, unstage(err)
+	}
+	stop := func(context.Context) error {
+		res.Agent.Close()
+		return unstage(res.VM.Close())
+	}
+	execStart := time.Now()
+	if err := res.Agent.Exec(ctx, agent.ExecRequest{ID: "bench", Args: benchArgs, Cwd: "/"}); err != nil {
+		return nil, errors.Join(err, stop(ctx))
+	}
+	c := &clone{pid: res.VM.PID(), ready: time.Since(start), stop: stop}
+	c.phases = append(c.phases, phase{Name: "stage", Duration: staged})
+	for _, ph := range res.Report.Phases {
+		c.phases = append(c.phases, phase{Name: ph.Name, Duration: ph.Duration})
+	}
+	c.phases = append(c.phases, phase{Name: "process started", Duration: time.Since(execStart)})
+	return c, nil
+}
+
+func (p *directPath) close() error {
+	return p.sn.Close()
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// benchResults is what one `cocoonctl bench` run measured; it is written
+// as bench/results/<date>.json.
+type benchResults struct {
+	Date         time.Time      `json:"date"`
+	Machine      machineInfo    `json:"machine"`
+	Snapshot     snapshotInfo   `json:"snapshot"`
+	Rounds       int            `json:"rounds"`
+	FirstRestore []firstRestore `json:"firstRestore"`
+	Cells        []cellResult   `json:"cells"`
+	ModeRatios   []modeRatio    `json:"modeRatios"`
+	PathRatios   []pathRatio    `json:"pathRatios"`
+}
+
+type snapshotInfo struct {
+	Ref         string `json:"ref"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	DataBytes   int64  `json:"dataBytes"` // non-zero guest memory in the link
+}
+
+// firstRestore is the cost of staging a chain the node has never
+// flattened (first) against staging it again from the flat cache (warm).
+type firstRestore struct {
+	Path    string  `json:"path"`
+	FirstMs float64 `json:"firstPrepareMs"`
+	WarmMs  float64 `json:"warmPrepareMs"`
+}
+
+// cellResult is one (path, mode, N) cell over every round.
+type cellResult struct {
+	Path     string      `json:"path"`
+	Mode     string      `json:"mode"`
+	N        int         `json:"n"`
+	Samples  int         `json:"samples"`
+	P50Ms    float64     `json:"p50Ms"` // create to process running, per clone
+	P95Ms    float64     `json:"p95Ms"`
+	WallMs   float64     `json:"wallMs"` // all N running; median over rounds
+	PSSMiB   float64     `json:"pssMiBPerClone"`
+	MemfdMiB float64     `json:"memfdMiBPerClone"` // private guest RAM of a copy restore
+	Phases   []phaseStat `json:"phases"`           // restore report phases, median per clone
+}
+
+type phaseStat struct {
+	Name  string  `json:"name"`
+	P50Ms float64 `json:"p50Ms"`
+}
+
+// modeRatio compares copy with mmap on one path at one N.
+type modeRatio struct {
+	Path           string  `json:"path"`
+	N              int     `json:"n"`
+	CopyOverMmap   float64 `json:"p50CopyOverMmap"` // speed-up of mmap
+	PSSMmapOverCpy float64 `json:"pssMmapOverCopy"`
+}
+
+// pathRatio is the cost of going through containerd and the shim.
+type pathRatio struct {
+	Mode           string  `json:"mode"`
+	N              int     `json:"n"`
+	ShimOverDirect float64 `json:"p50ShimOverDirect"`
+}
+
+type cellKey struct {
+	path, mode string
+	n          int
+}
+
+// summarize folds the runs of one cell into its result.
+func summarize(k cellKey, runs []cellRun) cellResult {
+	var ready, walls []time.Duration
+	var pss, memfd []float64
+	phases := map[string][]time.Duration{}
+	var order []string
+	for _, r := range runs {
+		ready = append(ready, r.ready...)
+		walls = append(walls, r.wall)
+		pss = append(pss, meanKiB(r.pssKiB)/1024)
+		memfd = append(memfd, meanKiB(r.memfdKiB)/1024)
+		for _, ps := range r.phases {
+			for _, p := range ps {
+				if _, ok := phases[p.Name]; !ok {
+					order = append(order, p.Name)
+				}
+				phases[p.Name] = append(phases[p.Name], p.Duration)
+			}
+		}
+	}
+	c := cellResult{
+		Path: k.path, Mode: k.mode, N: k.n, Samples: len(ready),
+		P50Ms: ms(percentile(ready, 0.5)), P95Ms: ms(percentile(ready, 0.95)),
+		WallMs: ms(percentile(walls, 0.5)), PSSMiB: round1(medianFloat(pss)), MemfdMiB: round1(medianFloat(memfd)),
+	}
+	for _, name := range order {
+		c.Phases = append(c.Phases, phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))})
+	}
+	return c
+}
+
+// ratios compares the cells: mmap against copy per path and N, and the
+// shim against direct per mode and N.
+func ratios(cells []cellResult) ([]modeRatio, []pathRatio) {
+	find := func(path, mode string, n int) *cellResult {
+		for i := range cells {
+			if c := &cells[i]; c.Path == path && c.Mode == mode && c.N == n {
+				return c
+			}
+		}
+		return nil
+	}
+	var mr []modeRatio
+	var pr []pathRatio
+	for _, c := range cells {
+		if m := find(c.Path, "mmap", c.N); c.Mode == "copy" && m != nil {
+			mr = append(mr, modeRatio{Path: c.Path, N: c.N,
+				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB)})
+		}
+		if d := find("direct", c.Mode, c.N); c.Path == "shim" && d != nil {
+			pr = append(pr, pathRatio{Mode: c.Mode, N: c.N, ShimOverDirect: ratio(c.P50Ms, d.P50Ms)})
+		}
+	}
+	return mr, pr
+}
+
+// percentile is the nearest-rank percentile p of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p*float64(len(s)))) - 1
+	return s[max(i, 0)]
+}
+
+func medianFloat(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+func meanKiB(xs []int64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var sum int64
+	for _, x := range xs {
+		sum += x
+	}
+	return float64(sum) / float64(len(xs))
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return math.Round(a/b*100) / 100
+}
+
+func ms(d time.Duration) float64 { return round1(float64(d) / float64(time.Millisecond)) }
+
+func round1(x float64) float64 { return math.Round(x*10) / 10 }

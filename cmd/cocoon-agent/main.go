@@ -38,7 +38,11 @@ func run() error {
 	defer stop()
 	listeners := openListeners(ctx)
 	if len(listeners) == 0 {
-		return fmt.Errorf("no transport: neither a virtio-serial port named %q nor a vsock device", portName)
+		// Exiting would only make init respawn the agent in a tight loop.
+		err := fmt.Errorf("no transport: neither a virtio-serial port named %q nor a vsock device", portName)
+		log.G(ctx).WithError(err).Error("nothing to serve; waiting for shutdown")
+		<-ctx.Done()
+		return err
 	}
 	srv, err := server.NewTTRPCServer(server.New(server.Linux{}))
 	if err != nil {

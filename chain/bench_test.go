@@ -168,3 +168,38 @@ func benchCopy(b *testing.B, mem string, cp func(dst, src *os.File) error) {
 		removeUntimed(b, out)
 	}
 }
+
+func BenchmarkWriteFull(b *testing.B) {
+	_, mem := benchChain(b)
+	b.SetBytes(benchMemory)
+	b.ResetTimer()
+	for range b.N {
+		out := filepath.Join(b.TempDir(), "link")
+		if _, err := WriteFull(context.Background(), mem, testMeta(), out); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		os.RemoveAll(out)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkWriteDiff diffs the memory against its chain's first two links.
+func BenchmarkWriteDiff(b *testing.B) {
+	dirs, mem := benchChain(b)
+	parentMem := filepath.Join(b.TempDir(), "parent")
+	if err := Flatten(context.Background(), dirs[:2], parentMem); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(benchMemory)
+	b.ResetTimer()
+	for range b.N {
+		out := filepath.Join(b.TempDir(), "link")
+		if _, err := WriteDiff(context.Background(), mem, parentMem, dirs[1], testMeta(), out); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		os.RemoveAll(out)
+		b.StartTimer()
+	}
+}

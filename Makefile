@@ -6,7 +6,7 @@ GUEST := $(CURDIR)/build/guest
 CMDS := $(notdir $(wildcard cmd/*))
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all build containerd deps guest test test-unit lint generate clean
+.PHONY: all build containerd deps guest test test-unit lint generate clean demo bench
 
 all: build
 
@@ -28,6 +28,16 @@ deps:
 ## guest: build/guest/{vmlinuz,initramfs.cpio.gz,BUILDINFO}
 guest: deps build
 	@if [ -x guest/build.sh ]; then guest/build.sh $(GUEST); fi
+
+## demo: run a container through cocoon (mmap, then copy restore) in a private containerd;
+## the snapshot image is baked once into build/snapshots. KEEP=1 leaves the daemons running.
+demo: deps build guest
+	$(BIN)/cocoonctl demo $(if $(KEEP),--keep)
+
+## bench: fan-out restores (N=1,8,16; copy, mmap; direct and through containerd) into
+## bench/results/<date>.{json,md,svg} and bench/README.md
+bench: deps build guest
+	$(BIN)/cocoonctl bench --readme bench/README.md
 
 ## test: install what the tests need, then run every tier
 test: deps build guest

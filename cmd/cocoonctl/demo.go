@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// demo shows cocoon end to end: a cached snapshot image imported into a
+// private containerd on the cocoon snapshotter, and one container run from
+// it through the cocoon shim per restore mode, with its output and the
+// shim's restore report.
+func init() {
+	register(command{
+		name:    "demo",
+		summary: "run a container through cocoon with mmap and copy restores, in a private containerd",
+		flags:   demoCommand(os.Stdout),
+	})
+}
+
+// demoScript is what the demo container runs in its restored guest.
+const demoScript = `echo "hello from $(hostname), a microVM restored from a snapshot"; uname -sr; cut -d' ' -f1 /proc/uptime`
+
+type demoOptions struct {
+	guest, cache, memory, binDir string
+	keep                         bool
+	down                         string
+}
+
+func demoCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
+	return func(fs *flag.FlagSet) func(context.Context, []string) error {
+		var o demoOptions
+		fs.StringVar(&o.guest, "guest", "build/guest", "guest build `dir`ectory")
+		fs.StringVar(&o.cache, "cache", "build/snapshots", "snapshot image cache `dir`ectory")
+		fs.StringVar(&o.memory, "memory", "512M", "guest memory `size` of the snapshot")
+		fs.StringVar(&o.binDir, "bin", "", "`dir`ectory with containerd, ctr, cocoon-snapshotter and the shim (default: cocoonctl's own)")
+		fs.BoolVar(&o.keep, "keep", false, "leave containerd and the snapshotter running and print ctr commands to try")
+		fs.StringVar(&o.down, "down", "", "tear down a stack a --keep demo left in `dir` and exit")
+		return func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("unexpected arguments %q: demo takes only flags", args)
+			}
+			if o.down != "" {
+				return devstack.Destroy(o.down)
+			}
+			if o.binDir == "" {
+				var err error
+				if o.binDir, err = ownBinDir(); err != nil {
+					return err
+				}
+			}
+			if err := log.SetLevel("warn"); err != nil {
+				return err
+			}
+			return runDemo(ctx, out, o)
+		}
+	}
+}
+
+func runDemo(ctx context.Context, out io.Writer, o demoOptions) (err error) {
+	step(out, "snapshot image")
+	img, err := ensureImage(ctx, out, imageSpec{guest: o.guest, cache: o.cache, memory: o.memory})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s (cached: %v)\n  link    %s\n  archive %s\n", img.Ref, img.Cached, img.LinkDir, img.Archive)
+
+	step(out, "private containerd v2.4.2 + cocoon-snapshotter")
+	cfg, err := demoConfig()
+	if err != nil {
+		return err
+	}
+	stack, err := devstack.Start(ctx, devstack.Options{BinDir: o.binDir, Config: cfg, LogLevel: "info"})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if o.keep && err == nil {
+			printKeep(out, stack, img)
+			return
+		}
+		step(out, "tear down")
+		err = errors.Join(err, stack.Close())
+	}()
+	fmt.Fprintf(out, "containerd %s\nsnapshotter %s\ncocoon config %s ([restore] allow_annotation = true)\n", stack.Address, stack.SnapshotterAddress, stack.ConfigPath)
+
+	step(out, "ctr images import --snapshotter cocoon "+img.Archive)
+	image, err := importImage(ctx, stack, img)
+	if err != nil {
+		return err
+	}
+	for _, mode := range []hypervisor.Mode{hypervisor.ModeMmap, hypervisor.ModeCopy} {
+		if err := demoRun(ctx, out, stack, image, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// demoConfig lets the restore-mode annotation choose the mode.
+func demoConfig() (*config.Config, error) {
+	cfg, err := config.Load("")
+	if err != nil {
+		return nil, err
+	}
+	cfg.Restore.AllowAnnotation = true
+	return &cfg, nil
+}
+
+// demoRun runs demoScript in a container restored in mode and prints its
+// output and the shim's restore report.
+func demoRun(ctx context.Context, out io.Writer, stack *devstack.Stack, image client.Image, mode hypervisor.Mode) (err error) {
+	id := "demo-" + string(mode)
+	step(out, fmt.Sprintf("run %s with %s=%s", id, restore.AnnotationMode, mode))
+	fmt.Fprintf(out, "same as: ctr run --rm --snapshotter %s --runtime %s --annotation %s=%s %s %s /bin/sh -c '...'\n",
+		devstack.Snapshotter, devstack.Runtime, restore.AnnotationMode, mode, image.Name(), id)
+	cl, err := stack.Client()
+	if err != nil {
+		return err
+	}
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	task, stop, err := runContainer(ctx, cl, image, id, mode, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)),
+		"/bin/sh", "-c", demoScript)
+	if err != nil {
+		return err
+	}
+	running := time.Since(start)
+	defer func() { err = errors.Join(err, stop(context.WithoutCancel(ctx))) }()
+	exit, err := waitExit(ctx, task)
+	if err != nil {
+		return err
+	}
+	rep, err := state.ReadReport(bundleDir(stack, id))
+	if err != nil {
+		return fmt.Errorf("restore report of %s: %w", id, err)
+	}
+	if err := stop(ctx); err != nil { // flushes the output streams
+		return err
+	}
+	stop = func(context.Context) error { return nil }
+	fmt.Fprintf(out, "container output (exit status %d, running %s after create):\n%s%s", exit, running.Round(time.Millisecond), indent(stdout.String()), indent(stderr.String()))
+	printReport(out, rep)
+	if exit != 0 {
+		return fmt.Errorf("%s exited with status %d", id, exit)
+	}
+	return nil
+}
+
+func waitExit(ctx context.Context, task client.Task) (uint32, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ch, err := task.Wait(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("wait for task: %w", err)
+	}
+	select {
+	case st := <-ch:
+		code, _, err := st.Result()
+		return code, err
+	case <-ctx.Done():
+		return 0, fmt.Errorf("wait for task: %w", ctx.Err())
+	}
+}
+
+func printReport(out io.Writer, r *state.Report) {
+	fmt.Fprintf(out, "restore report (%s in the bundle):\n  hypervisor %s, mode %s, release staged memory after load: %v\n",
+		state.ReportFile, r.Hypervisor, r.Plan.Mode, r.Plan.ReleaseAfterLoad)
+	for _, reason := range r.Plan.Reasons {
+		fmt.Fprintf(out, "  reason:  %s\n", reason)
+	}
+	for _, w := range r.Plan.Warnings {
+		fmt.Fprintf(out, "  warning: %s\n", w)
+	}
+	for _, p := range r.Phases {
+		fmt.Fprintf(out, "  %-16s %10s\n", p.Name, time.Duration(p.Duration).Round(10*time.Microsecond))
+	}
+	fmt.Fprintf(out, "  %-16s %10s\n", "total", time.Duration(r.Total).Round(10*time.Microsecond))
+}
+
+func printKeep(out io.Writer, s *devstack.Stack, img snapshotImage) {
+	step(out, "left running in "+s.Dir)
+	run := fmt.Sprintf("--fifo-dir %s --snapshotter %s --runtime %s", s.FifoDir, devstack.Snapshotter, devstack.Runtime)
+	fmt.Fprintf(out, `Try:
+  ctr="%s"
+  $ctr images ls
+  $ctr run --rm %s --annotation %s=mmap %s try1 /bin/sh -c 'uname -a; free -m'
+  $ctr run -d %s %s try2 /bin/sleep 600
+  $ctr tasks ls
+  $ctr tasks exec -t --fifo-dir %s --exec-id sh1 try2 /bin/sh
+  $ctr tasks kill -s KILL try2; $ctr tasks rm try2; $ctr containers rm try2
+Logs: %s/containerd.log (the shims log there too), %s/cocoon-snapshotter.log
+Tear down: %s/cocoonctl demo --down %s
+`, strings.Join(s.CtrArgs(), " "), run, restore.AnnotationMode, img.Ref, run, img.Ref, s.FifoDir,
+		s.Dir, s.Dir, s.BinDir, s.Dir)
+}
+
+func step(out io.Writer, what string) {
+	fmt.Fprintf(out, "\n==> %s\n", what)
+}
+
+func indent(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "  | " + strings.ReplaceAll(strings.TrimSuffix(s, "\n"), "\n", "\n  | ") + "\n"
+}

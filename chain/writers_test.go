@@ -1,6 +1,7 @@
 package chain
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -108,4 +109,49 @@ func mustRead(t *testing.T, dir string) *Link {
 		t.Fatal(err)
 	}
 	return l
+}
+
+func TestHugePageLinks(t *testing.T) {
+	const huge = 2 << 20
+	ctx := context.Background()
+	root := t.TempDir()
+	mem := make([]byte, 4*huge)
+	mem[huge+12345] = 1 // one byte makes the whole huge page non-zero
+	memPath := filepath.Join(root, "mem")
+	writeSparse(t, memPath, mem)
+	meta := Meta{Hypervisor: "qemu", GuestOS: "linux", VCPUs: 1, PageSize: huge, HugePages: true}
+	full := filepath.Join(root, "full")
+	l, err := WriteFull(ctx, memPath, meta, full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Memory.Extents != 1 || l.Memory.DataBytes != huge {
+		t.Fatalf("full link: %d extents, %d bytes; want one huge page", l.Memory.Extents, l.Memory.DataBytes)
+	}
+	mem[huge+12345] = 0
+	mem[3*huge] = 2
+	writeSparse(t, memPath, mem)
+	flat := filepath.Join(root, "flat0")
+	if err := Flatten(ctx, []string{full}, flat); err != nil {
+		t.Fatal(err)
+	}
+	diff := filepath.Join(root, "diff")
+	if l, err = WriteDiff(ctx, memPath, flat, full, meta, diff); err != nil {
+		t.Fatal(err)
+	}
+	if l.Memory.Extents != 2 || l.Memory.DataBytes != 2*huge {
+		t.Fatalf("diff link: %d extents, %d bytes; want two huge pages", l.Memory.Extents, l.Memory.DataBytes)
+	}
+	out := filepath.Join(root, "flat1")
+	if err := Flatten(ctx, []string{full, diff}, out); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, mem) {
+		t.Fatal("huge-page chain flattens to different memory")
+	}
+	checkSparse(t, out, mem)
 }

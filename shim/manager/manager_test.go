@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -13,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
+	"github.com/containerd/cgroups/v3/cgroup2"
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/api/types"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
@@ -20,8 +24,10 @@ import (
 	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -265,4 +271,33 @@ func infoConfigPath(t *testing.T, info *types.RuntimeInfo) string {
 		t.Fatal(err)
 	}
 	return v.(*runtimeoptions.Options).ConfigPath
+}
+
+func TestStopRemovesCgroup(t *testing.T) {
+	testenv.RequireRoot(t)
+	path := fmt.Sprintf("/cocoon-mgr-test-%d", os.Getpid())
+	var dir string
+	if cgroups.Mode() == cgroups.Unified {
+		if _, err := cgroup2.NewManager("/sys/fs/cgroup", path, &cgroup2.Resources{}); err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join("/sys/fs/cgroup", path)
+	} else {
+		if _, err := cgroup1.New(cgroup1.StaticPath(path), &specs.LinuxResources{}); err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join("/sys/fs/cgroup/pids", path)
+	}
+	t.Cleanup(func() { _ = deleteCgroup(path) })
+	bundle := t.TempDir()
+	if err := state.WriteTask(bundle, &state.Task{ID: "t1", Cgroup: path}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.WithValue(context.Background(), shim.OptsKey{}, shim.Opts{BundlePath: bundle})
+	if _, err := New(Name).Stop(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Stop left cgroup %s (stat: %v)", dir, err)
+	}
 }

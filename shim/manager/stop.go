@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
@@ -60,17 +59,16 @@ func bundlePath(ctx context.Context, id string) (string, error) {
 }
 
 // Cleanup kills t's hypervisor if it still runs and removes what the task
-// created: the rootfs mount and the VM's run directory. The staged chain
-// belongs to the snapshotter and is released when containerd removes the
-// snapshot.
+// created: its cgroup and the VM's run directory. The staged chain belongs
+// to the snapshotter and is released when containerd removes the snapshot.
 func Cleanup(ctx context.Context, t *state.Task) error {
 	var errs []error
 	if err := killProcess(t); err != nil {
 		errs = append(errs, err)
 	}
-	if t.Rootfs != "" {
-		if err := mount.UnmountRecursive(t.Rootfs, unix.MNT_DETACH); err != nil {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", t.Rootfs, err))
+	if t.Cgroup != "" {
+		if err := deleteCgroup(t.Cgroup); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if t.RunDir != "" {

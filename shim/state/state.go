@@ -37,8 +37,8 @@ type Task struct {
 	RunDir string `json:"runDir"`
 	// StagedDir is the snapshotter's staged chain the VM was restored from.
 	StagedDir string `json:"stagedDir"`
-	// Rootfs is the bundle mount point the shim mounted StagedDir on, if any.
-	Rootfs string  `json:"rootfs,omitempty"`
+	// Cgroup is the cgroups path the hypervisor was moved into, if any.
+	Cgroup string  `json:"cgroup,omitempty"`
 	Plan   Plan    `json:"plan"`
 	Phases []Phase `json:"phases,omitempty"`
 	// Exit is the init process's exit, once known.

@@ -20,7 +20,7 @@ func TestTaskRoundTrip(t *testing.T) {
 		PIDStart:   1234,
 		RunDir:     "/run/cocoon/t1",
 		StagedDir:  "/var/lib/cocoon/staged/7",
-		Rootfs:     filepath.Join(bundle, "rootfs"),
+		Cgroup:     "/default/t1",
 		Plan:       Plan{Mode: "mmap", Reasons: []string{"best mode of qemu"}},
 		Phases:     []Phase{{Name: "spawn", Duration: Duration(40 * time.Millisecond)}},
 		Exit:       &Exit{Status: 7, At: time.Date(2026, 11, 29, 16, 0, 0, 0, time.UTC)},

@@ -100,11 +100,8 @@ func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spe
 		return nil, err
 	}
 	if spec.Linux != nil && spec.Linux.CgroupsPath != "" {
-		if t.cg, err = newCgroup(spec.Linux.CgroupsPath, spec.Linux.Resources); err != nil {
+		if err := t.joinCgroup(spec.Linux.CgroupsPath, spec.Linux.Resources); err != nil {
 			return nil, err
-		}
-		if err := t.cg.Add(sb.VM.PID()); err != nil {
-			return nil, errors.Join(fmt.Errorf("move hypervisor into cgroup: %w", err), t.cg.Delete())
 		}
 	}
 	return t, nil

@@ -1,0 +1,294 @@
+// Package e2e drives the shim end to end: containerd v2.4.2, the cocoon
+// snapshotter, containerd-shim-cocoon-v2 and QEMU running the project's
+// guest, through ctr.
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+const (
+	runtimeName = "io.containerd.cocoon.v2"
+	imageRef    = "example.com/cocoon/e2e:1"
+)
+
+var (
+	bakeOnce    sync.Once
+	bakeDir     string
+	bakeArchive string
+	bakeErr     error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bakeDir != "" {
+		os.RemoveAll(bakeDir)
+	}
+	os.Exit(code)
+}
+
+// image bakes the test image once per test binary: the project's guest
+// booted on QEMU, snapshotted and packed as an OCI archive.
+func image(t *testing.T) string {
+	t.Helper()
+	testenv.QEMU(t)
+	guest := testenv.Guest(t)
+	cocoonctl := testenv.Bin(t, "cocoonctl")
+	bakeOnce.Do(func() {
+		if bakeDir, bakeErr = os.MkdirTemp("", "cocoon-e2e-"); bakeErr != nil {
+			return
+		}
+		bakeArchive = filepath.Join(bakeDir, "image.tar")
+		cmd := exec.Command(cocoonctl, "bake", "--guest", guest, "--memory", "256M",
+			"--out", filepath.Join(bakeDir, "link"), "--image", imageRef, "--archive", bakeArchive,
+			"--config", "/dev/null", "--timeout", "4m", "--cmdline", kernelCmdline())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			bakeErr = fmt.Errorf("bake test image: %w\n%s", err, out)
+		}
+	})
+	if bakeErr != nil {
+		t.Fatal(bakeErr)
+	}
+	return bakeArchive
+}
+
+// kernelCmdline is bake's default plus the host's TSC rate: under TCG on a
+// busy host the guest's own TSC calibration fails and its boot hangs
+// (guest/README.md).
+func kernelCmdline() string {
+	cmdline := "console=ttyS0 panic=-1 quiet"
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return cmdline
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(k) != "cpu MHz" {
+			continue
+		}
+		if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && mhz > 0 {
+			return fmt.Sprintf("%s tsc_early_khz=%d", cmdline, int(mhz*1000))
+		}
+		break
+	}
+	return cmdline
+}
+
+// stack starts containerd with the cocoon snapshotter, the shim on PATH and
+// the test image imported.
+func stack(t *testing.T, cocoonConfig string) *ctrdtest.Containerd {
+	t.Helper()
+	archive := image(t)
+	testenv.Bin(t, "containerd-shim-cocoon-v2")
+	c := ctrdtest.Start(t, ctrdtest.Options{SnapshotterConfig: cocoonConfig})
+	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// run is `ctr run` of the test image with the cocoon runtime and snapshotter.
+func run(c *ctrdtest.Containerd, flags []string, id string, args ...string) (string, error) {
+	argv := append([]string{"run", "--runtime", runtimeName, "--snapshotter", ctrdtest.Snapshotter, "--fifo-dir", c.FifoDir}, flags...)
+	argv = append(argv, imageRef, id)
+	return c.Ctr(append(argv, args...)...)
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+func TestRunEchoAndExitCodes(t *testing.T) {
+	c := stack(t, "")
+	out, err := run(c, []string{"--rm"}, "t1", "echo", "hi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(out) != "hi" {
+		t.Fatalf("ctr run echo hi printed %q, want hi", out)
+	}
+	_, err = run(c, []string{"--rm"}, "t2", "sh", "-c", "exit 7")
+	if code := exitCode(err); code != 7 {
+		t.Fatalf("ctr run sh -c 'exit 7': exit %d (%v), want 7", code, err)
+	}
+}
+
+// taskPID is the task's pid (the hypervisor's) from `ctr task ls`, and its
+// status.
+func taskPID(t *testing.T, c *ctrdtest.Containerd, id string) (int, string) {
+	t.Helper()
+	out, err := c.Ctr("task", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == id {
+			pid, _ := strconv.Atoi(f[1])
+			return pid, f[2]
+		}
+	}
+	t.Fatalf("task %s not listed:\n%s", id, out)
+	return 0, ""
+}
+
+func TestTaskOperations(t *testing.T) {
+	c := stack(t, "")
+	if _, err := run(c, []string{"-d"}, "t1", "sleep", "600"); err != nil {
+		t.Fatal(err)
+	}
+	pid, status := taskPID(t, c, "t1")
+	if status != "RUNNING" || !processRuns(pid) {
+		t.Fatalf("task t1 is %s with pid %d (running %v), want a RUNNING hypervisor", status, pid, processRuns(pid))
+	}
+	out, err := c.Ctr("task", "exec", "--exec-id", "e1", "--fifo-dir", c.FifoDir, "t1", "echo", "from-exec")
+	if err != nil || strings.TrimSpace(out) != "from-exec" {
+		t.Fatalf("ctr task exec: %q, %v; want from-exec", out, err)
+	}
+	if out, err := c.Ctr("task", "ps", "t1"); err != nil || len(strings.Split(strings.TrimSpace(out), "\n")) < 2 {
+		t.Fatalf("ctr task ps: %q, %v; want the guest's processes", out, err)
+	}
+	if out, err := c.Ctr("task", "metrics", "t1"); err != nil || !strings.Contains(out, "memory") {
+		t.Fatalf("ctr task metrics: %q, %v; want cgroup metrics", out, err)
+	}
+	for _, step := range []struct{ cmd, want string }{{"pause", "PAUSED"}, {"resume", "RUNNING"}} {
+		if _, err := c.Ctr("task", step.cmd, "t1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, st := taskPID(t, c, "t1"); st != step.want {
+			t.Fatalf("after ctr task %s: %s, want %s", step.cmd, st, step.want)
+		}
+	}
+	if _, err := c.Ctr("task", "kill", "--signal", "SIGKILL", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, "t1", "STOPPED")
+	if _, err := c.Ctr("task", "delete", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if processRuns(pid) {
+		t.Fatalf("hypervisor %d still runs after ctr task delete", pid)
+	}
+	if _, err := c.Ctr("container", "rm", "t1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRestoreModeAnnotation(t *testing.T) {
+	c := stack(t, "[restore]\nallow_annotation = true\n")
+	for _, mode := range []string{"copy", "mmap"} {
+		id := "m-" + mode
+		if _, err := run(c, []string{"-d", "--annotation", "io.cocoon.restore-mode=" + mode}, id, "sleep", "600"); err != nil {
+			t.Fatal(err)
+		}
+		bundle := filepath.Join(c.State, "io.containerd.runtime.v2.task", ctrdtest.Namespace, id)
+		report, err := state.ReadReport(bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if report.Plan.Mode != mode {
+			t.Fatalf("annotation %s restored in %s mode (reasons %v)", mode, report.Plan.Mode, report.Plan.Reasons)
+		}
+	}
+	_, err := run(c, []string{"--rm", "--annotation", "io.cocoon.restore-mode=fast"}, "bad", "true")
+	if err == nil || !strings.Contains(err.Error(), `"fast"`) {
+		t.Fatalf("unknown mode: %v, want an error naming it", err)
+	}
+}
+
+func TestShimCrash(t *testing.T) {
+	c := stack(t, "")
+	if _, err := run(c, []string{"-d"}, "t1", "sleep", "600"); err != nil {
+		t.Fatal(err)
+	}
+	vmPID, _ := taskPID(t, c, "t1")
+	shimPID := shimOf(t, c, "t1")
+	if err := syscallKill(shimPID); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, "t1", "STOPPED")
+	if _, err := c.Ctr("task", "delete", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if processRuns(vmPID) {
+		t.Fatalf("hypervisor %d survived its shim's crash and ctr task delete", vmPID)
+	}
+}
+
+// waitStatus waits until ctr task ls shows id in status, or the task is
+// gone when status is "".
+func waitStatus(t *testing.T, c *ctrdtest.Containerd, id, status string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, st := taskPID(t, c, id); st == status {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, st := taskPID(t, c, id)
+	t.Fatalf("task %s is %s, want %s", id, st, status)
+}
+
+func processRuns(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie has exited; only its parent has not collected it yet.
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// shimOf finds the shim serving task id: the containerd-shim-cocoon-v2
+// process started with -id id under this containerd's state dir.
+func shimOf(t *testing.T, c *ctrdtest.Containerd, id string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(string(cmdline), "\x00")
+		cwd, _ := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		if len(args) > 0 && filepath.Base(args[0]) == "containerd-shim-cocoon-v2" &&
+			strings.HasPrefix(cwd, c.State) && filepath.Base(cwd) == id {
+			return pid
+		}
+	}
+	t.Fatalf("no shim for task %s", id)
+	return 0
+}
+
+func syscallKill(pid int) error {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return err
+	}
+	return p.Kill()
+}

@@ -51,7 +51,7 @@ func linkCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []s
 		fs.IntVar(&o.meta.VCPUs, "vcpus", 1, "guest vCPU `count`")
 		fs.Int64Var(&o.meta.PageSize, "page-size", chain.DefaultPageSize, "guest page size in `bytes`")
 		fs.BoolVar(&o.meta.HugePages, "hugepages", false, "guest memory is backed by huge pages")
-		fs.BoolVar(&o.meta.SharedMemory, "shared-memory", false, "guest memory is shared with the hypervisor's host")
+		fs.BoolVar(&o.meta.SharedMemory, "shared-memory", false, "guest memory was mapped shared (e.g. QEMU memory-backend-file share=on)")
 		fs.Var(&o.state, "state", "hypervisor state `file` to copy into the link (repeatable)")
 		return func(ctx context.Context, args []string) error {
 			if len(args) > 0 {

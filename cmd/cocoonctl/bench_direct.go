@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -149,7 +150,7 @@ func (p *directPath) start(ctx context.Context, id string, mode hypervisor.Mode)
 		return unstage(res.VM.Close())
 	}
 	execStart := time.Now()
-	if err := res.Agent.Exec(ctx, agent.ExecRequest{ID: "bench", Args: benchArgs, Cwd: "/"}); err != nil {
+	if err := startProcess(ctx, res.Agent); err != nil {
 		return nil, errors.Join(err, stop(ctx))
 	}
 	c := &clone{pid: res.VM.PID(), ready: time.Since(start), stop: stop}
@@ -163,4 +164,20 @@ func (p *directPath) start(ctx context.Context, id string, mode hypervisor.Mode)
 
 func (p *directPath) close() error {
 	return p.sn.Close()
+}
+
+// startProcess starts benchArgs in the guest and opens its stdio, as the
+// shim does for a container's init, so both paths do the same guest work.
+func startProcess(ctx context.Context, c *agent.Client) error {
+	const id = "bench"
+	if err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: benchArgs, Cwd: "/"}); err != nil {
+		return err
+	}
+	_, stdout, stderr, err := c.Stdio(ctx, id)
+	if err != nil {
+		return fmt.Errorf("open stdio of %s: %w", id, err)
+	}
+	go io.Copy(io.Discard, stdout)
+	go io.Copy(io.Discard, stderr)
+	return nil
 }

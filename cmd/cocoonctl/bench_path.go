@@ -49,11 +49,11 @@ type phase struct {
 
 // cellRun is one run of n concurrent clones on one path in one mode.
 type cellRun struct {
-	ready    []time.Duration
-	wall     time.Duration
-	pssKiB   []int64
-	memfdKiB []int64
-	phases   [][]phase
+	ready   []time.Duration
+	wall    time.Duration
+	pssKiB  []int64
+	heldKiB []int64
+	phases  [][]phase
 }
 
 // runCell starts n clones at once, measures them while all run, and stops
@@ -77,13 +77,11 @@ func runCell(ctx context.Context, p restorePath, n, round int, mode hypervisor.M
 		if c == nil {
 			continue
 		}
-		pss, err := pssKiB(c.pid)
-		errs = append(errs, err)
-		memfd, err := memfdKiB(c.pid)
+		pss, held, err := cloneMemory(c.pid)
 		errs = append(errs, err)
 		run.ready = append(run.ready, c.ready)
 		run.pssKiB = append(run.pssKiB, pss)
-		run.memfdKiB = append(run.memfdKiB, memfd)
+		run.heldKiB = append(run.heldKiB, held)
 		run.phases = append(run.phases, c.phases)
 	}
 	errs = append(errs, stopAll(clones))
@@ -113,26 +111,49 @@ func stopAll(clones []*clone) error {
 	return errors.Join(errs...)
 }
 
-// pssKiB is the proportional set size of pid: shared pages (the page cache
-// of an mmap-restored memory file) are split among the processes mapping
-// them.
-func pssKiB(pid int) (int64, error) {
+// cloneMemory reads what clone pid costs in memory. pss is its
+// proportional set size: shared pages (the page cache of an mmap-restored
+// memory file) are split among the processes mapping them. PSS counts only
+// the pages a process has touched, so a copy restore's guest RAM in a
+// memfd is mostly missing from it; held adds the memfd's allocated size in
+// place of its touched share.
+func cloneMemory(pid int) (pss, held int64, err error) {
+	rollup, err := smapsRollup(pid)
+	if err != nil {
+		return 0, 0, err
+	}
+	memfd, err := memfdKiB(pid)
+	if err != nil {
+		return 0, 0, err
+	}
+	return rollup["Pss"], rollup["Pss"] - rollup["Pss_Shmem"] + memfd, nil
+}
+
+// smapsRollup returns the kB fields of /proc/pid/smaps_rollup.
+func smapsRollup(pid int) (map[string]int64, error) {
 	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
 	if err != nil {
-		return 0, fmt.Errorf("read pss of pid %d: %w", pid, err)
+		return nil, fmt.Errorf("read memory of pid %d: %w", pid, err)
 	}
+	fields := map[string]int64{}
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == "Pss:" {
-			return strconv.ParseInt(f[1], 10, 64)
+		if len(f) == 3 && f[2] == "kB" {
+			n, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("read memory of pid %d: %s: %w", pid, line, err)
+			}
+			fields[strings.TrimSuffix(f[0], ":")] = n
 		}
 	}
-	return 0, fmt.Errorf("read pss of pid %d: no Pss line in smaps_rollup", pid)
+	if _, ok := fields["Pss"]; !ok {
+		return nil, fmt.Errorf("read memory of pid %d: no Pss in smaps_rollup", pid)
+	}
+	return fields, nil
 }
 
 // memfdKiB is the memory allocated to the memfds pid holds: a copy
-// restore's guest RAM. PSS counts only the pages the guest has touched
-// since, so a copy clone's cost is this, not its PSS.
+// restore's guest RAM.
 func memfdKiB(pid int) (int64, error) {
 	fdDir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
 	des, err := os.ReadDir(fdDir)

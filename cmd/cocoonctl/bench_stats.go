@@ -35,16 +35,16 @@ type firstRestore struct {
 
 // cellResult is one (path, mode, N) cell over every round.
 type cellResult struct {
-	Path     string      `json:"path"`
-	Mode     string      `json:"mode"`
-	N        int         `json:"n"`
-	Samples  int         `json:"samples"`
-	P50Ms    float64     `json:"p50Ms"` // create to process running, per clone
-	P95Ms    float64     `json:"p95Ms"`
-	WallMs   float64     `json:"wallMs"` // all N running; median over rounds
-	PSSMiB   float64     `json:"pssMiBPerClone"`
-	MemfdMiB float64     `json:"memfdMiBPerClone"` // private guest RAM of a copy restore
-	Phases   []phaseStat `json:"phases"`           // restore report phases, median per clone
+	Path    string      `json:"path"`
+	Mode    string      `json:"mode"`
+	N       int         `json:"n"`
+	Samples int         `json:"samples"`
+	P50Ms   float64     `json:"p50Ms"` // create to process running, per clone
+	P95Ms   float64     `json:"p95Ms"`
+	WallMs  float64     `json:"wallMs"` // all N running; median over rounds
+	PSSMiB  float64     `json:"pssMiBPerClone"`
+	HeldMiB float64     `json:"heldMiBPerClone"` // PSS with a copy's whole memfd instead of its touched share
+	Phases  []phaseStat `json:"phases"`          // restore report phases, median per clone
 }
 
 type phaseStat struct {
@@ -58,6 +58,7 @@ type modeRatio struct {
 	N              int     `json:"n"`
 	CopyOverMmap   float64 `json:"p50CopyOverMmap"` // speed-up of mmap
 	PSSMmapOverCpy float64 `json:"pssMmapOverCopy"`
+	HeldMmapOverCp float64 `json:"heldMmapOverCopy"`
 }
 
 // pathRatio is the cost of going through containerd and the shim.
@@ -75,14 +76,14 @@ type cellKey struct {
 // summarize folds the runs of one cell into its result.
 func summarize(k cellKey, runs []cellRun) cellResult {
 	var ready, walls []time.Duration
-	var pss, memfd []float64
+	var pss, held []float64
 	phases := map[string][]time.Duration{}
 	var order []string
 	for _, r := range runs {
 		ready = append(ready, r.ready...)
 		walls = append(walls, r.wall)
 		pss = append(pss, meanKiB(r.pssKiB)/1024)
-		memfd = append(memfd, meanKiB(r.memfdKiB)/1024)
+		held = append(held, meanKiB(r.heldKiB)/1024)
 		for _, ps := range r.phases {
 			for _, p := range ps {
 				if _, ok := phases[p.Name]; !ok {
@@ -95,7 +96,7 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 	c := cellResult{
 		Path: k.path, Mode: k.mode, N: k.n, Samples: len(ready),
 		P50Ms: ms(percentile(ready, 0.5)), P95Ms: ms(percentile(ready, 0.95)),
-		WallMs: ms(percentile(walls, 0.5)), PSSMiB: round1(medianFloat(pss)), MemfdMiB: round1(medianFloat(memfd)),
+		WallMs: ms(percentile(walls, 0.5)), PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)),
 	}
 	for _, name := range order {
 		c.Phases = append(c.Phases, phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))})
@@ -119,7 +120,7 @@ func ratios(cells []cellResult) ([]modeRatio, []pathRatio) {
 	for _, c := range cells {
 		if m := find(c.Path, "mmap", c.N); c.Mode == "copy" && m != nil {
 			mr = append(mr, modeRatio{Path: c.Path, N: c.N,
-				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB)})
+				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB), HeldMmapOverCp: ratio(m.HeldMiB, c.HeldMiB)})
 		}
 		if d := find("direct", c.Mode, c.N); c.Path == "shim" && d != nil {
 			pr = append(pr, pathRatio{Mode: c.Mode, N: c.N, ShimOverDirect: ratio(c.P50Ms, d.P50Ms)})

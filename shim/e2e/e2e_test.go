@@ -4,6 +4,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,8 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	eventsapi "github.com/containerd/containerd/api/events"
+	"github.com/containerd/typeurl/v2"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -213,22 +218,51 @@ func TestRestoreModeAnnotation(t *testing.T) {
 	}
 }
 
+// TestShimCrash SIGKILLs the shim of a running task: containerd must
+// report the exit (its `shim delete` reads the task record), and the VM,
+// its run dir and cgroup must be gone once the container is removed.
 func TestShimCrash(t *testing.T) {
 	c := stack(t, "")
 	if _, err := run(c, []string{"-d"}, "t1", "sleep", "600"); err != nil {
 		t.Fatal(err)
 	}
 	vmPID, _ := taskPID(t, c, "t1")
-	shimPID := shimOf(t, c, "t1")
-	if err := syscallKill(shimPID); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	exits, errs := c.Client().Subscribe(ctx, `topic=="/tasks/exit"`)
+	if err := syscall.Kill(shimOf(t, c, "t1"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, c, "t1", "STOPPED")
-	if _, err := c.Ctr("task", "delete", "t1"); err != nil {
+	select {
+	case env := <-exits:
+		ev, err := typeurl.UnmarshalAny(env.Event)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exit := ev.(*eventsapi.TaskExit); exit.ContainerID != "t1" {
+			t.Fatalf("exit event for %s, want t1", exit.ContainerID)
+		}
+	case err := <-errs:
+		t.Fatalf("event stream: %v", err)
+	}
+	if out, err := c.Ctr("task", "ls"); err != nil || strings.Contains(out, "RUNNING") {
+		t.Fatalf("after the shim crash ctr task ls shows:\n%s (%v)", out, err)
+	}
+	if _, err := c.Ctr("container", "rm", "t1"); err != nil {
 		t.Fatal(err)
 	}
 	if processRuns(vmPID) {
-		t.Fatalf("hypervisor %d survived its shim's crash and ctr task delete", vmPID)
+		t.Fatalf("hypervisor %d survived its shim's crash", vmPID)
+	}
+	runDir := filepath.Join(c.RunDir, ctrdtest.Namespace, "t1")
+	if _, err := os.Stat(runDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the VM's run dir %s is left (stat: %v)", runDir, err)
+	}
+	for _, sub := range []string{"pids", "cpu", "memory"} {
+		dir := filepath.Join("/sys/fs/cgroup", sub, ctrdtest.Namespace, "t1")
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("cgroup %s is left (stat: %v)", dir, err)
+		}
 	}
 }
 
@@ -283,12 +317,4 @@ func shimOf(t *testing.T, c *ctrdtest.Containerd, id string) int {
 	}
 	t.Fatalf("no shim for task %s", id)
 	return 0
-}
-
-func syscallKill(pid int) error {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return err
-	}
-	return p.Kill()
 }

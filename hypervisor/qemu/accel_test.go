@@ -3,6 +3,8 @@ package qemu
 import (
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -50,5 +52,19 @@ func TestCPUModel(t *testing.T) {
 		if got := cpuModel(tt.configured, tt.accel); got != tt.want {
 			t.Errorf("cpuModel(%q, %q) = %q, want %q", tt.configured, tt.accel, got, tt.want)
 		}
+	}
+}
+
+func TestTCGCmdline(t *testing.T) {
+	got := tcgCmdline("console=ttyS0")
+	if !strings.HasPrefix(got, "console=ttyS0 "+tscParam) {
+		t.Fatalf("tcgCmdline added no TSC frequency: %q", got)
+	}
+	khz, err := strconv.ParseInt(strings.TrimPrefix(got, "console=ttyS0 "+tscParam), 10, 64)
+	if err != nil || khz < 100_000 || khz > 10_000_000 {
+		t.Fatalf("implausible TSC frequency in %q", got)
+	}
+	if kept := "console=ttyS0 tsc_early_khz=1000000"; tcgCmdline(kept) != kept {
+		t.Fatalf("tcgCmdline replaced an explicit %s", tscParam)
 	}
 }

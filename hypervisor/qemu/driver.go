@@ -96,6 +96,9 @@ func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
 		return nil, err
 	}
 	log.G(ctx).WithField("accel", accel).WithField("reason", reason).Debug("qemu accelerator")
+	if accel == accelTCG {
+		spec.Cmdline = tcgCmdline(spec.Cmdline)
+	}
 	shape := Shape{
 		Version: shapeVersion, Machine: machineType, Accel: accel,
 		CPU: cpuModel(d.cfg.CPU, accel), VCPUs: spec.VCPUs, MemoryBytes: spec.MemoryBytes,

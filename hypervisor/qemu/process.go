@@ -98,7 +98,6 @@ func (s spawn) exec(qmpListener *os.File) (*process, error) {
 	}
 	defer logf.Close()
 	cmd := exec.Command(s.binary, s.args...)
-	cmd.Dir = s.runDir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = append([]*os.File{qmpListener}, s.extra...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

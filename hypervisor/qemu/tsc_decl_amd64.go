@@ -1,0 +1,4 @@
+package qemu
+
+// rdtsc reads the time-stamp counter (tsc_amd64.s).
+func rdtsc() uint64

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/console"
 	eventsapi "github.com/containerd/containerd/api/events"
 	"github.com/containerd/typeurl/v2"
 
@@ -135,6 +136,49 @@ func TestRunEchoAndExitCodes(t *testing.T) {
 	}
 }
 
+// TestTerminal runs `ctr run -t` on a pseudo-terminal: the guest process
+// must see a terminal on stdin and its output must come back through it.
+func TestTerminal(t *testing.T) {
+	c := stack(t, "")
+	master, slavePath, err := console.NewPty()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	slave, err := os.OpenFile(slavePath, os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := append(c.CtrArgs()[1:], "run", "-t", "--rm", "--runtime", runtimeName, "--snapshotter", ctrdtest.Snapshotter,
+		"--fifo-dir", c.FifoDir, imageRef, "tty1", "sh", "-c", "[ -t 0 ] && echo guest-has-a-tty; exit 3")
+	cmd := exec.Command(c.CtrArgs()[0], argv...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	output := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		buf := make([]byte, 1024)
+		for {
+			n, err := master.Read(buf)
+			b.Write(buf[:n])
+			if err != nil {
+				output <- b.String()
+				return
+			}
+		}
+	}()
+	err = cmd.Wait()
+	if code := exitCode(err); code != 3 {
+		t.Fatalf("ctr run -t: exit %d (%v), want 3", code, err)
+	}
+	if out := <-output; !strings.Contains(out, "guest-has-a-tty") {
+		t.Fatalf("terminal output %q lacks guest-has-a-tty", out)
+	}
+}
+
 // taskPID is the task's pid (the hypervisor's) from `ctr task ls`, and its
 // status.
 func taskPID(t *testing.T, c *ctrdtest.Containerd, id string) (int, string) {
@@ -193,6 +237,29 @@ func TestTaskOperations(t *testing.T) {
 	}
 	if _, err := c.Ctr("container", "rm", "t1"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCheckpoint checkpoints a running task into a chain link; QEMU can
+// snapshot only a VM restored with copy (an mmap restore keeps its changed
+// pages private to QEMU), so the runtime config asks for copy.
+func TestCheckpoint(t *testing.T) {
+	c := stack(t, "[restore]\nmode = \"copy\"\n")
+	if _, err := run(c, []string{"-d"}, "t1", "sleep", "600"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Ctr("task", "checkpoint", "t1")
+	if err != nil {
+		t.Fatalf("ctr task checkpoint: %v\n%s", err, out)
+	}
+	if images, err := c.Ctr("images", "ls", "-q"); err != nil || strings.TrimSpace(out) == "" || !strings.Contains(images, strings.TrimSpace(out)) {
+		t.Fatalf("checkpoint image %q not listed in:\n%s (%v)", out, images, err)
+	}
+	if _, st := taskPID(t, c, "t1"); st != "RUNNING" {
+		t.Fatalf("after ctr task checkpoint: %s, want RUNNING", st)
+	}
+	if out, err := c.Ctr("task", "exec", "--exec-id", "e1", "--fifo-dir", c.FifoDir, "t1", "echo", "still-here"); err != nil || strings.TrimSpace(out) != "still-here" {
+		t.Fatalf("exec after checkpoint: %q, %v; want the guest still answering", out, err)
 	}
 }
 

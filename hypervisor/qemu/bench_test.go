@@ -1,0 +1,55 @@
+package qemu
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// BenchmarkRestore restores the baked guest to a responding agent, one VM
+// at a time, and reports each phase's median in ms:
+//
+//	go test -run '^$' -bench Restore -benchtime 7x ./hypervisor/qemu
+func BenchmarkRestore(b *testing.B) {
+	d := newTestDriver(b)
+	link := bakedLink(b, d)
+	for _, mode := range []hypervisor.Mode{hypervisor.ModeCopy, hypervisor.ModeMmap} {
+		b.Run(string(mode), func(b *testing.B) {
+			s := newStager(b, b.TempDir(), link)
+			phases := map[string][]time.Duration{}
+			for b.Loop() {
+				restoreOnce(b, d, s, mode, phases)
+			}
+			for name, ds := range phases {
+				slices.Sort(ds)
+				b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, name+"-ms")
+			}
+		})
+	}
+}
+
+func restoreOnce(b *testing.B, d *Driver, s *stager, mode hypervisor.Mode, phases map[string][]time.Duration) {
+	ctx := testContext(b, time.Minute)
+	start := time.Now()
+	req := hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: mode, ReleaseAfterLoad: mode == hypervisor.ModeCopy,
+		OnPhase: func(p string, d time.Duration) { phases[p] = append(phases[p], d) }}
+	v, err := d.Restore(ctx, req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer v.Close()
+	t := time.Now()
+	if err := v.Resume(ctx); err != nil {
+		b.Fatal(err)
+	}
+	c, err := agent.WaitReady(ctx, v.DialAgent)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.Close()
+	phases["agent"] = append(phases["agent"], time.Since(t))
+	phases["total"] = append(phases["total"], time.Since(start))
+}

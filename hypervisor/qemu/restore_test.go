@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
@@ -186,4 +188,64 @@ func guestClock(t *testing.T, c *agent.Client) float64 {
 		t.Fatal("adjtimex printed no time.tv_sec")
 	}
 	return sec + usec/1e6
+}
+
+// A copy-restored VM keeps its RAM in a memfd the driver holds, so it can
+// be snapshotted again (a checkpoint), and the new link restores.
+func TestSnapshotOfCopyRestore(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakedLink(t, d))
+	v, c := restoreReady(t, d, hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeCopy, ReleaseAfterLoad: true})
+	run(t, c, "/bin/sh", "-c", "echo checkpointed > /run/mark")
+	c.Close()
+	link := filepath.Join(root, "checkpoint")
+	if err := v.Snapshot(testContext(t, time.Minute), link, hypervisor.SnapshotFull); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	s2 := newStager(t, t.TempDir(), link)
+	_, c2 := restoreReady(t, d, hypervisor.RestoreRequest{StagedDir: s2.stage(), RunDir: s2.runDir(), Mode: hypervisor.ModeMmap})
+	if got := run(t, c2, "cat", "/run/mark"); got != "checkpointed" {
+		t.Fatalf("restored checkpoint has %q in /run/mark", got)
+	}
+}
+
+func TestSnapshotRefusals(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakeBare(t, d, root))
+	hv, err := d.Restore(testContext(t, 30*time.Second), hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeMmap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := hv.(*VM)
+	closeVM(t, v)
+	// A restored VM runs in its own session: a crashing shim takes it nowhere.
+	if sid, err := unix.Getsid(v.PID()); err != nil || sid != v.PID() {
+		t.Errorf("restored qemu session %d (%v), want its own (%d)", sid, err, v.PID())
+	}
+	ctx := testContext(t, 10*time.Second)
+	if err := v.Snapshot(ctx, filepath.Join(root, "diff"), hypervisor.SnapshotDiff); err == nil || !strings.Contains(err.Error(), "diff") {
+		t.Errorf("diff snapshot: %v, want a refusal naming the kind", err)
+	}
+	if err := v.Snapshot(ctx, filepath.Join(root, "mmap"), hypervisor.SnapshotFull); err == nil || !strings.Contains(err.Error(), "mmap") {
+		t.Errorf("snapshot of an mmap restore: %v, want a refusal", err)
+	}
+}
+
+func TestCapabilities(t *testing.T) {
+	d := newTestDriver(t)
+	caps, err := d.Capabilities(testContext(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !caps.Supports(hypervisor.ModeMmap) || !caps.Supports(hypervisor.ModeCopy) || caps.Supports(hypervisor.ModeOnDemand) {
+		t.Errorf("restore modes %v, want mmap and copy only", caps.RestoreModes)
+	}
+	if len(caps.SnapshotKinds) != 1 || caps.SnapshotKinds[0] != hypervisor.SnapshotFull {
+		t.Errorf("snapshot kinds %v, want full only", caps.SnapshotKinds)
+	}
+	if !strings.HasPrefix(caps.Build, "QEMU emulator version") {
+		t.Errorf("build %q", caps.Build)
+	}
 }

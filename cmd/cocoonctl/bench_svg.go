@@ -24,6 +24,14 @@ var seriesColors = map[string]string{
 	"direct mmap": "#76b7e5", "shim mmap": "#1f5f99",
 }
 
+// seriesColor is the series' color; grey for a mode without one.
+func seriesColor(series string) string {
+	if c, ok := seriesColors[series]; ok {
+		return c
+	}
+	return "#999"
+}
+
 // svg is a grouped bar chart: one group per N, one bar per path and mode.
 func (r *benchResults) svg() string {
 	ns, series := r.chartAxes()
@@ -55,13 +63,14 @@ func (r *benchResults) svg() string {
 			h := plotH * c.P50Ms / top
 			x, y := x0+float64(si)*barW, float64(plotT)+plotH-h
 			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s N=%d: %.0f ms</title></rect>`+"\n",
-				x, y, barW-barGap, h, seriesColors[s], s, n, c.P50Ms)
+				x, y, barW-barGap, h, seriesColor(s), s, n, c.P50Ms)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10">%.0f</text>`+"\n", x+(barW-barGap)/2, y-3, c.P50Ms)
 		}
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">N = %d</text>`+"\n", x0+(groupW-groupGap)/2, chartH-plotB+20, n)
 	}
 	for si, s := range series {
 		y := plotT + si*legendDY
-		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"/>`+"\n", chartW-plotR+20, y, legendSwatch, legendSwatch, seriesColors[s])
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"/>`+"\n", chartW-plotR+20, y, legendSwatch, legendSwatch, seriesColor(s))
 		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", chartW-plotR+38, y+10, s)
 	}
 	b.WriteString("</svg>\n")

@@ -162,7 +162,7 @@ func runBench(ctx context.Context, out io.Writer, o benchOptions) (res *benchRes
 		fmt.Fprintf(out, "%-6s first stage of a new chain %.0f ms (flatten), then %.1f ms cached\n", p.name(), fr.FirstMs, fr.WarmMs)
 		res.FirstRestore = append(res.FirstRestore, fr)
 	}
-	runs, err := runCells(ctx, out, o, paths)
+	runs, err := runCells(ctx, out, o, paths, res.Snapshot.MemoryBytes>>10)
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +220,7 @@ func measureFirst(ctx context.Context, p restorePath) (firstRestore, error) {
 // runCells runs every (N, mode, path) cell once per round. The paths take
 // turns within each (N, mode), in reverse order every other round, so
 // neither always runs on a cache the other just warmed.
-func runCells(ctx context.Context, out io.Writer, o benchOptions, paths []restorePath) (map[cellKey][]cellRun, error) {
+func runCells(ctx context.Context, out io.Writer, o benchOptions, paths []restorePath, guestKiB int64) (map[cellKey][]cellRun, error) {
 	runs := map[cellKey][]cellRun{}
 	for round := range o.rounds {
 		order := slices.Clone(paths)
@@ -230,14 +230,15 @@ func runCells(ctx context.Context, out io.Writer, o benchOptions, paths []restor
 		for _, n := range o.ns {
 			for _, mode := range o.modes {
 				for _, p := range order {
-					run, err := runCell(ctx, p, n, round, mode)
+					run, err := runCell(ctx, p, n, round, mode, guestKiB)
 					if err != nil {
 						return nil, err
 					}
 					k := cellKey{path: p.name(), mode: string(mode), n: n}
 					runs[k] = append(runs[k], run)
-					fmt.Fprintf(out, "round %d  n=%-2d %-4s %-6s p50 %7.1f ms  wall %7.1f ms  pss %6.1f MiB/clone\n",
-						round+1, n, mode, p.name(), ms(percentile(run.ready, 0.5)), ms(run.wall), meanKiB(run.pssKiB)/1024)
+					mem := meanMemory(run.mem)
+					fmt.Fprintf(out, "round %d  n=%-2d %-4s %-6s p50 %7.1f ms  wall %7.1f ms  pss %5.1f  guest ram %5.1f MiB/clone\n",
+						round+1, n, mode, p.name(), ms(percentile(run.ready, 0.5)), ms(run.wall), mem.pss, mem.guest)
 				}
 			}
 		}

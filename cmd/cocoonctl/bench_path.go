@@ -4,14 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
@@ -49,16 +43,15 @@ type phase struct {
 
 // cellRun is one run of n concurrent clones on one path in one mode.
 type cellRun struct {
-	ready   []time.Duration
-	wall    time.Duration
-	pssKiB  []int64
-	heldKiB []int64
-	phases  [][]phase
+	ready  []time.Duration
+	wall   time.Duration
+	mem    []cloneMemory
+	phases [][]phase
 }
 
 // runCell starts n clones at once, measures them while all run, and stops
 // them. A failed clone fails the run, after the others are stopped.
-func runCell(ctx context.Context, p restorePath, n, round int, mode hypervisor.Mode) (cellRun, error) {
+func runCell(ctx context.Context, p restorePath, n, round int, mode hypervisor.Mode, guestKiB int64) (cellRun, error) {
 	clones := make([]*clone, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -77,11 +70,10 @@ func runCell(ctx context.Context, p restorePath, n, round int, mode hypervisor.M
 		if c == nil {
 			continue
 		}
-		pss, held, err := cloneMemory(c.pid)
+		mem, err := readCloneMemory(c.pid, guestKiB)
 		errs = append(errs, err)
 		run.ready = append(run.ready, c.ready)
-		run.pssKiB = append(run.pssKiB, pss)
-		run.heldKiB = append(run.heldKiB, held)
+		run.mem = append(run.mem, mem)
 		run.phases = append(run.phases, c.phases)
 	}
 	errs = append(errs, stopAll(clones))
@@ -109,69 +101,4 @@ func stopAll(clones []*clone) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// cloneMemory reads what clone pid costs in memory. pss is its
-// proportional set size: shared pages (the page cache of an mmap-restored
-// memory file) are split among the processes mapping them. PSS counts only
-// the pages a process has touched, so a copy restore's guest RAM in a
-// memfd is mostly missing from it; held adds the memfd's allocated size in
-// place of its touched share.
-func cloneMemory(pid int) (pss, held int64, err error) {
-	rollup, err := smapsRollup(pid)
-	if err != nil {
-		return 0, 0, err
-	}
-	memfd, err := memfdKiB(pid)
-	if err != nil {
-		return 0, 0, err
-	}
-	return rollup["Pss"], rollup["Pss"] - rollup["Pss_Shmem"] + memfd, nil
-}
-
-// smapsRollup returns the kB fields of /proc/pid/smaps_rollup.
-func smapsRollup(pid int) (map[string]int64, error) {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
-	if err != nil {
-		return nil, fmt.Errorf("read memory of pid %d: %w", pid, err)
-	}
-	fields := map[string]int64{}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[2] == "kB" {
-			n, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("read memory of pid %d: %s: %w", pid, line, err)
-			}
-			fields[strings.TrimSuffix(f[0], ":")] = n
-		}
-	}
-	if _, ok := fields["Pss"]; !ok {
-		return nil, fmt.Errorf("read memory of pid %d: no Pss in smaps_rollup", pid)
-	}
-	return fields, nil
-}
-
-// memfdKiB is the memory allocated to the memfds pid holds: a copy
-// restore's guest RAM.
-func memfdKiB(pid int) (int64, error) {
-	fdDir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
-	des, err := os.ReadDir(fdDir)
-	if err != nil {
-		return 0, fmt.Errorf("list fds of pid %d: %w", pid, err)
-	}
-	var total int64
-	seen := map[uint64]bool{} // QEMU reopens the memfd we pass it
-	for _, de := range des {
-		p := filepath.Join(fdDir, de.Name())
-		if target, err := os.Readlink(p); err != nil || !strings.HasPrefix(target, "/memfd:") {
-			continue
-		}
-		var st unix.Stat_t
-		if err := unix.Stat(p, &st); err == nil && !seen[st.Ino] {
-			seen[st.Ino] = true
-			total += st.Blocks * 512 / 1024
-		}
-	}
-	return total, nil
 }

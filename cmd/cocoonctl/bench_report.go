@@ -119,16 +119,16 @@ func (r *benchResults) markdown(chart string) string {
 	fmt.Fprintf(&b, "Snapshot: %d MiB guest, %d MiB of it non-zero. %d round(s) per cell; p50/p95 over every clone of every round.\n\n",
 		r.Snapshot.MemoryBytes>>20, r.Snapshot.DataBytes>>20, r.Rounds)
 	b.WriteString("Create to running: from staging the snapshot to the guest reporting the process started. " +
-		"PSS (smaps_rollup) splits shared page cache among the clones mapping it; a copy restore also holds its guest RAM in a memfd whose untouched pages PSS does not count: held is PSS with the whole memfd instead. " +
+		"PSS (smaps_rollup) splits shared page cache among the clones mapping it; a copy restore also holds its guest RAM in a memfd whose untouched pages PSS does not count: held is PSS with the whole memfd instead. Guest RAM is the guest memory alone (the PSS of its mapping, or the memfd); the rest of PSS is QEMU itself, under TCG mostly its translated-code buffer. " +
 		"`direct` is restore.Run on the QEMU driver over an in-process snapshotter; `shim` is containerd v2.4.2 + cocoon-snapshotter + the cocoon shim, driven by the Go client.\n\n")
-	b.WriteString("| N | mode | path | p50 ms | p95 ms | wall ms (all N) | PSS MiB/clone | held MiB/clone | restore phases, p50 ms |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| N | mode | path | p50 ms | p95 ms | wall ms (all N) | PSS MiB/clone | held MiB/clone | guest RAM MiB/clone | restore phases, p50 ms |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range r.Cells {
-		fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %s |\n", c.N, c.Mode, c.Path, c.P50Ms, c.P95Ms, c.WallMs, c.PSSMiB, c.HeldMiB, phaseList(c.Phases))
+		fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %s |\n", c.N, c.Mode, c.Path, c.P50Ms, c.P95Ms, c.WallMs, c.PSSMiB, c.HeldMiB, c.GuestMiB, phaseList(c.Phases))
 	}
 	if len(r.ModeRatios) > 0 {
-		b.WriteString("\n| N | path | p50 copy ÷ mmap | PSS mmap ÷ copy | held mmap ÷ copy |\n|---|---|---|---|---|\n")
+		b.WriteString("\n| N | path | p50 copy ÷ mmap | PSS mmap ÷ copy | held mmap ÷ copy | guest RAM mmap ÷ copy |\n|---|---|---|---|---|---|\n")
 		for _, x := range r.ModeRatios {
-			fmt.Fprintf(&b, "| %d | %s | %.2f× | %.2f | %.2f |\n", x.N, x.Path, x.CopyOverMmap, x.PSSMmapOverCpy, x.HeldMmapOverCp)
+			fmt.Fprintf(&b, "| %d | %s | %.2f× | %.2f | %.2f | %.2f |\n", x.N, x.Path, x.CopyOverMmap, x.PSSMmapOverCpy, x.HeldMmapOverCp, x.RAMMmapOverCpy)
 		}
 	}
 	if len(r.PathRatios) > 0 {

@@ -35,16 +35,17 @@ type firstRestore struct {
 
 // cellResult is one (path, mode, N) cell over every round.
 type cellResult struct {
-	Path    string      `json:"path"`
-	Mode    string      `json:"mode"`
-	N       int         `json:"n"`
-	Samples int         `json:"samples"`
-	P50Ms   float64     `json:"p50Ms"` // create to process running, per clone
-	P95Ms   float64     `json:"p95Ms"`
-	WallMs  float64     `json:"wallMs"` // all N running; median over rounds
-	PSSMiB  float64     `json:"pssMiBPerClone"`
-	HeldMiB float64     `json:"heldMiBPerClone"` // PSS with a copy's whole memfd instead of its touched share
-	Phases  []phaseStat `json:"phases"`          // restore report phases, median per clone
+	Path     string      `json:"path"`
+	Mode     string      `json:"mode"`
+	N        int         `json:"n"`
+	Samples  int         `json:"samples"`
+	P50Ms    float64     `json:"p50Ms"` // create to process running, per clone
+	P95Ms    float64     `json:"p95Ms"`
+	WallMs   float64     `json:"wallMs"` // all N running; median over rounds
+	PSSMiB   float64     `json:"pssMiBPerClone"`
+	HeldMiB  float64     `json:"heldMiBPerClone"`     // PSS with a copy's whole memfd instead of its touched share
+	GuestMiB float64     `json:"guestRamMiBPerClone"` // the guest RAM alone (see cloneMemory)
+	Phases   []phaseStat `json:"phases"`              // restore report phases, median per clone
 }
 
 type phaseStat struct {
@@ -59,6 +60,7 @@ type modeRatio struct {
 	CopyOverMmap   float64 `json:"p50CopyOverMmap"` // speed-up of mmap
 	PSSMmapOverCpy float64 `json:"pssMmapOverCopy"`
 	HeldMmapOverCp float64 `json:"heldMmapOverCopy"`
+	RAMMmapOverCpy float64 `json:"guestRamMmapOverCopy"`
 }
 
 // pathRatio is the cost of going through containerd and the shim.
@@ -76,14 +78,14 @@ type cellKey struct {
 // summarize folds the runs of one cell into its result.
 func summarize(k cellKey, runs []cellRun) cellResult {
 	var ready, walls []time.Duration
-	var pss, held []float64
+	var pss, held, guest []float64
 	phases := map[string][]time.Duration{}
 	var order []string
 	for _, r := range runs {
 		ready = append(ready, r.ready...)
 		walls = append(walls, r.wall)
-		pss = append(pss, meanKiB(r.pssKiB)/1024)
-		held = append(held, meanKiB(r.heldKiB)/1024)
+		m := meanMemory(r.mem)
+		pss, held, guest = append(pss, m.pss), append(held, m.held), append(guest, m.guest)
 		for _, ps := range r.phases {
 			for _, p := range ps {
 				if _, ok := phases[p.Name]; !ok {
@@ -96,7 +98,7 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 	c := cellResult{
 		Path: k.path, Mode: k.mode, N: k.n, Samples: len(ready),
 		P50Ms: ms(percentile(ready, 0.5)), P95Ms: ms(percentile(ready, 0.95)),
-		WallMs: ms(percentile(walls, 0.5)), PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)),
+		WallMs: ms(percentile(walls, 0.5)), PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)), GuestMiB: round1(medianFloat(guest)),
 	}
 	for _, name := range order {
 		c.Phases = append(c.Phases, phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))})
@@ -120,7 +122,8 @@ func ratios(cells []cellResult) ([]modeRatio, []pathRatio) {
 	for _, c := range cells {
 		if m := find(c.Path, "mmap", c.N); c.Mode == "copy" && m != nil {
 			mr = append(mr, modeRatio{Path: c.Path, N: c.N,
-				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB), HeldMmapOverCp: ratio(m.HeldMiB, c.HeldMiB)})
+				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB), HeldMmapOverCp: ratio(m.HeldMiB, c.HeldMiB),
+				RAMMmapOverCpy: ratio(m.GuestMiB, c.GuestMiB)})
 		}
 		if d := find("direct", c.Mode, c.N); c.Path == "shim" && d != nil {
 			pr = append(pr, pathRatio{Mode: c.Mode, N: c.N, ShimOverDirect: ratio(c.P50Ms, d.P50Ms)})
@@ -149,15 +152,21 @@ func medianFloat(xs []float64) float64 {
 	return s[(len(s)-1)/2]
 }
 
-func meanKiB(xs []int64) float64 {
-	if len(xs) == 0 {
-		return 0
+// memoryMiB is the mean memory of a cell run's clones, in MiB.
+type memoryMiB struct{ pss, held, guest float64 }
+
+func meanMemory(ms []cloneMemory) memoryMiB {
+	if len(ms) == 0 {
+		return memoryMiB{}
 	}
-	var sum int64
-	for _, x := range xs {
-		sum += x
+	var sum cloneMemory
+	for _, m := range ms {
+		sum.pss += m.pss
+		sum.held += m.held
+		sum.guest += m.guest
 	}
-	return float64(sum) / float64(len(xs))
+	n := float64(len(ms)) * 1024
+	return memoryMiB{float64(sum.pss) / n, float64(sum.held) / n, float64(sum.guest) / n}
 }
 
 func ratio(a, b float64) float64 {

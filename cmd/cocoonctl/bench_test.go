@@ -104,23 +104,25 @@ func TestBenchFlags(t *testing.T) {
 
 func TestSummarizeAndRatios(t *testing.T) {
 	d := func(msec int) time.Duration { return time.Duration(msec) * time.Millisecond }
-	copyRun := cellRun{ready: []time.Duration{d(400), d(100), d(300), d(200)}, wall: d(450), pssKiB: []int64{2048, 2048}}
-	mmapRun := cellRun{ready: []time.Duration{d(100), d(100)}, wall: d(120), pssKiB: []int64{512, 512},
+	copyRun := cellRun{ready: []time.Duration{d(400), d(100), d(300), d(200)}, wall: d(450),
+		mem: []cloneMemory{{pss: 2048, held: 4096, guest: 3072}, {pss: 2048, held: 4096, guest: 1024}}}
+	mmapRun := cellRun{ready: []time.Duration{d(100), d(100)}, wall: d(120),
+		mem:    []cloneMemory{{pss: 512, held: 512, guest: 512}, {pss: 512, held: 512, guest: 512}},
 		phases: [][]phase{{{"spawn", d(10)}, {"agent", d(80)}}, {{"spawn", d(30)}, {"agent", d(60)}}}}
 	cells := []cellResult{
 		summarize(cellKey{"direct", "copy", 4}, []cellRun{copyRun}),
 		summarize(cellKey{"direct", "mmap", 4}, []cellRun{mmapRun}),
 		summarize(cellKey{"shim", "mmap", 4}, []cellRun{mmapRun, mmapRun}),
 	}
-	if c := cells[0]; c.P50Ms != 200 || c.P95Ms != 400 || c.WallMs != 450 || c.PSSMiB != 2 || c.Samples != 4 {
-		t.Errorf("copy cell = %+v, want p50 200 p95 400 wall 450 pss 2 samples 4", c)
+	if c := cells[0]; c.P50Ms != 200 || c.P95Ms != 400 || c.WallMs != 450 || c.PSSMiB != 2 || c.HeldMiB != 4 || c.GuestMiB != 2 || c.Samples != 4 {
+		t.Errorf("copy cell = %+v, want p50 200 p95 400 wall 450 pss 2 held 4 guest 2 samples 4", c)
 	}
 	if ps := cells[1].Phases; len(ps) != 2 || ps[0].Name != "spawn" || ps[0].P50Ms != 10 || ps[1].P50Ms != 60 {
 		t.Errorf("mmap phases = %+v, want spawn 10, agent 60 (nearest-rank p50)", ps)
 	}
 	mr, pr := ratios(cells)
-	if len(mr) != 1 || mr[0].CopyOverMmap != 2 || mr[0].PSSMmapOverCpy != 0.25 {
-		t.Errorf("mode ratios = %+v, want copy/mmap 2 and pss 0.25", mr)
+	if len(mr) != 1 || mr[0].CopyOverMmap != 2 || mr[0].PSSMmapOverCpy != 0.25 || mr[0].HeldMmapOverCp != 0.13 || mr[0].RAMMmapOverCpy != 0.25 {
+		t.Errorf("mode ratios = %+v, want copy/mmap 2, pss 0.25, held 0.13, guest ram 0.25", mr)
 	}
 	if len(pr) != 1 || pr[0].Mode != "mmap" || pr[0].ShimOverDirect != 1 {
 		t.Errorf("path ratios = %+v, want one mmap ratio of 1", pr)

@@ -183,15 +183,6 @@ func (p *process) logTail() string {
 
 func (p *process) pid() int { return p.cmd.Process.Pid }
 
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // kill sends SIGKILL to QEMU's process group (QEMU and anything it
 // forked) and waits until QEMU is reaped. The group outlives a QEMU that
 // died first, and its id cannot be reused while it has members, so those

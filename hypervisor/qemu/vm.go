@@ -2,9 +2,7 @@ package qemu
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,13 +17,10 @@ import (
 
 // Default bounds for waits whose context has no deadline.
 const (
-	startTimeout     = 15 * time.Second
-	migrateTimeout   = 2 * time.Minute
-	commandTimeout   = 10 * time.Second
-	shutdownTimeout  = 10 * time.Second
-	migrationEvents  = "events"
-	migrationIgnored = "x-ignore-shared"
-	migrationFD      = "migration"
+	startTimeout    = 15 * time.Second
+	migrateTimeout  = 2 * time.Minute
+	commandTimeout  = 10 * time.Second
+	shutdownTimeout = 10 * time.Second
 )
 
 var (
@@ -120,73 +115,4 @@ func (v *VM) Close() error {
 		v.err = errors.Join(kerr, os.RemoveAll(v.runDir))
 	})
 	return v.err
-}
-
-// migrationCaps turns on what every migration here needs: guest RAM in a
-// shared file is skipped, and MIGRATION events report the outcome.
-func (v *VM) migrationCaps(ctx context.Context) error {
-	type capability struct {
-		Capability string `json:"capability"`
-		State      bool   `json:"state"`
-	}
-	caps := []capability{{migrationIgnored, true}, {migrationEvents, true}}
-	return v.command(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps})
-}
-
-// migrate runs command (migrate or migrate-incoming) over f, passed to
-// QEMU as an fd: QEMU reads or writes the file itself, so the stream is
-// complete when the MIGRATION event says so (an exec: helper could still
-// be writing then), and no helper process can be left behind.
-func (v *VM) migrate(ctx context.Context, command string, f *os.File) error {
-	ctx, cancel := bounded(ctx, migrateTimeout)
-	defer cancel()
-	if err := v.migrationCaps(ctx); err != nil {
-		return err
-	}
-	if err := v.qmp.SendFile(ctx, migrationFD, f); err != nil {
-		return err
-	}
-	wait := v.qmp.Expect(func(ev Event) bool {
-		return ev.Name == "MIGRATION" && migrationFinished(ev.Data) != ""
-	})
-	if err := v.qmp.Execute(ctx, command, map[string]string{"uri": "fd:" + migrationFD}, nil); err != nil {
-		return err
-	}
-	ev, err := wait(ctx)
-	if err != nil {
-		return fmt.Errorf("wait for %s: %w", command, err)
-	}
-	if status := migrationFinished(ev.Data); status != "completed" {
-		return fmt.Errorf("%s %s: %s", command, status, v.migrationError(ctx))
-	}
-	return nil
-}
-
-// migrationFinished returns the final status in a MIGRATION event's data,
-// or "" while the migration is still going.
-func migrationFinished(data json.RawMessage) string {
-	var d struct {
-		Status string `json:"status"`
-	}
-	if json.Unmarshal(data, &d) != nil {
-		return ""
-	}
-	switch d.Status {
-	case "completed", "failed", "cancelled":
-		return d.Status
-	}
-	return ""
-}
-
-func (v *VM) migrationError(ctx context.Context) string {
-	var info struct {
-		ErrorDesc string `json:"error-desc"`
-	}
-	if err := v.qmp.Execute(ctx, "query-migrate", nil, &info); err != nil {
-		return err.Error()
-	}
-	if info.ErrorDesc == "" {
-		return "no error description from qemu"
-	}
-	return info.ErrorDesc
 }

@@ -169,7 +169,7 @@ func (p *Plan) memoryRule(mode hypervisor.Mode, req request, link *chain.Link) h
 // windowsRule gives Windows guests copy: faulting memory in lazily stalls
 // their boot and DHCP. lazy_windows or force_mode lift it.
 func (p *Plan) windowsRule(mode hypervisor.Mode, req request, in Inputs) hypervisor.Mode {
-	if in.Link.GuestOS != GuestWindows || mode == hypervisor.ModeCopy {
+	if !strings.EqualFold(in.Link.GuestOS, GuestWindows) || mode == hypervisor.ModeCopy {
 		return mode
 	}
 	switch {

@@ -154,6 +154,8 @@ func TestDecideRules(t *testing.T) {
 		reason   string // a reason must contain this
 	}{
 		{"windows auto gets copy", fc, windows("firecracker"), config.Restore{Mode: "auto"}, nil, cp, 0, "lazy_windows"},
+		{"windows in any case", fc, func() *chain.Link { l := linuxLink("firecracker"); l.GuestOS = "Windows"; return l }(),
+			config.Restore{Mode: "auto"}, nil, cp, 0, "windows guest gets copy"},
 		{"windows asked mmap gets copy with a warning", fc, windows("firecracker"), config.Restore{Mode: "mmap"}, nil, cp, 1, "stalls"},
 		{"windows lazy_windows keeps mmap", fc, windows("firecracker"), config.Restore{Mode: "auto", LazyWindows: true}, nil, mmap, 0, "lazy_windows = true"},
 		{"windows forced ondemand", fc, windows("firecracker"), config.Restore{Mode: "auto", ForceMode: "ondemand"}, nil, ondemand, 0, "force_mode applies"},

@@ -200,8 +200,15 @@ func taskPID(t *testing.T, c *ctrdtest.Containerd, id string) (int, string) {
 
 func TestTaskOperations(t *testing.T) {
 	c := stack(t, "")
-	if _, err := run(c, []string{"-d"}, "t1", "sleep", "600"); err != nil {
+	// The default config does not allow the annotation: it is ignored, and
+	// the report says why.
+	if _, err := run(c, []string{"-d", "--annotation", "io.cocoon.restore-mode=copy"}, "t1", "sleep", "600"); err != nil {
 		t.Fatal(err)
+	}
+	report := readReport(t, c, "t1")
+	if report.Plan.Mode != "mmap" || !strings.Contains(strings.Join(report.Plan.Warnings, " "), "allow_annotation") {
+		t.Fatalf("disallowed annotation: mode %s, warnings %v; want mmap and a warning naming allow_annotation",
+			report.Plan.Mode, report.Plan.Warnings)
 	}
 	pid, status := taskPID(t, c, "t1")
 	if status != "RUNNING" || !processRuns(pid) {
@@ -270,14 +277,11 @@ func TestRestoreModeAnnotation(t *testing.T) {
 		if _, err := run(c, []string{"-d", "--annotation", "io.cocoon.restore-mode=" + mode}, id, "sleep", "600"); err != nil {
 			t.Fatal(err)
 		}
-		bundle := filepath.Join(c.State, "io.containerd.runtime.v2.task", ctrdtest.Namespace, id)
-		report, err := state.ReadReport(bundle)
-		if err != nil {
-			t.Fatal(err)
-		}
+		report := readReport(t, c, id)
 		if report.Plan.Mode != mode {
 			t.Fatalf("annotation %s restored in %s mode (reasons %v)", mode, report.Plan.Mode, report.Plan.Reasons)
 		}
+		t.Logf("%s restore: total %s, phases %s", mode, time.Duration(report.Total), phaseList(report.Phases))
 	}
 	_, err := run(c, []string{"--rm", "--annotation", "io.cocoon.restore-mode=fast"}, "bad", "true")
 	if err == nil || !strings.Contains(err.Error(), `"fast"`) {
@@ -331,6 +335,24 @@ func TestShimCrash(t *testing.T) {
 			t.Fatalf("cgroup %s is left (stat: %v)", dir, err)
 		}
 	}
+}
+
+// readReport reads task id's restore report from its bundle.
+func readReport(t *testing.T, c *ctrdtest.Containerd, id string) *state.Report {
+	t.Helper()
+	report, err := state.ReadReport(filepath.Join(c.State, "io.containerd.runtime.v2.task", ctrdtest.Namespace, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return report
+}
+
+func phaseList(phases []state.Phase) string {
+	parts := make([]string, 0, len(phases))
+	for _, p := range phases {
+		parts = append(parts, p.Name+"="+time.Duration(p.Duration).String())
+	}
+	return strings.Join(parts, " ")
 }
 
 // waitStatus waits until ctr task ls shows id in status, or the task is

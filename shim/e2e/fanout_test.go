@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
 // TestFanOut starts 8 tasks of one image at once in mmap mode: all print
@@ -81,16 +80,13 @@ func waitRunning(t *testing.T, c *ctrdtest.Containerd, n int) {
 // staged memory links to, and its link count.
 func flatMemory(t *testing.T, c *ctrdtest.Containerd, id string) (string, uint64) {
 	t.Helper()
-	report, err := state.ReadReport(filepath.Join(c.State, "io.containerd.runtime.v2.task", ctrdtest.Namespace, id))
-	if err != nil {
-		t.Fatal(err)
-	}
+	report := readReport(t, c, id)
 	var staged syscall.Stat_t
 	if err := syscall.Stat(filepath.Join(report.StagedDir, "memory"), &staged); err != nil {
 		t.Fatal(err)
 	}
 	var flat string
-	err = filepath.WalkDir(c.SnapshotterRoot, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(c.SnapshotterRoot, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() || flat != "" {
 			return err
 		}

@@ -95,7 +95,7 @@ func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spe
 		return nil, err
 	}
 	t := newTask(ctx, req.ID, req.Bundle, sb, rec, init, s.send)
-	t.created = began
+	t.created, t.namespace = began, req.Namespace
 	if err := t.writeReport(ctx); err != nil {
 		return nil, err
 	}

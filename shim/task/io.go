@@ -22,7 +22,7 @@ import (
 const outputDrainTimeout = 5 * time.Second
 
 // processIO copies one guest process's streams to and from containerd's
-// stdio (FIFOs or file:// URIs). With a terminal the guest owns the pty, so
+// stdio (FIFOs, file:// or binary:// URIs). With a terminal the guest owns the pty, so
 // the host only relays bytes: no console is needed on this side.
 type processIO struct {
 	stdin    io.WriteCloser // to the guest
@@ -38,8 +38,11 @@ type guestStreams struct {
 	stdout, stderr io.ReadCloser
 }
 
+// ioOwner names the process's task to logging binaries.
+type ioOwner struct{ id, namespace string }
+
 // attachIO wires g to sio and starts copying.
-func attachIO(ctx context.Context, sio stdio.Stdio, g guestStreams) (_ *processIO, retErr error) {
+func attachIO(ctx context.Context, sio stdio.Stdio, g guestStreams, owner ioOwner) (_ *processIO, retErr error) {
 	ctx = context.WithoutCancel(ctx)
 	pio := &processIO{stdin: g.stdin}
 	defer func() {
@@ -47,7 +50,7 @@ func attachIO(ctx context.Context, sio stdio.Stdio, g guestStreams) (_ *processI
 			pio.Close()
 		}
 	}()
-	dsts, err := openOutputs(ctx, sio, pio)
+	dsts, err := openOutputs(ctx, sio, pio, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -123,8 +126,16 @@ func (p *processIO) Close() {
 
 // openOutputs opens stdout and stderr destinations. Output with no
 // destination is still drained, so the guest never blocks on it.
-func openOutputs(ctx context.Context, sio stdio.Stdio, pio *processIO) ([2]io.Writer, error) {
+func openOutputs(ctx context.Context, sio stdio.Stdio, pio *processIO, owner ioOwner) ([2]io.Writer, error) {
 	dsts := [2]io.Writer{io.Discard, io.Discard}
+	if u, err := url.Parse(sio.Stdout); err == nil && (u.Scheme == "binary" || u.Scheme == "binary-v2") {
+		l, err := startLogger(u, owner.id, owner.namespace)
+		if err != nil {
+			return dsts, err
+		}
+		pio.closers = append(pio.closers, l)
+		return [2]io.Writer{l.stdout, l.stderr}, nil
+	}
 	opened := map[string]io.Writer{}
 	for i, target := range []string{sio.Stdout, sio.Stderr} {
 		if target == "" {
@@ -145,7 +156,7 @@ func openOutputs(ctx context.Context, sio stdio.Stdio, pio *processIO) ([2]io.Wr
 }
 
 // openOutput opens one containerd stdio target: a FIFO path (or fifo://)
-// or a file:// URI.
+// or a file:// URI; binary:// URIs are handled by openOutputs.
 func openOutput(ctx context.Context, target string, pio *processIO) (io.Writer, error) {
 	u, err := url.Parse(target)
 	if err != nil {
@@ -169,7 +180,7 @@ func openOutput(ctx context.Context, target string, pio *processIO) (io.Writer, 
 		pio.closers = append(pio.closers, f)
 		return f, nil
 	default:
-		return nil, fmt.Errorf("stdio uri %q: scheme %q is not supported, want a fifo path or file://", target, u.Scheme)
+		return nil, fmt.Errorf("stdio uri %q: scheme %q is not supported, want a fifo path, file:// or binary://", target, u.Scheme)
 	}
 }
 

@@ -34,7 +34,8 @@ type task struct {
 	cg     vmCgroup // nil when the spec names no cgroup
 	send   func(evt any)
 	// created is when Create began, the restore report's origin.
-	created time.Time
+	created   time.Time
+	namespace string
 
 	ctx    context.Context // ends when the hypervisor process exits
 	cancel context.CancelFunc
@@ -139,7 +140,7 @@ func (t *task) start(ctx context.Context, p *process) error {
 		t.abandon(p)
 		return fmt.Errorf("open guest stdio: %w", err)
 	}
-	pio, err := attachIO(ctx, p.stdio, g)
+	pio, err := attachIO(ctx, p.stdio, g, ioOwner{id: t.id, namespace: t.namespace})
 	if err != nil {
 		t.abandon(p)
 		return err

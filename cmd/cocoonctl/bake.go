@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/docker/go-units"
@@ -33,6 +34,9 @@ func init() {
 }
 
 const defaultCmdline = "console=ttyS0 panic=-1 quiet"
+
+// outputDrain bounds the wait for a warm-up command's output after it exited.
+const outputDrain = 2 * time.Second
 
 type bakeOptions struct {
 	guest, memory, run, out, image, archive, config, cmdline, runDir string
@@ -194,16 +198,46 @@ func runInGuest(ctx context.Context, c *agent.Client, cmd string, w io.Writer) e
 	if err != nil {
 		return fmt.Errorf("run %q in guest: %w", cmd, err)
 	}
-	go io.Copy(w, stdout)
-	go io.Copy(w, stderr)
+	w = &lockedWriter{w: w}
+	copied := make(chan struct{}, 2)
+	for _, r := range []io.Reader{stdout, stderr} {
+		go func() { io.Copy(w, r); copied <- struct{}{} }()
+	}
 	st, err := c.Wait(ctx, id)
 	if err != nil {
 		return fmt.Errorf("run %q in guest: %w", cmd, err)
 	}
+	// A service the command started in the background may hold its
+	// output open: wait for the output only briefly.
+	drain := time.NewTimer(outputDrain)
+	defer drain.Stop()
+	for range 2 {
+		select {
+		case <-copied:
+		case <-drain.C:
+			return exitError(cmd, st)
+		}
+	}
+	return exitError(cmd, st)
+}
+
+func exitError(cmd string, st agent.ExitStatus) error {
 	if st.Code != 0 {
 		return fmt.Errorf("run %q in guest: exit status %d", cmd, st.Code)
 	}
 	return nil
+}
+
+// lockedWriter serializes the guest's stdout and stderr copies into one writer.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // snapshot pauses the VM and writes the link; a failed snapshot leaves no

@@ -94,6 +94,30 @@ func TestBake(t *testing.T) {
 	}
 }
 
+// A failing warm-up command fails the bake and leaves nothing behind.
+func TestBakeWarmUpFails(t *testing.T) {
+	testenv.QEMU(t)
+	root := t.TempDir()
+	o := bakeOptions{
+		guest: testenv.Guest(t), memory: "256M", vcpus: 1, cmdline: defaultCmdline, timeout: 3 * time.Minute,
+		run: "echo failing >&2; exit 3", out: filepath.Join(root, "link"), runDir: filepath.Join(root, "run"), config: "/dev/null",
+	}
+	var errOut bytes.Buffer
+	err := bake(context.Background(), io.Discard, &errOut, o)
+	if err == nil || !strings.Contains(err.Error(), "exit status 3") {
+		t.Fatalf("bake err %v, want the warm-up's exit status 3", err)
+	}
+	if !strings.Contains(errOut.String(), "failing") {
+		t.Errorf("the warm-up's stderr %q was not passed on", errOut.String())
+	}
+	if _, err := os.Stat(o.out); !os.IsNotExist(err) {
+		t.Errorf("a failed bake left %s (%v)", o.out, err)
+	}
+	if entries, _ := os.ReadDir(o.runDir); len(entries) != 0 {
+		t.Errorf("a failed bake left %d entries in its run dir", len(entries))
+	}
+}
+
 // restoreAndRead stages link the way the snapshotter does, restores it with
 // mmap and reads path in the guest.
 func restoreAndRead(t *testing.T, root, link, path string) string {

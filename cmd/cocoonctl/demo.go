@@ -125,7 +125,7 @@ func demoConfig() (*config.Config, error) {
 
 // demoRun runs demoScript in a container restored in mode and prints its
 // output and the shim's restore report.
-func demoRun(ctx context.Context, out io.Writer, stack *devstack.Stack, image client.Image, mode hypervisor.Mode) (err error) {
+func demoRun(ctx context.Context, out io.Writer, stack *devstack.Stack, image client.Image, mode hypervisor.Mode) error {
 	id := "demo-" + string(mode)
 	step(out, fmt.Sprintf("run %s with %s=%s", id, restore.AnnotationMode, mode))
 	fmt.Fprintf(out, "same as: ctr run --rm --snapshotter %s --runtime %s --annotation %s=%s %s %s /bin/sh -c '...'\n",
@@ -142,25 +142,32 @@ func demoRun(ctx context.Context, out io.Writer, stack *devstack.Stack, image cl
 		return err
 	}
 	running := time.Since(start)
-	defer func() { err = errors.Join(err, stop(context.WithoutCancel(ctx))) }()
-	exit, err := waitExit(ctx, task)
-	if err != nil {
+	exit, rep, err := finish(ctx, stack, task, id)
+	// Deleting the task also waits for its output to be copied.
+	if err := errors.Join(err, stop(context.WithoutCancel(ctx))); err != nil {
 		return err
 	}
-	rep, err := state.ReadReport(bundleDir(stack, id))
-	if err != nil {
-		return fmt.Errorf("restore report of %s: %w", id, err)
-	}
-	if err := stop(ctx); err != nil { // flushes the output streams
-		return err
-	}
-	stop = func(context.Context) error { return nil }
-	fmt.Fprintf(out, "container output (exit status %d, running %s after create):\n%s%s", exit, running.Round(time.Millisecond), indent(stdout.String()), indent(stderr.String()))
+	fmt.Fprintf(out, "container output (exit status %d, running %s after create):\n%s%s",
+		exit, running.Round(time.Millisecond), indent(stdout.String()), indent(stderr.String()))
 	printReport(out, rep)
 	if exit != 0 {
 		return fmt.Errorf("%s exited with status %d", id, exit)
 	}
 	return nil
+}
+
+// finish waits for the task's exit and reads the shim's restore report
+// from its bundle, which goes with the task.
+func finish(ctx context.Context, stack *devstack.Stack, task client.Task, id string) (uint32, *state.Report, error) {
+	exit, err := waitExit(ctx, task)
+	if err != nil {
+		return 0, nil, err
+	}
+	rep, err := state.ReadReport(bundleDir(stack, id))
+	if err != nil {
+		return 0, nil, fmt.Errorf("restore report of %s: %w", id, err)
+	}
+	return exit, rep, nil
 }
 
 func waitExit(ctx context.Context, task client.Task) (uint32, error) {

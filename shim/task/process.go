@@ -69,6 +69,13 @@ func (p *process) setRunning(pio *processIO) {
 	p.mu.Unlock()
 }
 
+// startable reports whether the process is created and was not ended.
+func (p *process) startable() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status == tasktypes.Status_CREATED && p.aborted == nil
+}
+
 // endBeforeStart ends a process that never started with 128+sig. It
 // reports false if the process has started or already ended.
 func (p *process) endBeforeStart(sig unix.Signal) bool {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
-	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/containerd/v2/pkg/stdio"
 	"github.com/containerd/errdefs"
@@ -105,16 +104,19 @@ func (t *task) process(execID string) (*process, error) {
 // addExec registers a new exec process; it starts with start.
 func (t *task) addExec(execID string, spec ProcessSpec, sio stdio.Stdio) (*process, error) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if _, ok := t.execs[execID]; ok {
+		t.mu.Unlock()
 		return nil, fmt.Errorf("exec %s: %w", execID, errdefs.ErrAlreadyExists)
 	}
 	if t.initExited {
+		t.mu.Unlock()
 		return nil, fmt.Errorf("task %s init process is not running: %w", t.id, errdefs.ErrFailedPrecondition)
 	}
 	p := newProcess(execID, spec, sio)
 	t.execs[execID] = p
 	t.execsLive.Add(1)
+	t.mu.Unlock()
+	// The watcher starts after the event is queued, so no exit precedes it.
 	t.send(&eventstypes.TaskExecAdded{ContainerID: t.id, ExecID: execID})
 	go t.watch(p)
 	return p, nil
@@ -124,8 +126,8 @@ func (t *task) addExec(execID string, spec ProcessSpec, sio stdio.Stdio) (*proce
 func (t *task) start(ctx context.Context, p *process) error {
 	p.lifecycle.Lock()
 	defer p.lifecycle.Unlock()
-	if st := p.Status(false); st != tasktypes.Status_CREATED {
-		return fmt.Errorf("process %s is %s, want created: %w", p.spec.ID, st, errdefs.ErrFailedPrecondition)
+	if !p.startable() {
+		return fmt.Errorf("process %s is %s, want created: %w", p.spec.ID, p.Status(false), errdefs.ErrFailedPrecondition)
 	}
 	if p.execID != "" && t.initIsGone() {
 		return fmt.Errorf("task %s init process is not running: %w", t.id, errdefs.ErrFailedPrecondition)

@@ -49,7 +49,7 @@ func benchCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []
 		fs.StringVar(&ns, "n", "1,8,16", "comma-separated `counts` of concurrent restores")
 		fs.StringVar(&modes, "modes", "copy,mmap", "comma-separated restore `modes`")
 		fs.StringVar(&paths, "paths", "direct,shim", "comma-separated `paths`: direct (restore.Run, no containerd), shim (containerd + the cocoon shim)")
-		fs.IntVar(&o.rounds, "rounds", 3, "times each cell runs; samples are pooled")
+		fs.IntVar(&o.rounds, "rounds", 5, "times each cell runs; samples are pooled")
 		fs.StringVar(&o.guest, "guest", "build/guest", "guest build `dir`ectory")
 		fs.StringVar(&o.cache, "cache", "build/snapshots", "snapshot image cache `dir`ectory")
 		fs.StringVar(&o.memory, "memory", "512M", "guest memory `size` of the snapshot")

@@ -35,17 +35,24 @@ type firstRestore struct {
 
 // cellResult is one (path, mode, N) cell over every round.
 type cellResult struct {
-	Path     string      `json:"path"`
-	Mode     string      `json:"mode"`
-	N        int         `json:"n"`
-	Samples  int         `json:"samples"`
-	P50Ms    float64     `json:"p50Ms"` // create to process running, per clone
-	P95Ms    float64     `json:"p95Ms"`
-	WallMs   float64     `json:"wallMs"` // all N running; median over rounds
-	PSSMiB   float64     `json:"pssMiBPerClone"`
-	HeldMiB  float64     `json:"heldMiBPerClone"`     // PSS with a copy's whole memfd instead of its touched share
-	GuestMiB float64     `json:"guestRamMiBPerClone"` // the guest RAM alone (see cloneMemory)
-	Phases   []phaseStat `json:"phases"`              // restore report phases, median per clone
+	Path     string  `json:"path"`
+	Mode     string  `json:"mode"`
+	N        int     `json:"n"`
+	Samples  int     `json:"samples"`
+	P50Ms    float64 `json:"p50Ms"` // create to process running, per clone
+	P95Ms    float64 `json:"p95Ms"`
+	WallMs   float64 `json:"wallMs"` // all N running; median over rounds
+	PSSMiB   float64 `json:"pssMiBPerClone"`
+	HeldMiB  float64 `json:"heldMiBPerClone"`     // PSS with a copy's whole memfd instead of its touched share
+	GuestMiB float64 `json:"guestRamMiBPerClone"` // the guest RAM alone (see cloneMemory)
+	// VMMP50Ms is the hypervisor's share of a restore (fill, spawn, load,
+	// resume): what the restore mode changes, without the guest's own
+	// work after resume.
+	VMMP50Ms float64 `json:"vmmP50Ms"`
+	// OutsideP50Ms is create-to-running minus every reported phase: on the
+	// shim path containerd, the shim's start-up and their RPCs.
+	OutsideP50Ms float64     `json:"outsideP50Ms"`
+	Phases       []phaseStat `json:"phases"` // restore report phases, median per clone
 }
 
 type phaseStat struct {
@@ -58,6 +65,7 @@ type modeRatio struct {
 	Path           string  `json:"path"`
 	N              int     `json:"n"`
 	CopyOverMmap   float64 `json:"p50CopyOverMmap"` // speed-up of mmap
+	VMMCopyOverMap float64 `json:"vmmP50CopyOverMmap"`
 	PSSMmapOverCpy float64 `json:"pssMmapOverCopy"`
 	HeldMmapOverCp float64 `json:"heldMmapOverCopy"`
 	RAMMmapOverCpy float64 `json:"guestRamMmapOverCopy"`
@@ -77,7 +85,7 @@ type cellKey struct {
 
 // summarize folds the runs of one cell into its result.
 func summarize(k cellKey, runs []cellRun) cellResult {
-	var ready, walls []time.Duration
+	var ready, walls, vmm, outside []time.Duration
 	var pss, held, guest []float64
 	phases := map[string][]time.Duration{}
 	var order []string
@@ -86,7 +94,9 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 		walls = append(walls, r.wall)
 		m := meanMemory(r.mem)
 		pss, held, guest = append(pss, m.pss), append(held, m.held), append(guest, m.guest)
-		for _, ps := range r.phases {
+		for i, ps := range r.phases {
+			v, o := splitClone(r.ready[i], ps)
+			vmm, outside = append(vmm, v), append(outside, o)
 			for _, p := range ps {
 				if _, ok := phases[p.Name]; !ok {
 					order = append(order, p.Name)
@@ -98,12 +108,30 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 	c := cellResult{
 		Path: k.path, Mode: k.mode, N: k.n, Samples: len(ready),
 		P50Ms: ms(percentile(ready, 0.5)), P95Ms: ms(percentile(ready, 0.95)),
-		WallMs: ms(percentile(walls, 0.5)), PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)), GuestMiB: round1(medianFloat(guest)),
+		WallMs: ms(percentile(walls, 0.5)), VMMP50Ms: ms(percentile(vmm, 0.5)), OutsideP50Ms: ms(percentile(outside, 0.5)),
+		PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)), GuestMiB: round1(medianFloat(guest)),
 	}
 	for _, name := range order {
 		c.Phases = append(c.Phases, phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))})
 	}
 	return c
+}
+
+// vmmPhases are the restore phases the hypervisor spends before the guest
+// runs again.
+var vmmPhases = map[string]bool{"fill": true, "spawn": true, "load": true, "resume": true}
+
+// splitClone splits one clone's create-to-running time: the hypervisor's
+// phases, and what no phase covers.
+func splitClone(ready time.Duration, phases []phase) (vmm, outside time.Duration) {
+	outside = ready
+	for _, p := range phases {
+		if vmmPhases[p.Name] {
+			vmm += p.Duration
+		}
+		outside -= p.Duration
+	}
+	return vmm, max(outside, 0)
 }
 
 // ratios compares the cells: mmap against copy per path and N, and the
@@ -122,7 +150,7 @@ func ratios(cells []cellResult) ([]modeRatio, []pathRatio) {
 	for _, c := range cells {
 		if m := find(c.Path, "mmap", c.N); c.Mode == "copy" && m != nil {
 			mr = append(mr, modeRatio{Path: c.Path, N: c.N,
-				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB), HeldMmapOverCp: ratio(m.HeldMiB, c.HeldMiB),
+				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), VMMCopyOverMap: ratio(c.VMMP50Ms, m.VMMP50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB), HeldMmapOverCp: ratio(m.HeldMiB, c.HeldMiB),
 				RAMMmapOverCpy: ratio(m.GuestMiB, c.GuestMiB)})
 		}
 		if d := find("direct", c.Mode, c.N); c.Path == "shim" && d != nil {

@@ -117,6 +117,9 @@ func TestSummarizeAndRatios(t *testing.T) {
 	if c := cells[0]; c.P50Ms != 200 || c.P95Ms != 400 || c.WallMs != 450 || c.PSSMiB != 2 || c.HeldMiB != 4 || c.GuestMiB != 2 || c.Samples != 4 {
 		t.Errorf("copy cell = %+v, want p50 200 p95 400 wall 450 pss 2 held 4 guest 2 samples 4", c)
 	}
+	if c := cells[1]; c.VMMP50Ms != 10 || c.OutsideP50Ms != 10 {
+		t.Errorf("mmap cell vmm %v ms, outside %v ms: want 10 and 10", c.VMMP50Ms, c.OutsideP50Ms)
+	}
 	if ps := cells[1].Phases; len(ps) != 2 || ps[0].Name != "spawn" || ps[0].P50Ms != 10 || ps[1].P50Ms != 60 {
 		t.Errorf("mmap phases = %+v, want spawn 10, agent 60 (nearest-rank p50)", ps)
 	}

@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 
 // image bakes the test image once per test binary: the project's guest
 // booted on QEMU, snapshotted and packed as an OCI archive.
-func image(t *testing.T) string {
+func image(t testing.TB) string {
 	t.Helper()
 	testenv.QEMU(t)
 	guest := testenv.Guest(t)
@@ -95,7 +95,7 @@ func kernelCmdline() string {
 
 // stack starts containerd with the cocoon snapshotter, the shim on PATH and
 // the test image imported.
-func stack(t *testing.T, cocoonConfig string) *ctrdtest.Containerd {
+func stack(t testing.TB, cocoonConfig string) *ctrdtest.Containerd {
 	t.Helper()
 	archive := image(t)
 	testenv.Bin(t, "containerd-shim-cocoon-v2")

@@ -34,11 +34,12 @@ func (m *Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) 
 	if err != nil {
 		return shim.StopStatus{}, err
 	}
-	logger := log.G(ctx).WithFields(log.Fields{"id": id, "pid": t.PID})
 	if err := Cleanup(ctx, t); err != nil {
 		return shim.StopStatus{}, err
 	}
-	logger.Info("cleaned up task after its shim was gone")
+	// containerd runs `delete` after every shim exit and logs its output as
+	// warnings, so success stays at debug level.
+	log.G(ctx).WithFields(log.Fields{"id": id, "pid": t.PID}).Debug("cleaned up task after its shim was gone")
 	if t.Exit != nil {
 		return shim.StopStatus{Pid: t.PID, ExitStatus: int(t.Exit.Status), ExitedAt: t.Exit.At}, nil
 	}

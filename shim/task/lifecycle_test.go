@@ -81,6 +81,9 @@ func TestExecExitsBeforeInit(t *testing.T) {
 		t.Fatalf("exec exit %d, want %d (killed with its init)", got, 128+syscall.SIGKILL)
 	}
 	h.delete("t1", "e1")
+	if _, err := h.guest.proc("exec-e1"); err == nil {
+		t.Fatal("deleting exec e1 did not free it in the guest agent")
+	}
 	h.delete("t1", "")
 	wantTopics(t, h.events.waitTopics(t, 7),
 		"/tasks/create", "/tasks/start", "/tasks/exec-added", "/tasks/exec-started",

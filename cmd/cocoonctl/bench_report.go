@@ -121,7 +121,7 @@ func (r *benchResults) markdown(chart string) string {
 	b.WriteString("Create to running: from staging the snapshot to the guest reporting the process started. " +
 		"PSS (smaps_rollup) splits shared page cache among the clones mapping it; a copy restore also holds its guest RAM in a memfd whose untouched pages PSS does not count: held is PSS with the whole memfd instead. Guest RAM is the guest memory alone (the PSS of its mapping, or the memfd); the rest of PSS is QEMU itself, under TCG mostly its translated-code buffer. " +
 		"`direct` is restore.Run on the QEMU driver over an in-process snapshotter; `shim` is containerd v2.4.2 + cocoon-snapshotter + the cocoon shim, driven by the Go client.\n\n")
-	b.WriteString("VMM is the hypervisor's part of a restore (fill + spawn + load + resume), what the mode changes; outside is what no restore phase covers (on the shim path: containerd, shim start-up, RPCs). Phases are per-clone medians.\n\n")
+	b.WriteString("VMM is the hypervisor's part of a restore (fill + spawn + load + resume), what the mode changes; outside is what no phase covers (on the shim path: starting the shim and the task RPCs through containerd; the container phase is the client's NewContainer, which stages the snapshot). Phases are per-clone medians.\n\n")
 	b.WriteString("| N | mode | path | p50 ms | p95 ms | wall ms (all N) | VMM p50 ms | outside p50 ms | PSS MiB/clone | held MiB/clone | guest RAM MiB/clone | restore phases, p50 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range r.Cells {
 		fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %s |\n", c.N, c.Mode, c.Path, c.P50Ms, c.P95Ms, c.WallMs,

@@ -106,29 +106,44 @@ func (p *shimPath) firstPrepare(ctx context.Context) (time.Duration, error) {
 
 func (p *shimPath) start(ctx context.Context, id string, mode hypervisor.Mode) (*clone, error) {
 	start := time.Now()
-	task, stop, err := runContainer(ctx, p.cl, p.image, id, mode, cio.NullIO)
+	rc, err := runContainer(ctx, p.cl, p.image, id, mode, cio.NullIO)
 	if err != nil {
 		return nil, err
 	}
-	c := &clone{pid: int(task.Pid()), ready: time.Since(start), stop: stop}
+	c := &clone{pid: int(rc.task.Pid()), ready: time.Since(start), stop: rc.stop}
 	rep, err := state.ReadReport(bundleDir(p.stack, id))
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("restore report of %s: %w", id, err), stop(ctx))
+		return nil, errors.Join(fmt.Errorf("restore report of %s: %w", id, err), rc.stop(ctx))
 	}
+	c.phases = append(c.phases, phase{Name: containerPhase, Duration: rc.created})
 	for _, ph := range rep.Phases {
 		c.phases = append(c.phases, phase{Name: ph.Name, Duration: time.Duration(ph.Duration)})
 	}
 	return c, nil
 }
 
+// containerPhase is the client's NewContainer: containerd's metadata and
+// the container snapshot cocoon-snapshotter stages.
+const containerPhase = "container"
+
+// runningContainer is a container whose task runs.
+type runningContainer struct {
+	task client.Task
+	// stop kills and deletes the task, and the container with its snapshot.
+	stop func(context.Context) error
+	// created is how long creating the container took.
+	created time.Duration
+}
+
 // runContainer creates container id from image on the cocoon snapshotter
-// and runtime, asking for mode, and starts its task with benchArgs. stop
-// kills and deletes the task and the container with its snapshot.
+// and runtime, asking for mode, and starts its task with args (benchArgs
+// if none).
 func runContainer(ctx context.Context, cl *client.Client, image client.Image, id string, mode hypervisor.Mode,
-	ioc cio.Creator, args ...string) (client.Task, func(context.Context) error, error) {
+	ioc cio.Creator, args ...string) (*runningContainer, error) {
 	if len(args) == 0 {
 		args = benchArgs
 	}
+	start := time.Now()
 	ctr, err := cl.NewContainer(ctx, id,
 		client.WithImage(image),
 		client.WithSnapshotter(devstack.Snapshotter),
@@ -138,21 +153,21 @@ func runContainer(ctx context.Context, cl *client.Client, image client.Image, id
 			oci.WithAnnotations(map[string]string{restore.AnnotationMode: string(mode)})),
 	)
 	if err != nil {
-		return nil, nil, fmt.Errorf("create container %s: %w", id, err)
+		return nil, fmt.Errorf("create container %s: %w", id, err)
 	}
+	rc := &runningContainer{created: time.Since(start)}
 	deleteCtr := func(ctx context.Context) error { return ctr.Delete(ctx, client.WithSnapshotCleanup) }
-	task, err := ctr.NewTask(ctx, ioc)
-	if err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("create task %s: %w", id, err), deleteCtr(context.WithoutCancel(ctx)))
+	if rc.task, err = ctr.NewTask(ctx, ioc); err != nil {
+		return nil, errors.Join(fmt.Errorf("create task %s: %w", id, err), deleteCtr(context.WithoutCancel(ctx)))
 	}
-	stop := func(ctx context.Context) error {
-		_, err := task.Delete(ctx, client.WithProcessKill)
+	rc.stop = func(ctx context.Context) error {
+		_, err := rc.task.Delete(ctx, client.WithProcessKill)
 		return errors.Join(err, deleteCtr(ctx))
 	}
-	if err := task.Start(ctx); err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("start task %s: %w", id, err), stop(context.WithoutCancel(ctx)))
+	if err := rc.task.Start(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("start task %s: %w", id, err), rc.stop(context.WithoutCancel(ctx)))
 	}
-	return task, stop, nil
+	return rc, nil
 }
 
 // bundleDir is where containerd keeps task id's bundle (and the shim its

@@ -50,7 +50,7 @@ type cellResult struct {
 	// work after resume.
 	VMMP50Ms float64 `json:"vmmP50Ms"`
 	// OutsideP50Ms is create-to-running minus every reported phase: on the
-	// shim path containerd, the shim's start-up and their RPCs.
+	// shim path starting the shim and the task RPCs through containerd.
 	OutsideP50Ms float64     `json:"outsideP50Ms"`
 	Phases       []phaseStat `json:"phases"` // restore report phases, median per clone
 }

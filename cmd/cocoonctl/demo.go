@@ -136,15 +136,15 @@ func demoRun(ctx context.Context, out io.Writer, stack *devstack.Stack, image cl
 	}
 	var stdout, stderr bytes.Buffer
 	start := time.Now()
-	task, stop, err := runContainer(ctx, cl, image, id, mode, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)),
+	rc, err := runContainer(ctx, cl, image, id, mode, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)),
 		"/bin/sh", "-c", demoScript)
 	if err != nil {
 		return err
 	}
 	running := time.Since(start)
-	exit, rep, err := finish(ctx, stack, task, id)
+	exit, rep, err := finish(ctx, stack, rc.task, id)
 	// Deleting the task also waits for its output to be copied.
-	if err := errors.Join(err, stop(context.WithoutCancel(ctx))); err != nil {
+	if err := errors.Join(err, rc.stop(context.WithoutCancel(ctx))); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "container output (exit status %d, running %s after create):\n%s%s",

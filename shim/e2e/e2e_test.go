@@ -329,6 +329,10 @@ func TestShimCrash(t *testing.T) {
 	if _, err := os.Stat(runDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the VM's run dir %s is left (stat: %v)", runDir, err)
 	}
+	// The harness's containerd config puts shim sockets in Dir/s.
+	if socks, _ := os.ReadDir(filepath.Join(c.Dir, "s")); len(socks) > 0 {
+		t.Fatalf("the crashed shim's socket %s is left", socks[0].Name())
+	}
 	for _, sub := range []string{"pids", "cpu", "memory"} {
 		dir := filepath.Join("/sys/fs/cgroup", sub, ctrdtest.Namespace, "t1")
 		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {

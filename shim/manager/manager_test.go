@@ -301,3 +301,57 @@ func TestStopRemovesCgroup(t *testing.T) {
 		t.Fatalf("Stop left cgroup %s (stat: %v)", dir, err)
 	}
 }
+
+func TestStopRemovesStaleSocket(t *testing.T) {
+	tests := []struct {
+		name     string
+		live     bool
+		wantKept bool
+	}{
+		{"crashed server", false, false},
+		{"live server of the group", true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("/tmp", "cocoon-sock-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			sock := filepath.Join(dir, "s")
+			l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.SetUnlinkOnClose(false)
+			if tt.live {
+				go func() {
+					for {
+						c, err := l.Accept()
+						if err != nil {
+							return
+						}
+						c.Close()
+					}
+				}()
+			}
+			t.Cleanup(func() { l.Close() })
+			if !tt.live {
+				l.Close()
+			}
+			bundle := t.TempDir()
+			boot := `{"version":3,"address":"unix://` + sock + `","protocol":"ttrpc"}`
+			if err := os.WriteFile(filepath.Join(bundle, "bootstrap.json"), []byte(boot), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.WithValue(context.Background(), shim.OptsKey{}, shim.Opts{BundlePath: bundle})
+			if _, err := New(Name).Stop(ctx, "t1"); err != nil {
+				t.Fatal(err)
+			}
+			_, err = os.Stat(sock)
+			if kept := err == nil; kept != tt.wantKept {
+				t.Fatalf("socket kept = %v, want %v", kept, tt.wantKept)
+			}
+		})
+	}
+}

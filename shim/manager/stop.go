@@ -2,12 +2,14 @@ package manager
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
+	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
@@ -26,6 +28,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) 
 	if err != nil {
 		return shim.StopStatus{}, err
 	}
+	removeStaleSocket(ctx, bundle)
 	t, err := state.ReadTask(bundle)
 	if errors.Is(err, os.ErrNotExist) {
 		// The server died before it restored anything: nothing to clean.
@@ -57,6 +60,23 @@ func bundlePath(ctx context.Context, id string) (string, error) {
 		return "", fmt.Errorf("find bundle: %w", err)
 	}
 	return filepath.Join(filepath.Dir(cwd), id), nil
+}
+
+// removeStaleSocket removes the server socket a crashed shim left behind
+// (pkg/shim removes it only on a clean exit). A socket that still accepts
+// belongs to a live server of the task's group and stays.
+func removeStaleSocket(ctx context.Context, bundle string) {
+	data, err := os.ReadFile(filepath.Join(bundle, "bootstrap.json"))
+	if err != nil {
+		return
+	}
+	var params bootapi.BootstrapResult
+	if err := json.Unmarshal(data, &params); err != nil || params.Address == "" || shim.CanConnect(params.Address) {
+		return
+	}
+	if err := shim.RemoveSocket(params.Address); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.G(ctx).WithError(err).WithField("address", params.Address).Warn("remove stale shim socket")
+	}
 }
 
 // Cleanup kills t's hypervisor if it still runs and removes what the task

@@ -59,9 +59,6 @@ func NewService(ctx context.Context, launcher Launcher, publisher events.Publish
 	}
 	go s.forward(publisher)
 	sd.RegisterCallback(s.destroyAll)
-	if address, err := shim.ReadAddress("address"); err == nil {
-		sd.RegisterCallback(func(context.Context) error { return shim.RemoveSocket(address) })
-	}
 	return s
 }
 

@@ -206,11 +206,11 @@ func closePaths(paths []restorePath) error {
 
 // measureFirst stages the chain on p twice: the first flattens it.
 func measureFirst(ctx context.Context, p restorePath) (firstRestore, error) {
-	first, err := p.firstPrepare(ctx)
+	first, err := p.stage(ctx)
 	if err != nil {
 		return firstRestore{}, fmt.Errorf("%s: %w", p.name(), err)
 	}
-	warm, err := p.firstPrepare(ctx)
+	warm, err := p.stage(ctx)
 	if err != nil {
 		return firstRestore{}, fmt.Errorf("%s: %w", p.name(), err)
 	}

@@ -110,7 +110,7 @@ func copyFiles(src, dst string) error {
 
 func (p *directPath) name() string { return "direct" }
 
-func (p *directPath) firstPrepare(ctx context.Context) (time.Duration, error) {
+func (p *directPath) stage(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
 	if _, err := p.sn.Prepare(ctx, "first", p.top); err != nil {
 		return 0, fmt.Errorf("stage first clone: %w", err)

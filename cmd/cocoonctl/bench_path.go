@@ -18,9 +18,10 @@ var benchArgs = []string{"/bin/sleep", "3600"}
 // running in its guest.
 type restorePath interface {
 	name() string
-	// firstPrepare stages the chain once on a node that has never
-	// flattened it and returns how long that took (mostly the flatten).
-	firstPrepare(ctx context.Context) (time.Duration, error)
+	// stage stages the chain for one clone, removes it again and returns
+	// how long staging took: on a node that never staged the chain, that
+	// is mostly flattening it.
+	stage(ctx context.Context) (time.Duration, error)
 	// start stages, restores and starts benchArgs in clone id; it returns
 	// once the guest reports the process started.
 	start(ctx context.Context, id string, mode hypervisor.Mode) (*clone, error)

@@ -94,7 +94,7 @@ func newShimPath(ctx context.Context, binDir string, img snapshotImage) (*shimPa
 
 func (p *shimPath) name() string { return "shim" }
 
-func (p *shimPath) firstPrepare(ctx context.Context) (time.Duration, error) {
+func (p *shimPath) stage(ctx context.Context) (time.Duration, error) {
 	sn := p.cl.SnapshotService(devstack.Snapshotter)
 	start := time.Now()
 	if _, err := sn.Prepare(ctx, "first", p.top); err != nil {

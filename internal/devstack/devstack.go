@@ -84,6 +84,9 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	if opts.BinDir == "" {
 		return nil, errors.New("start devstack: no bin dir: want the directory make build fills")
 	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("start devstack: containerd and its snapshot mounts need root: run as root")
+	}
 	for _, name := range []string{"containerd", "ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
 		if _, err := os.Stat(filepath.Join(opts.BinDir, name)); err != nil {
 			return nil, fmt.Errorf("start devstack: %s missing in %s (make build): %w", name, opts.BinDir, err)

@@ -41,9 +41,10 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if r.Checkpoint != "" {
 		return 0, fmt.Errorf("create from checkpoint %s: a checkpoint restores as a snapshot image through the cocoon snapshotter, not as a task checkpoint: %w", r.Checkpoint, errdefs.ErrNotImplemented)
 	}
-	if _, err := s.getTask(r.ID); err == nil {
-		return 0, fmt.Errorf("task %s: %w", r.ID, errdefs.ErrAlreadyExists)
+	if err := s.reserve(r.ID); err != nil {
+		return 0, err
 	}
+	defer s.release(r.ID)
 	spec, err := readSpec(r.Bundle)
 	if err != nil {
 		return 0, err
@@ -72,6 +73,26 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	})
 	t.run()
 	return t.pid(), nil
+}
+
+// reserve claims id for a Create in flight, so two creates of one id
+// cannot both restore a VM.
+func (s *Service) reserve(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, exists := s.tasks[id]
+	_, creating := s.creating[id]
+	if exists || creating {
+		return fmt.Errorf("task %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	s.creating[id] = struct{}{}
+	return nil
+}
+
+func (s *Service) release(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.creating, id)
 }
 
 // launch restores the VM, records it in the bundle and puts it in its

@@ -305,13 +305,19 @@ func (g *fakeGuest) Close() error {
 
 // fakeLauncher hands out one prepared sandbox.
 type fakeLauncher struct {
-	vm    VM
-	guest *fakeGuest
-	err   error
-	got   []LaunchRequest
+	vm      VM
+	guest   *fakeGuest
+	err     error
+	started chan struct{} // if set, signalled when a launch begins
+	gate    chan struct{} // if set, a launch waits for it to close
+	got     []LaunchRequest
 }
 
 func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, error) {
+	if l.gate != nil {
+		l.started <- struct{}{}
+		<-l.gate
+	}
 	l.got = append(l.got, r)
 	if l.err != nil {
 		return nil, l.err

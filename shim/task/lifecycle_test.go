@@ -349,6 +349,32 @@ func TestCreateErrors(t *testing.T) {
 	wantCode(t, err, errdefs.ErrAlreadyExists)
 }
 
+func TestConcurrentCreate(t *testing.T) {
+	h := newHarness(t)
+	h.launcher.started, h.launcher.gate = make(chan struct{}, 1), make(chan struct{})
+	req := &taskAPI.CreateTaskRequest{ID: "t1", Bundle: h.bundle(specFor("echo")), Rootfs: h.rootfs()}
+	first := make(chan error, 1)
+	go func() {
+		_, err := h.svc.Create(h.ctx, req)
+		first <- err
+	}()
+	<-h.launcher.started
+	_, err := h.svc.Create(h.ctx, req)
+	wantCode(t, err, errdefs.ErrAlreadyExists)
+	if _, err := h.svc.Shutdown(h.ctx, &taskAPI.ShutdownRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.svc.sd.Done():
+		t.Fatal("Shutdown stopped the shim during a Create")
+	default:
+	}
+	close(h.launcher.gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestCheckpoint(t *testing.T) {
 	h := newHarness(t)
 	h.create("t1", specFor("sleep"), newFifos(t, false, false))

@@ -41,8 +41,9 @@ type Service struct {
 	events    chan any
 	sd        shutdown.Service
 
-	mu    sync.Mutex
-	tasks map[string]*task
+	mu       sync.Mutex
+	tasks    map[string]*task
+	creating map[string]struct{} // ids whose Create is in flight
 }
 
 // NewService returns the task service; events go to publisher in the order
@@ -56,6 +57,7 @@ func NewService(ctx context.Context, launcher Launcher, publisher events.Publish
 		events:    make(chan any, 128),
 		sd:        sd,
 		tasks:     map[string]*task{},
+		creating:  map[string]struct{}{},
 	}
 	go s.forward(publisher)
 	sd.RegisterCallback(s.destroyAll)
@@ -161,7 +163,7 @@ func (s *Service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 func (s *Service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.tasks) > 0 {
+	if len(s.tasks) > 0 || len(s.creating) > 0 {
 		return empty, nil
 	}
 	s.sd.Shutdown()

@@ -34,7 +34,7 @@ func (s *Stack) Close() error {
 		return nil
 	}
 	var errs []error
-	if len(s.procs) > 0 {
+	if _, err := os.Stat(s.Address); err == nil && len(s.procs) > 0 {
 		errs = append(errs, deleteContainers(s.Address))
 	}
 	if s.client != nil {

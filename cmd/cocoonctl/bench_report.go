@@ -32,7 +32,12 @@ func probeMachine(ctx context.Context) (machineInfo, error) {
 	if err != nil {
 		return machineInfo{}, err
 	}
-	build, err := qemu.New(cfg.QEMU).Build(ctx)
+	drv := qemu.New(cfg.QEMU)
+	build, err := drv.Build(ctx)
+	if err != nil {
+		return machineInfo{}, err
+	}
+	accel, _, err := drv.Accel()
 	if err != nil {
 		return machineInfo{}, err
 	}
@@ -43,10 +48,7 @@ func probeMachine(ctx context.Context) (machineInfo, error) {
 	host, _ := os.Hostname()
 	m := machineInfo{
 		CPU: cpuinfo("model name"), CPUs: runtime.NumCPU(), MemGiB: memTotalGiB(),
-		Kernel: unix.ByteSliceToString(uts.Release[:]), QEMU: build, Accel: "tcg", Hostname: host,
-	}
-	if hardwareKVM() {
-		m.Accel = "kvm"
+		Kernel: unix.ByteSliceToString(uts.Release[:]), QEMU: build, Accel: accel, Hostname: host,
 	}
 	return m, nil
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,8 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
@@ -46,7 +43,8 @@ func ensureImage(ctx context.Context, out io.Writer, spec imageSpec) (snapshotIm
 	if err != nil {
 		return snapshotImage{}, fmt.Errorf("guest dir: %w", err)
 	}
-	cmdline := guestCmdline()
+	// Boot adds the TSC hint a TCG guest needs; the key covers the rest.
+	cmdline := defaultCmdline
 	key, err := imageKey(ctx, guest, spec.memory, cmdline)
 	if err != nil {
 		return snapshotImage{}, err
@@ -115,45 +113,4 @@ func imageKey(ctx context.Context, guest, memory, cmdline string) (string, error
 		fmt.Fprintf(h, "%d:%s\n", len(part), part)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-// guestCmdline is bake's kernel command line plus, under TCG, the host's
-// TSC rate: the kernel's own PIT calibration fails on a busy host and the
-// boot hangs before the agent starts.
-func guestCmdline() string {
-	if khz := hostTSCkHz(); khz > 0 && !hardwareKVM() {
-		return defaultCmdline + " tsc_early_khz=" + strconv.Itoa(khz)
-	}
-	return defaultCmdline
-}
-
-// hardwareKVM reports whether /dev/kvm is Intel or AMD KVM, which
-// calibrates the guest TSC itself.
-func hardwareKVM() bool {
-	for _, m := range []string{"kvm_intel", "kvm_amd"} {
-		if _, err := os.Stat("/sys/module/" + m); err == nil {
-			return true
-		}
-	}
-	return false
-}
-
-func hostTSCkHz() int {
-	f, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if ok && strings.TrimSpace(k) == "cpu MHz" {
-			mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				return 0
-			}
-			return int(mhz * 1000)
-		}
-	}
-	return 0
 }

@@ -88,10 +88,16 @@ type BootSpec struct {
 	MemPath string
 }
 
+// Accel is the accelerator a boot on this host would use (kvm or tcg) and
+// why: the config's choice, else the probe.
+func (d *Driver) Accel() (accel, reason string, err error) {
+	return chooseAccel(d.cfg.Accel, d.host)
+}
+
 // Boot cold-boots a VM with its RAM in a shared file, running. It is the
 // source a snapshot is baked from.
 func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
-	accel, reason, err := chooseAccel(d.cfg.Accel, d.host)
+	accel, reason, err := d.Accel()
 	if err != nil {
 		return nil, err
 	}

@@ -35,9 +35,9 @@ demo: deps build guest
 	$(BIN)/cocoonctl demo $(if $(KEEP),--keep)
 
 ## bench: fan-out restores (N=1,8,16; copy, mmap; direct and through containerd) into
-## bench/results/<date>.{json,md,svg} and bench/README.md
+## bench/results/<date>.{json,md,svg} and the README's benchmark section
 bench: deps build guest
-	$(BIN)/cocoonctl bench --readme bench/README.md
+	$(BIN)/cocoonctl bench --readme README.md
 
 ## test: install what the tests need, then run every tier
 test: deps build guest

@@ -105,9 +105,29 @@ func writeResults(r *benchResults, dir, readme string) error {
 	if err != nil {
 		return fmt.Errorf("chart path: %w", err)
 	}
-	body := "# Benchmark results\n\nWritten by `make bench` (`cocoonctl bench`); every run is kept in `results/`.\n\n" + r.markdown(rel)
-	if err := os.WriteFile(readme, []byte(body), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", readme, err)
+	return replaceSection(readme, r.markdown(rel))
+}
+
+// The part of a readme that bench rewrites; the rest is left alone.
+const (
+	sectionBegin = "<!-- bench:begin -->"
+	sectionEnd   = "<!-- bench:end -->"
+)
+
+// replaceSection puts body between the bench markers in the file at path.
+func replaceSection(path, body string) error {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read readme: %w", err)
+	}
+	before, rest, ok1 := strings.Cut(string(old), sectionBegin)
+	_, after, ok2 := strings.Cut(rest, sectionEnd)
+	if !ok1 || !ok2 {
+		return fmt.Errorf("%s: no %s ... %s section to write the results into", path, sectionBegin, sectionEnd)
+	}
+	text := before + sectionBegin + "\n" + body + sectionEnd + after
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }

@@ -25,6 +25,9 @@ func TestBenchSmoke(t *testing.T) {
 		testenv.Bin(t, name)
 	}
 	out, readme := t.TempDir(), filepath.Join(t.TempDir(), "README.md")
+	if err := os.WriteFile(readme, []byte("# x\n"+sectionBegin+"\nSTALE-RESULTS\n"+sectionEnd+"\ntail\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	res, err := runBench(t.Context(), io.Discard, benchOptions{
 		ns: []int{2}, modes: []hypervisor.Mode{hypervisor.ModeMmap}, paths: benchPaths, rounds: 1,
 		guest: guest, cache: filepath.Join(testenv.RepoRoot(), "build", "snapshots"), memory: "512M",
@@ -74,7 +77,8 @@ func checkResultFiles(t *testing.T, dir, readmePath string) {
 		}
 	}
 	readme, err := os.ReadFile(readmePath)
-	if err != nil || !strings.Contains(string(readme), "| 2 | mmap | shim |") {
+	if err != nil || !strings.Contains(string(readme), "| 2 | mmap | shim |") ||
+		strings.Contains(string(readme), "STALE-RESULTS") || !strings.HasSuffix(string(readme), sectionEnd+"\ntail\n") {
 		t.Errorf("README.md lacks the results table (err %v):\n%s", err, readme)
 	}
 }
@@ -133,5 +137,35 @@ func TestSummarizeAndRatios(t *testing.T) {
 	r := &benchResults{Cells: cells}
 	if err := xml.Unmarshal([]byte(r.svg()), new(struct{})); err != nil {
 		t.Errorf("chart is not well-formed XML: %v", err)
+	}
+}
+
+func TestReplaceSection(t *testing.T) {
+	tests := []struct {
+		name, in, want, wantErr string
+	}{
+		{name: "replaces between markers", in: "a\n" + sectionBegin + "\nold\n" + sectionEnd + "\nb\n",
+			want: "a\n" + sectionBegin + "\nnew\n" + sectionEnd + "\nb\n"},
+		{name: "no markers", in: "a\n", wantErr: "no " + sectionBegin},
+		{name: "no end marker", in: sectionBegin + "\nold\n", wantErr: "no " + sectionBegin},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "README.md")
+			if err := os.WriteFile(p, []byte(tt.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			err := replaceSection(p, "new\n")
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			got, _ := os.ReadFile(p)
+			if err != nil || string(got) != tt.want {
+				t.Fatalf("got %q (err %v), want %q", got, err, tt.want)
+			}
+		})
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // apiBase is the path prefix of every endpoint (the spec's server URL).
@@ -46,7 +48,7 @@ func (e *APIError) Error() string {
 
 // put sends PUT op with body (nil: no body) and expects a 2xx answer.
 func (c *apiClient) put(ctx context.Context, op string, body any) error {
-	ctx, cancel := withDefaultTimeout(ctx, callTimeout)
+	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, callTimeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {

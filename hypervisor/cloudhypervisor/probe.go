@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // probeTimeout bounds each question put to the binary.
@@ -42,17 +44,11 @@ func probeCopyOnWrite(ctx context.Context, binary string) (bool, error) {
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, apiSock)
-	p, err := spawn(binary, []string{"--api-socket", "path=" + sock}, dir)
+	p, err := vmmproc.Start(ctx, vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Dir: dir, Log: vmmLog, Socket: sock})
 	if err != nil {
 		return false, err
 	}
-	defer func() {
-		p.kill()
-		<-p.done
-	}()
-	if err := p.waitSocket(ctx, sock); err != nil {
-		return false, err
-	}
+	defer p.Stop()
 	empty := filepath.Join(dir, "empty")
 	if err := os.Mkdir(empty, 0o700); err != nil {
 		return false, fmt.Errorf("create probe dir: %w", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // restoreConfig is the vm.restore body (RestoreConfig in the spec).
@@ -26,13 +27,11 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(req.RunDir), 0o755); err != nil {
-		return nil, fmt.Errorf("create run dir parent: %w", err)
+	inst, err := vmmproc.NewInstance(req.RunDir)
+	if err != nil {
+		return nil, err
 	}
-	if err := os.Mkdir(req.RunDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create run dir: %w", err)
-	}
-	v := &vm{runDir: req.RunDir, staged: staged, build: build}
+	v := &vm{Instance: inst, staged: staged, build: build}
 	defer func() {
 		if retErr != nil {
 			v.Close()
@@ -71,21 +70,19 @@ func (d *Driver) prepare(ctx context.Context, req hypervisor.RestoreRequest) (*c
 	return staged, caps.Build, nil
 }
 
+// apiArgs is the command line serving the API on sock.
+func apiArgs(sock string) []string {
+	return []string{"--api-socket", "path=" + sock}
+}
+
 // start spawns the process and waits for its API socket.
 func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest) error {
-	sock := filepath.Join(v.runDir, apiSock)
-	if err := checkSockPath(sock); err != nil {
-		return err
-	}
+	sock := filepath.Join(v.RunDir, apiSock)
 	begin := time.Now()
-	p, err := spawn(binary, []string{"--api-socket", "path=" + sock}, v.runDir)
-	if err != nil {
+	if err := v.Instance.Start(ctx, vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Log: vmmLog, Socket: sock}); err != nil {
 		return err
 	}
-	v.proc, v.api = p, newAPIClient(sock)
-	if err := p.waitSocket(ctx, sock); err != nil {
-		return err
-	}
+	v.api = newAPIClient(sock)
 	req.Phase("spawn", time.Since(begin))
 	return nil
 }

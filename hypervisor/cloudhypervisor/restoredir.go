@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // Files of a Cloud Hypervisor snapshot directory (the source_url of
@@ -111,7 +112,7 @@ func setPath(cfg map[string]json.RawMessage, device, field, path string) error {
 		return nil
 	}
 	if field == "socket" {
-		if err := checkSockPath(path); err != nil {
+		if err := vmmproc.CheckSockPath(path); err != nil {
 			return fmt.Errorf("%s.%s: %w", device, field, err)
 		}
 	}

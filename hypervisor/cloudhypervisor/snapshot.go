@@ -23,7 +23,7 @@ func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if kind != hypervisor.SnapshotFull {
 		return fmt.Errorf("snapshot kind %q: %s snapshots are full only", kind, Name)
 	}
-	scratch, err := os.MkdirTemp(v.runDir, "snapshot-")
+	scratch, err := os.MkdirTemp(v.RunDir, "snapshot-")
 	if err != nil {
 		return fmt.Errorf("create snapshot scratch dir: %w", err)
 	}

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -15,26 +13,21 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // vm is one Cloud Hypervisor process and its run directory.
 type vm struct {
-	proc   *process
+	*vmmproc.Instance
 	api    *apiClient
-	runDir string
 	staged *chain.Staged
 	build  string
-
-	closeOnce sync.Once
-	closeErr  error
 }
 
 var (
 	_ hypervisor.VM          = (*vm)(nil)
 	_ hypervisor.Snapshotter = (*vm)(nil)
 )
-
-func (v *vm) PID() int { return v.proc.pid() }
 
 func (v *vm) Resume(ctx context.Context) error { return v.api.put(ctx, "vm.resume", nil) }
 
@@ -49,7 +42,7 @@ const shutdownTimeout = 10 * time.Second
 // exit counts; a VMM that refuses, or is still running at the deadline, is
 // killed.
 func (v *vm) Shutdown(ctx context.Context) error {
-	ctx, cancel := withDefaultTimeout(ctx, shutdownTimeout)
+	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, shutdownTimeout)
 	defer cancel()
 	l := log.G(ctx).WithField("pid", v.PID())
 	if err := v.api.put(ctx, "vm.shutdown", nil); err != nil {
@@ -60,45 +53,17 @@ func (v *vm) Shutdown(ctx context.Context) error {
 		if err != nil {
 			l.WithError(err).Debug("vmm.shutdown got no answer, waiting for the exit")
 		}
-		err = v.proc.wait(ctx)
+		err = v.Wait(ctx)
 	}
 	if err != nil {
-		v.stop()
+		v.Stop()
 		return fmt.Errorf("shut down %s pid %d (killed): %w", Name, v.PID(), err)
 	}
 	return nil
 }
 
-func (v *vm) Kill() error { return v.proc.kill() }
-
-func (v *vm) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
-
 // DialAgent connects to the guest agent's vsock port through the vsock
 // device's host socket.
 func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
-	return agent.DialHybridVsock(ctx, filepath.Join(v.runDir, vsockSock), agent.VsockPort)
-}
-
-// Close kills the process if it still runs, reaps it and removes the run
-// directory.
-func (v *vm) Close() error {
-	v.closeOnce.Do(func() {
-		err := v.stop()
-		if rerr := os.RemoveAll(v.runDir); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("remove run dir: %w", rerr))
-		}
-		v.closeErr = err
-	})
-	return v.closeErr
-}
-
-// stop kills the process, if one was started, and waits until it has been
-// reaped.
-func (v *vm) stop() error {
-	if v.proc == nil {
-		return nil
-	}
-	err := v.proc.kill()
-	<-v.proc.done
-	return err
+	return agent.DialHybridVsock(ctx, filepath.Join(v.RunDir, vsockSock), agent.VsockPort)
 }

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // apiBase is the API's root (the spec's basePath).
@@ -47,7 +49,7 @@ func (e *APIError) Error() string {
 
 // call sends method path with body as JSON and expects a 2xx answer.
 func (c *apiClient) call(ctx context.Context, method, path string, body any) error {
-	ctx, cancel := withDefaultTimeout(ctx, callTimeout)
+	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, callTimeout)
 	defer cancel()
 	b, err := json.Marshal(body)
 	if err != nil {

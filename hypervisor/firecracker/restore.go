@@ -12,6 +12,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // memBackend is MemoryBackend in the spec.
@@ -40,13 +41,11 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(req.RunDir), 0o755); err != nil {
-		return nil, fmt.Errorf("create run dir parent: %w", err)
+	inst, err := vmmproc.NewInstance(req.RunDir)
+	if err != nil {
+		return nil, err
 	}
-	if err := os.Mkdir(req.RunDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create run dir: %w", err)
-	}
-	v := &vm{runDir: req.RunDir, staged: staged, build: build}
+	v := &vm{Instance: inst, staged: staged, build: build}
 	defer func() {
 		if retErr != nil {
 			v.Close()
@@ -91,7 +90,7 @@ func (v *vm) memoryBackend(ctx context.Context, req hypervisor.RestoreRequest) (
 	case hypervisor.ModeMmap:
 		return memBackend{BackendType: "File", BackendPath: v.staged.MemoryPath()}, nil
 	case hypervisor.ModeCopy:
-		dst := filepath.Join(v.runDir, memCopy)
+		dst := filepath.Join(v.RunDir, memCopy)
 		begin := time.Now()
 		if err := copyMemory(v.staged.MemoryPath(), dst); err != nil {
 			return memBackend{}, err
@@ -108,8 +107,8 @@ func (v *vm) memoryBackend(ctx context.Context, req hypervisor.RestoreRequest) (
 // as long as the VM, not the restore request, so it gets a context that is
 // never cancelled (keeping ctx's logger); Close stops it.
 func (v *vm) serveFaults(ctx context.Context) (memBackend, error) {
-	sock := filepath.Join(v.runDir, uffdSock)
-	if err := checkSockPath(sock); err != nil {
+	sock := filepath.Join(v.RunDir, uffdSock)
+	if err := vmmproc.CheckSockPath(sock); err != nil {
 		return memBackend{}, err
 	}
 	h, err := uffd.Listen(context.WithoutCancel(ctx), sock, v.staged.MemoryPath())
@@ -122,21 +121,15 @@ func (v *vm) serveFaults(ctx context.Context) (memBackend, error) {
 
 // start spawns the process and waits for its API socket.
 func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest) error {
-	sock := filepath.Join(v.runDir, apiSock)
-	for _, p := range []string{sock, filepath.Join(v.runDir, vsockSock)} {
-		if err := checkSockPath(p); err != nil {
-			return err
-		}
+	sock := filepath.Join(v.RunDir, apiSock)
+	if err := vmmproc.CheckSockPath(filepath.Join(v.RunDir, vsockSock)); err != nil {
+		return err
 	}
 	begin := time.Now()
-	p, err := spawn(binary, []string{"--api-sock", sock}, v.runDir)
-	if err != nil {
+	if err := v.Instance.Start(ctx, vmmproc.Spec{Binary: binary, Args: []string{"--api-sock", sock}, Log: vmmLog, Socket: sock}); err != nil {
 		return err
 	}
-	v.proc, v.api = p, newAPIClient(sock)
-	if err := p.waitSocket(ctx, sock); err != nil {
-		return err
-	}
+	v.api = newAPIClient(sock)
 	req.Phase("spawn", time.Since(begin))
 	return nil
 }
@@ -147,7 +140,7 @@ func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend me
 	body := snapshotLoad{
 		SnapshotPath:  v.staged.StatePath(vmstateFile),
 		MemBackend:    backend,
-		VsockOverride: &vsockOverride{UDSPath: filepath.Join(v.runDir, vsockSock)},
+		VsockOverride: &vsockOverride{UDSPath: filepath.Join(v.RunDir, vsockSock)},
 	}
 	begin := time.Now()
 	if err := v.api.call(ctx, "PUT", "snapshot/load", body); err != nil {

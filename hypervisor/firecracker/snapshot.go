@@ -27,7 +27,7 @@ func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create link dir: %w", err)
 	}
-	scratch, err := os.MkdirTemp(v.runDir, "snapshot-")
+	scratch, err := os.MkdirTemp(v.RunDir, "snapshot-")
 	if err != nil {
 		return fmt.Errorf("create snapshot scratch dir: %w", err)
 	}

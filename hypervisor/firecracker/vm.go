@@ -2,12 +2,8 @@ package firecracker
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net"
-	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -16,6 +12,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // shutdownGrace is how long Shutdown waits for the guest to act on
@@ -24,16 +21,12 @@ const shutdownGrace = 5 * time.Second
 
 // vm is one Firecracker process and its run directory.
 type vm struct {
-	proc   *process
+	*vmmproc.Instance
 	api    *apiClient
-	runDir string
 	staged *chain.Staged
 	build  string
 	// faults serves guest page faults for ondemand restores.
 	faults *uffd.Handler
-
-	closeOnce sync.Once
-	closeErr  error
 }
 
 var (
@@ -51,8 +44,6 @@ type action struct {
 	ActionType string `json:"action_type"`
 }
 
-func (v *vm) PID() int { return v.proc.pid() }
-
 func (v *vm) Resume(ctx context.Context) error {
 	return v.api.call(ctx, "PATCH", "vm", vmState{State: "Resumed"})
 }
@@ -68,50 +59,30 @@ func (v *vm) Shutdown(ctx context.Context) error {
 	l := log.G(ctx).WithField("pid", v.PID())
 	if err := v.api.call(ctx, "PUT", "actions", action{ActionType: "SendCtrlAltDel"}); err != nil {
 		l.WithError(err).Warn("SendCtrlAltDel failed, killing firecracker")
-		return v.stop()
+		return v.Stop()
 	}
 	graceCtx, cancel := context.WithTimeout(ctx, shutdownGrace)
 	defer cancel()
-	if err := v.proc.wait(graceCtx); err != nil {
+	if err := v.Wait(graceCtx); err != nil {
 		l.WithError(err).Warn("guest ignored Ctrl+Alt+Del, killing firecracker")
-		return v.stop()
+		return v.Stop()
 	}
 	return nil
 }
 
-func (v *vm) Kill() error { return v.proc.kill() }
-
-func (v *vm) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
-
 // DialAgent connects to the guest agent's vsock port through the vsock
 // device's host socket (vsock_override put it in the run directory).
 func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
-	return agent.DialHybridVsock(ctx, filepath.Join(v.runDir, vsockSock), agent.VsockPort)
+	return agent.DialHybridVsock(ctx, filepath.Join(v.RunDir, vsockSock), agent.VsockPort)
 }
 
 // Close kills the process if it still runs, reaps it, stops the page-fault
 // handler and removes the run directory.
 func (v *vm) Close() error {
-	v.closeOnce.Do(func() {
-		err := v.stop()
-		if v.faults != nil {
-			err = errors.Join(err, v.faults.Close())
+	return v.CloseWith(func() error {
+		if v.faults == nil {
+			return nil
 		}
-		if rerr := os.RemoveAll(v.runDir); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("remove run dir: %w", rerr))
-		}
-		v.closeErr = err
+		return v.faults.Close()
 	})
-	return v.closeErr
-}
-
-// stop kills the process, if one was started, and waits until it has been
-// reaped.
-func (v *vm) stop() error {
-	if v.proc == nil {
-		return nil
-	}
-	err := v.proc.kill()
-	<-v.proc.done
-	return err
 }

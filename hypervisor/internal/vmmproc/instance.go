@@ -1,0 +1,85 @@
+package vmmproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// Instance is a VMM process and the run directory it owns. A driver's VM
+// embeds it for PID, Kill, Wait and Close.
+type Instance struct {
+	// RunDir is private to this VM: sockets, the log, scratch files.
+	RunDir string
+	proc   *Process
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewInstance creates runDir (0700, its parents 0755) for a VMM to be
+// started in it; it fails if runDir already exists.
+func NewInstance(runDir string) (*Instance, error) {
+	if err := os.MkdirAll(filepath.Dir(runDir), 0o755); err != nil {
+		return nil, fmt.Errorf("create run dir parent: %w", err)
+	}
+	if err := os.Mkdir(runDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	return &Instance{RunDir: runDir}, nil
+}
+
+// Start starts the VMM in the run directory (s.Dir is ignored) and waits
+// for its API socket.
+func (i *Instance) Start(ctx context.Context, s Spec) error {
+	s.Dir = i.RunDir
+	p, err := Start(ctx, s)
+	if err != nil {
+		return err
+	}
+	i.proc = p
+	return nil
+}
+
+// PID of the VMM process.
+func (i *Instance) PID() int { return i.proc.PID() }
+
+// Kill sends SIGKILL to the VMM unless it has already been reaped.
+func (i *Instance) Kill() error { return i.proc.Kill() }
+
+// Wait blocks until the VMM has exited or ctx ends.
+func (i *Instance) Wait(ctx context.Context) error { return i.proc.Wait(ctx) }
+
+// Stop kills the VMM, if one was started, and waits until it has been
+// reaped.
+func (i *Instance) Stop() error {
+	if i.proc == nil {
+		return nil
+	}
+	return i.proc.Stop()
+}
+
+// Close kills the VMM if it still runs, reaps it and removes the run
+// directory. It is safe to call more than once, and on an instance whose
+// VMM never started (a restore that failed early).
+func (i *Instance) Close() error { return i.CloseWith(nil) }
+
+// CloseWith is Close that runs release, if not nil, once the VMM is gone
+// and before the run directory is removed: for what must outlive the VMM,
+// such as the page-fault handler it faults against.
+func (i *Instance) CloseWith(release func() error) error {
+	i.closeOnce.Do(func() {
+		err := i.Stop()
+		if release != nil {
+			err = errors.Join(err, release())
+		}
+		if rerr := os.RemoveAll(i.RunDir); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove run dir: %w", rerr))
+		}
+		i.closeErr = err
+	})
+	return i.closeErr
+}

@@ -1,0 +1,158 @@
+// Package vmmproc supervises a VMM process that serves a REST API on a unix
+// socket (Cloud Hypervisor, Firecracker): spawn it in its own session, wait
+// for its API socket, kill and reap it by PID, and keep its exit status for
+// every waiter.
+package vmmproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// MaxSockPath is the longest unix socket path (sun_path less the NUL).
+const MaxSockPath = 107
+
+// socketPoll is how often Start looks for the API socket: these VMMs bind
+// it themselves and take no listening fd, so there is nothing to be told.
+const socketPoll = 2 * time.Millisecond
+
+// spawnTimeout bounds Start's wait for the API socket when the caller's
+// context has no deadline: a VMM that never serves its API must not hang it.
+const spawnTimeout = 10 * time.Second
+
+// Spec says how to start a VMM.
+type Spec struct {
+	// Binary and Args are the command line.
+	Binary string
+	Args   []string
+	// Dir is the working directory; the process's output goes to Log in it.
+	Dir, Log string
+	// Socket is the API socket the VMM binds once it serves requests.
+	Socket string
+}
+
+// Process is one supervised VMM process. Its exit status is collected
+// once, by the goroutine started with it, and kept for every Wait.
+type Process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start spawns s and returns once its API socket accepts connections. On
+// failure the process is killed and reaped.
+func Start(ctx context.Context, s Spec) (*Process, error) {
+	if err := CheckSockPath(s.Socket); err != nil {
+		return nil, err
+	}
+	p, err := spawn(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.waitSocket(ctx, s.Socket); err != nil {
+		p.Stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+// spawn starts the process in a session of its own: a restored VM must
+// outlive a crashed shim.
+func spawn(s Spec) (*Process, error) {
+	logf, err := os.OpenFile(filepath.Join(s.Dir, s.Log), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open hypervisor log: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(s.Binary, s.Args...)
+	cmd.Dir = s.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", s.Binary, err)
+	}
+	p := &Process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// waitSocket returns once something accepts connections on path, failing
+// early if the process exits or ctx ends.
+func (p *Process) waitSocket(ctx context.Context, path string) error {
+	ctx, cancel := WithDefaultTimeout(ctx, spawnTimeout)
+	defer cancel()
+	t := time.NewTicker(socketPoll)
+	defer t.Stop()
+	for {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			return c.Close()
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("hypervisor exited before serving its API: %v", p.err)
+		case <-ctx.Done():
+			return fmt.Errorf("wait for api socket %s: %w", path, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// PID is the process id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Kill sends SIGKILL unless the process has already been reaped.
+func (p *Process) Kill() error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill hypervisor pid %d: %w", p.PID(), err)
+	}
+	return nil
+}
+
+// Wait blocks until the process has exited or ctx ends.
+func (p *Process) Wait(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for hypervisor pid %d: %w", p.PID(), ctx.Err())
+	}
+}
+
+// Stop kills the process and waits until it has been reaped.
+func (p *Process) Stop() error {
+	err := p.Kill()
+	<-p.done
+	return err
+}
+
+// CheckSockPath fails for a path too long to bind a unix socket on.
+func CheckSockPath(path string) error {
+	if len(path) > MaxSockPath {
+		return fmt.Errorf("socket path %s is %d bytes: unix sockets allow %d", path, len(path), MaxSockPath)
+	}
+	return nil
+}
+
+// WithDefaultTimeout bounds ctx by d unless it already has a deadline.
+func WithDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}

@@ -20,6 +20,14 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
+// Files in a VM's run directory.
+const (
+	apiSock    = "api.sock"
+	vsockSock  = "vsock.sock"
+	restoreDir = "restore"
+	vmmLog     = "cloud-hypervisor.log"
+)
+
 // Name is the hypervisor's name in chain links.
 const Name = "cloud-hypervisor"
 

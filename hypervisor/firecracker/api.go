@@ -1,38 +1,25 @@
 package firecracker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"net/url"
 	"strings"
 
-	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmapi"
 )
 
 // apiBase is the API's root (the spec's basePath).
 const apiBase = "http://localhost/"
 
-// maxErrorBody bounds how much of an error response is read.
-const maxErrorBody = 4096
-
 // apiClient speaks Firecracker's REST API on its unix socket.
 type apiClient struct {
-	http *http.Client
+	rest *vmmapi.Client
 }
 
 func newAPIClient(sock string) *apiClient {
-	return &apiClient{http: &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		},
-		DisableKeepAlives: true,
-	}}}
+	return &apiClient{rest: vmmapi.New(sock, apiBase)}
 }
 
 // APIError is a response other than success from the API.
@@ -49,41 +36,25 @@ func (e *APIError) Error() string {
 
 // call sends method path with body as JSON and expects a 2xx answer.
 func (c *apiClient) call(ctx context.Context, method, path string, body any) error {
-	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, callTimeout)
-	defer cancel()
-	b, err := json.Marshal(body)
-	if err != nil {
-		return fmt.Errorf("encode %s /%s request: %w", method, path, err)
+	err := c.rest.Do(ctx, method, path, body)
+	var status *vmmapi.StatusError
+	switch {
+	case errors.As(err, &status):
+		return &APIError{Method: method, Path: path, Status: status.Status, Fault: faultMessage(status.Body)}
+	case err != nil:
+		return fmt.Errorf("%s /%s: %w", method, path, err)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, apiBase+path, bytes.NewReader(b))
-	if err != nil {
-		return fmt.Errorf("build %s /%s request: %w", method, path, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s /%s: %w", method, path, transportError(err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 == 2 {
-		return nil
-	}
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	return nil
+}
+
+// faultMessage is the fault_message of an Error body, or the body itself
+// when it is not one.
+func faultMessage(body []byte) string {
 	var fault struct {
 		FaultMessage string `json:"fault_message"`
 	}
-	if json.Unmarshal(msg, &fault) != nil || fault.FaultMessage == "" {
-		fault.FaultMessage = strings.TrimSpace(string(msg))
+	if json.Unmarshal(body, &fault) != nil || fault.FaultMessage == "" {
+		return strings.TrimSpace(string(body))
 	}
-	return &APIError{Method: method, Path: path, Status: resp.StatusCode, Fault: fault.FaultMessage}
-}
-
-// transportError drops the *url.Error wrapping, which only repeats the
-// method and the URL of a socket that has but one server.
-func transportError(err error) error {
-	var uerr *url.Error
-	if errors.As(err, &uerr) {
-		return uerr.Err
-	}
-	return err
+	return fault.FaultMessage
 }

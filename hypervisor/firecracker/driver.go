@@ -22,6 +22,15 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
+// Files in a VM's run directory.
+const (
+	apiSock   = "api.sock"
+	vsockSock = "vsock.sock"
+	uffdSock  = "uffd.sock"
+	memCopy   = "memory"
+	vmmLog    = "firecracker.log"
+)
+
 // Name is the hypervisor's name in chain links.
 const Name = "firecracker"
 

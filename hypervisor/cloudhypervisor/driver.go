@@ -22,10 +22,9 @@ import (
 
 // Files in a VM's run directory.
 const (
-	apiSock    = "api.sock"
-	vsockSock  = "vsock.sock"
-	restoreDir = "restore"
-	vmmLog     = "cloud-hypervisor.log"
+	apiSock   = "api.sock"
+	vsockSock = "vsock.sock"
+	vmmLog    = "cloud-hypervisor.log"
 )
 
 // Name is the hypervisor's name in chain links.

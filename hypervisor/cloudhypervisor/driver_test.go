@@ -17,6 +17,8 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/apifake"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"golang.org/x/sys/unix"
 )
 
 func TestRestoreFlow(t *testing.T) {
@@ -47,22 +49,43 @@ func TestRestoreFlow(t *testing.T) {
 			if !phases["spawn"] || !phases["load"] {
 				t.Errorf("phases reported %v, want spawn and load", phases)
 			}
-			tt.want["source_url"] = "file://" + filepath.Join(run, restoreDir)
+			source := restoreDirs(t, staged)
+			if len(source) != 1 {
+				t.Fatalf("restore dirs in the staged dir %v, want one", source)
+			}
+			tt.want["source_url"] = "file://" + source[0]
 			got := bodies(t, record, "vm.restore")
 			if len(got) == 0 || !reflect.DeepEqual(got[len(got)-1], tt.want) {
 				t.Errorf("vm.restore bodies %v, want last = %v", got, tt.want)
 			}
-			checkMemory(t, staged, run, tt.mode, tt.release)
+			checkMemory(t, staged, source[0], tt.mode, tt.release)
 			exercise(t, ctx, v, record)
+			if err := v.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if left := restoreDirs(t, staged); len(left) != 0 {
+				t.Errorf("restore dirs left in the staged dir after Close: %v", left)
+			}
 		})
 	}
 }
 
-// checkMemory checks what the restore left of the memory file: a copy
-// lets go of it, mmap and ondemand run on the staged inode.
-func checkMemory(t *testing.T, staged, run string, mode hypervisor.Mode, release bool) {
+// restoreDirs lists the snapshot directories restores made in staged.
+func restoreDirs(t *testing.T, staged string) []string {
 	t.Helper()
-	restored := filepath.Join(run, restoreDir, memoryFile)
+	dirs, err := filepath.Glob(filepath.Join(staged, restorePrefix+"*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dirs
+}
+
+// checkMemory checks what the restore left of the memory file in the
+// restore dir source: a copy lets go of it, mmap and ondemand run on the
+// staged inode.
+func checkMemory(t *testing.T, staged, source string, mode hypervisor.Mode, release bool) {
+	t.Helper()
+	restored := filepath.Join(source, memoryFile)
 	stagedMem := filepath.Join(staged, chain.StagedMemory)
 	if mode == hypervisor.ModeCopy {
 		if _, err := os.Lstat(restored); !errors.Is(err, os.ErrNotExist) {
@@ -174,14 +197,17 @@ func TestRestoreUnsupportedMode(t *testing.T) {
 
 func TestRestoreFailureCleansUp(t *testing.T) {
 	d, record := newDriver(t, apifake.SpecCHFork, "yes", "vm.restore")
-	run := runDir(t)
-	_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: run, Mode: hypervisor.ModeMmap})
+	staged, run := stageChain(t), runDir(t)
+	_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: hypervisor.ModeMmap})
 	var apiErr *APIError
 	if !errors.As(err, &apiErr) || apiErr.Status != 400 {
 		t.Fatalf("err = %v, want the fake's 400", err)
 	}
 	if _, err := os.Stat(run); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("run dir left behind: %v", err)
+	}
+	if left := restoreDirs(t, staged); len(left) != 0 {
+		t.Errorf("restore dirs left in the staged dir: %v", left)
 	}
 	pids := apifake.PIDs(t, record)
 	if len(pids) != 1 || apifake.Alive(pids[0]) {
@@ -235,5 +261,41 @@ func TestShutdownRefusedKills(t *testing.T) {
 	}
 	if err := syscall.Kill(v.PID(), 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("pid %d after Shutdown: kill 0 = %v, want ESRCH", v.PID(), err)
+	}
+}
+
+// TestRestoreStagedBindMount restores from a staged directory reached
+// through a bind mount, as the shim gets it (its rootfs), into a run
+// directory on another mount: link(2) refuses to cross mount points, yet
+// the VM must still run on the staged inode.
+func TestRestoreStagedBindMount(t *testing.T) {
+	testenv.RequireRoot(t)
+	staged, mnt := stageChain(t), t.TempDir()
+	if err := unix.Mount(staged, mnt, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount the staged dir: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	run, err := os.MkdirTemp("/dev/shm", "cocoon-ch-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	d, _ := newDriver(t, apifake.SpecCHFork, "yes")
+	v, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: mnt, RunDir: filepath.Join(run, "vm"), Mode: hypervisor.ModeMmap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	source := restoreDirs(t, mnt)
+	if len(source) != 1 {
+		t.Fatalf("restore dirs %v, want one", source)
+	}
+	checkMemory(t, mnt, source[0], hypervisor.ModeMmap, false)
+	if fi, err := os.Lstat(filepath.Join(source[0], memoryFile)); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("memory-ranges is not a hard link (%v, %v)", fi, err)
 	}
 }

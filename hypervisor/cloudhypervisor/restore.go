@@ -37,14 +37,13 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 			v.Close()
 		}
 	}()
-	source := filepath.Join(req.RunDir, restoreDir)
-	if err := materialize(ctx, staged, req.RunDir, source); err != nil {
+	if v.source, err = materialize(staged, req.RunDir); err != nil {
 		return nil, err
 	}
 	if err := v.start(ctx, d.cfg.Binary, req); err != nil {
 		return nil, err
 	}
-	if err := v.load(ctx, req, source); err != nil {
+	if err := v.load(ctx, req); err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{"pid": v.PID(), "mode": req.Mode, "run_dir": req.RunDir}).Debug("restored cloud hypervisor vm, paused")
@@ -89,20 +88,20 @@ func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreReq
 
 // load asks for vm.restore and, for copy restores, lets go of the memory
 // file once Cloud Hypervisor has read it.
-func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, source string) error {
+func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest) error {
 	mode, err := memoryRestoreMode(req.Mode)
 	if err != nil {
 		return err
 	}
 	begin := time.Now()
-	if err := v.api.put(ctx, "vm.restore", restoreConfig{SourceURL: "file://" + source, MemoryRestoreMode: mode}); err != nil {
+	if err := v.api.put(ctx, "vm.restore", restoreConfig{SourceURL: "file://" + v.source, MemoryRestoreMode: mode}); err != nil {
 		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
 	}
 	req.Phase("load", time.Since(begin))
 	if req.Mode != hypervisor.ModeCopy {
 		return nil
 	}
-	if err := os.Remove(filepath.Join(source, memoryFile)); err != nil {
+	if err := os.Remove(filepath.Join(v.source, memoryFile)); err != nil {
 		return fmt.Errorf("drop restored memory link: %w", err)
 	}
 	if req.ReleaseAfterLoad {

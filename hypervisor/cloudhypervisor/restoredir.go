@@ -1,15 +1,10 @@
 package cloudhypervisor
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
-
-	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
@@ -26,47 +21,52 @@ const (
 // stateFiles are the hypervisor state files of a Cloud Hypervisor link.
 var stateFiles = []string{configFile, stateFile}
 
-// materialize builds dir, the snapshot directory Cloud Hypervisor restores
-// from: config.json patched to this VM's run directory, state.json as
-// staged, and memory-ranges as the staged memory file itself.
-func materialize(ctx context.Context, staged *chain.Staged, runDir, dir string) error {
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return fmt.Errorf("create restore dir: %w", err)
+// restorePrefix starts the name of the snapshot directory a restore
+// builds in the staged directory.
+const restorePrefix = "cloud-hypervisor-restore-"
+
+// materialize builds the snapshot directory Cloud Hypervisor restores from:
+// config.json patched to this VM's run directory, state.json as staged, and
+// memory-ranges a hard link of the staged memory file. vm.restore takes
+// only a directory (source_url) and reads memory-ranges from it by that
+// name, so the memory cannot be named where it is staged. The directory is
+// made in the staged directory, a private one per container, because only
+// there a hard link is sure to work: link(2) fails with EXDEV across mount
+// points, even bind mounts of one filesystem, and the staged directory the
+// shim gets is such a bind mount. A hard link keeps the staged inode, so
+// clones share its page cache. On error nothing is left behind.
+func materialize(staged *chain.Staged, runDir string) (_ string, retErr error) {
+	dir, err := os.MkdirTemp(staged.Dir, restorePrefix)
+	if err != nil {
+		return "", fmt.Errorf("create restore dir beside the staged memory: %w", err)
 	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
 	raw, err := os.ReadFile(staged.StatePath(configFile))
 	if err != nil {
-		return fmt.Errorf("read staged %s: %w", configFile, err)
+		return "", fmt.Errorf("read staged %s: %w", configFile, err)
 	}
 	patched, err := patchConfig(raw, runDir)
 	if err != nil {
-		return fmt.Errorf("patch %s: %w", configFile, err)
+		return "", fmt.Errorf("patch %s: %w", configFile, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, configFile), patched, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", configFile, err)
+		return "", fmt.Errorf("write %s: %w", configFile, err)
 	}
 	state, err := os.ReadFile(staged.StatePath(stateFile))
 	if err != nil {
-		return fmt.Errorf("read staged %s: %w", stateFile, err)
+		return "", fmt.Errorf("read staged %s: %w", stateFile, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, stateFile), state, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", stateFile, err)
+		return "", fmt.Errorf("write %s: %w", stateFile, err)
 	}
-	return linkMemory(ctx, staged.MemoryPath(), filepath.Join(dir, memoryFile))
-}
-
-// linkMemory makes dst name the staged memory file. A hard link keeps the
-// same inode, so clones share its page cache; across filesystems a symlink
-// to the staged link (which pins the inode) is the only way to keep that.
-func linkMemory(ctx context.Context, src, dst string) error {
-	err := os.Link(src, dst)
-	if errors.Is(err, syscall.EXDEV) {
-		log.G(ctx).WithField("memory", src).Info("run dir is on another filesystem than the staged chain: linking memory by symlink")
-		err = os.Symlink(src, dst)
+	if err := os.Link(staged.MemoryPath(), filepath.Join(dir, memoryFile)); err != nil {
+		return "", fmt.Errorf("link staged memory: %w", err)
 	}
-	if err != nil {
-		return fmt.Errorf("link staged memory: %w", err)
-	}
-	return nil
+	return dir, nil
 }
 
 // patchConfig points the devices of a snapshot's config.json whose host

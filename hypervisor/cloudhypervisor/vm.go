@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -22,6 +23,9 @@ type vm struct {
 	api    *apiClient
 	staged *chain.Staged
 	build  string
+	// source is the snapshot directory the VM was restored from, in the
+	// staged directory (see materialize).
+	source string
 }
 
 var (
@@ -66,4 +70,18 @@ func (v *vm) Shutdown(ctx context.Context) error {
 // device's host socket.
 func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
 	return agent.DialHybridVsock(ctx, filepath.Join(v.RunDir, vsockSock), agent.VsockPort)
+}
+
+// Close kills the process if it still runs, reaps it, and removes the
+// snapshot directory it was restored from and the run directory.
+func (v *vm) Close() error {
+	return v.CloseWith(func() error {
+		if v.source == "" {
+			return nil
+		}
+		if err := os.RemoveAll(v.source); err != nil {
+			return fmt.Errorf("remove restore dir: %w", err)
+		}
+		return nil
+	})
 }

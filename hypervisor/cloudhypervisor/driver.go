@@ -1,9 +1,9 @@
 // Package cloudhypervisor drives Cloud Hypervisor over its REST API.
 //
 // A VM is restored from a staged chain by building a snapshot directory in
-// the run directory (config.json patched to the run directory's sockets,
-// state.json, and memory-ranges = the staged memory file) and asking a
-// fresh `cloud-hypervisor --api-socket` process to vm.restore it. Restore
+// the staged directory (config.json patched to the run directory's sockets,
+// state.json, and memory-ranges = a hard link of the staged memory file)
+// and asking a fresh `cloud-hypervisor --api-socket` process to vm.restore it. Restore
 // modes map to memory_restore_mode: copy omits it (Copy), ondemand is
 // "OnDemand" (userfaultfd inside Cloud Hypervisor), mmap is "CopyOnWrite",
 // which only the cocoonstack fork has.

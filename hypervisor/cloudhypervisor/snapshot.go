@@ -8,6 +8,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 )
 
 // snapshotConfig is the vm.snapshot body (VmSnapshotConfig in the spec).
@@ -39,21 +40,10 @@ func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 			return err
 		}
 	}
-	if _, err := chain.WriteFull(ctx, filepath.Join(scratch, memoryFile), v.meta(), dir); err != nil {
+	if _, err := chain.WriteFull(ctx, filepath.Join(scratch, memoryFile), stagedchain.Meta(v.staged, Name, v.build, stateFiles), dir); err != nil {
 		return fmt.Errorf("write snapshot link: %w", err)
 	}
 	return nil
-}
-
-// meta describes links of this VM: the guest is the one restored.
-func (v *vm) meta() chain.Meta {
-	top := v.staged.Top()
-	return chain.Meta{
-		Hypervisor: Name, HypervisorBuild: v.build, GuestOS: top.GuestOS,
-		VCPUs: top.VCPUs, PageSize: top.PageSize,
-		HugePages: top.HugePages, SharedMemory: top.SharedMemory,
-		StateFiles: stateFiles,
-	}
 }
 
 func copyFile(src, dst string) error {

@@ -9,9 +9,9 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
@@ -37,7 +37,7 @@ type snapshotLoad struct {
 // Restore spawns Firecracker and loads req.StagedDir into it, paused. On
 // error the process is killed and req.RunDir removed.
 func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ hypervisor.VM, retErr error) {
-	staged, build, err := d.prepare(ctx, req)
+	staged, caps, err := stagedchain.Open(ctx, d, req)
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +45,7 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 	if err != nil {
 		return nil, err
 	}
-	v := &vm{Instance: inst, staged: staged, build: build}
+	v := &vm{Instance: inst, staged: staged, build: caps.Build}
 	defer func() {
 		if retErr != nil {
 			v.Close()
@@ -63,25 +63,6 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 	}
 	log.G(ctx).WithFields(log.Fields{"pid": v.PID(), "mode": req.Mode, "run_dir": req.RunDir}).Debug("restored firecracker vm, paused")
 	return v, nil
-}
-
-// prepare checks that the mode and the staged chain suit this driver.
-func (d *Driver) prepare(ctx context.Context, req hypervisor.RestoreRequest) (*chain.Staged, string, error) {
-	caps, err := d.Capabilities(ctx)
-	if err != nil {
-		return nil, "", err
-	}
-	if !caps.Supports(req.Mode) {
-		return nil, "", fmt.Errorf("restore mode %q: %s supports %v", req.Mode, Name, caps.RestoreModes)
-	}
-	staged, err := chain.OpenStaged(req.StagedDir)
-	if err != nil {
-		return nil, "", err
-	}
-	if h := staged.Top().Hypervisor; h != Name {
-		return nil, "", fmt.Errorf("staged chain %s is a %s snapshot, not %s", req.StagedDir, h, Name)
-	}
-	return staged, caps.Build, nil
 }
 
 // memoryBackend prepares guest memory for req.Mode.
@@ -153,11 +134,5 @@ func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend me
 	if err := os.Remove(backend.BackendPath); err != nil {
 		return fmt.Errorf("drop private memory name: %w", err)
 	}
-	if req.ReleaseAfterLoad {
-		if err := os.Remove(v.staged.MemoryPath()); err != nil {
-			return fmt.Errorf("release staged memory: %w", err)
-		}
-		log.G(ctx).WithField("staged", req.StagedDir).Debug("released staged memory after copy restore")
-	}
-	return nil
+	return stagedchain.Release(ctx, v.staged, req)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 )
 
 // snapshotCreate is the PUT /snapshot/create body (SnapshotCreateParams).
@@ -37,19 +38,8 @@ func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err := v.api.call(ctx, "PUT", "snapshot/create", body); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	if _, err := chain.WriteFull(ctx, mem, v.meta(), dir); err != nil {
+	if _, err := chain.WriteFull(ctx, mem, stagedchain.Meta(v.staged, Name, v.build, []string{vmstateFile}), dir); err != nil {
 		return fmt.Errorf("write snapshot link: %w", err)
 	}
 	return nil
-}
-
-// meta describes links of this VM: the guest is the one restored.
-func (v *vm) meta() chain.Meta {
-	top := v.staged.Top()
-	return chain.Meta{
-		Hypervisor: Name, HypervisorBuild: v.build, GuestOS: top.GuestOS,
-		VCPUs: top.VCPUs, PageSize: top.PageSize,
-		HugePages: top.HugePages, SharedMemory: top.SharedMemory,
-		StateFiles: []string{vmstateFile},
-	}
 }

@@ -1,0 +1,63 @@
+// Package stagedchain is what the Cloud Hypervisor and Firecracker drivers
+// do alike with a staged chain: check it suits the driver before a restore,
+// let go of its memory after a copy restore, and describe the links a VM
+// restored from it snapshots.
+package stagedchain
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// Open opens req.StagedDir for d, once sure that d restores in req.Mode
+// and that the chain is a snapshot of d's hypervisor. It returns d's
+// capabilities too: their Build goes into the links the VM snapshots.
+func Open(ctx context.Context, d hypervisor.Driver, req hypervisor.RestoreRequest) (*chain.Staged, hypervisor.Capabilities, error) {
+	caps, err := d.Capabilities(ctx)
+	if err != nil {
+		return nil, caps, err
+	}
+	if !caps.Supports(req.Mode) {
+		return nil, caps, fmt.Errorf("restore mode %q: %s (%s) supports %v", req.Mode, d.Name(), caps.Build, caps.RestoreModes)
+	}
+	staged, err := chain.OpenStaged(req.StagedDir)
+	if err != nil {
+		return nil, caps, err
+	}
+	if h := staged.Top().Hypervisor; h != d.Name() {
+		return nil, caps, fmt.Errorf("staged chain %s is a %s snapshot, not %s", req.StagedDir, h, d.Name())
+	}
+	return staged, caps, nil
+}
+
+// Release unlinks the staged memory if req asks for it (ReleaseAfterLoad).
+// Call it once the hypervisor holds a private copy of the memory: from
+// then on the staged link would only pin the snapshotter's flat file.
+func Release(ctx context.Context, staged *chain.Staged, req hypervisor.RestoreRequest) error {
+	if !req.ReleaseAfterLoad {
+		return nil
+	}
+	if err := os.Remove(staged.MemoryPath()); err != nil {
+		return fmt.Errorf("release staged memory: %w", err)
+	}
+	log.G(ctx).WithField("staged", req.StagedDir).Debug("released staged memory after copy restore")
+	return nil
+}
+
+// Meta describes the links a VM restored from staged snapshots: the guest
+// is the one restored, the hypervisor the one running it.
+func Meta(staged *chain.Staged, hypervisorName, build string, stateFiles []string) chain.Meta {
+	top := staged.Top()
+	return chain.Meta{
+		Hypervisor: hypervisorName, HypervisorBuild: build, GuestOS: top.GuestOS,
+		VCPUs: top.VCPUs, PageSize: top.PageSize,
+		HugePages: top.HugePages, SharedMemory: top.SharedMemory,
+		StateFiles: stateFiles,
+	}
+}

@@ -1,10 +1,8 @@
 package cloudhypervisor
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/drivertest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/apifake"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"golang.org/x/sys/unix"
@@ -38,7 +37,7 @@ func TestRestoreFlow(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			d, record := newDriver(t, tt.spec, "probe")
-			staged, run := stageChain(t), runDir(t)
+			staged, run := stageChain(t), drivertest.RunDir(t)
 			phases := map[string]bool{}
 			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode,
 				ReleaseAfterLoad: tt.release, OnPhase: func(p string, _ time.Duration) { phases[p] = true }})
@@ -54,7 +53,7 @@ func TestRestoreFlow(t *testing.T) {
 				t.Fatalf("restore dirs in the staged dir %v, want one", source)
 			}
 			tt.want["source_url"] = "file://" + source[0]
-			got := bodies(t, record, "vm.restore")
+			got := apifake.Bodies(t, record, "PUT", "vm.restore")
 			if len(got) == 0 || !reflect.DeepEqual(got[len(got)-1], tt.want) {
 				t.Errorf("vm.restore bodies %v, want last = %v", got, tt.want)
 			}
@@ -109,7 +108,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string)
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	checkAgent(t, ctx, v)
+	drivertest.CheckAgent(t, ctx, v)
 	if err := v.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +116,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string)
 	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.MemoryBytes != memBytes {
+	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.MemoryBytes != drivertest.MemBytes {
 		t.Errorf("snapshot link %+v, %v", l, err)
 	}
 	if err := v.Shutdown(ctx); err != nil {
@@ -127,28 +126,12 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string)
 		t.Fatal(err)
 	}
 	want := []string{"PUT vm.restore", "PUT vm.resume", "PUT vm.pause", "PUT vm.snapshot", "PUT vm.shutdown", "PUT vmm.shutdown"}
-	if got := ops(t, record); !slices.Equal(got[len(got)-len(want):], want) {
+	if got := apifake.Ops(t, record); !slices.Equal(got[len(got)-len(want):], want) {
 		t.Errorf("requests %v, want them to end with %v", got, want)
 	}
-	snap := bodies(t, record, "vm.snapshot")
+	snap := apifake.Bodies(t, record, "PUT", "vm.snapshot")
 	if len(snap) != 1 || len(snap[0]) != 1 || !strings.HasPrefix(snap[0]["destination_url"].(string), "file://") {
 		t.Errorf("vm.snapshot bodies %v, want one with only destination_url", snap)
-	}
-}
-
-// checkAgent dials the guest agent port; the fake guest echoes.
-func checkAgent(t *testing.T, ctx context.Context, v hypervisor.VM) {
-	t.Helper()
-	c, err := v.DialAgent(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, "hello\n"); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hello\n" {
-		t.Errorf("agent echo %q, %v", got, err)
 	}
 }
 
@@ -173,7 +156,7 @@ func TestCapabilities(t *testing.T) {
 			if caps.Supports(hypervisor.ModeMmap) != tt.wantMmap || !caps.Supports(hypervisor.ModeCopy) || caps.Build != "cloud-hypervisor v53.0" {
 				t.Errorf("caps %+v, want mmap %v", caps, tt.wantMmap)
 			}
-			if probed := len(bodies(t, record, "vm.restore")) > 0; probed != tt.wantProbe {
+			if probed := len(apifake.Bodies(t, record, "PUT", "vm.restore")) > 0; probed != tt.wantProbe {
 				t.Errorf("probed the API: %v, want %v", probed, tt.wantProbe)
 			}
 		})
@@ -182,7 +165,7 @@ func TestCapabilities(t *testing.T) {
 
 func TestRestoreUnsupportedMode(t *testing.T) {
 	d, record := newDriver(t, apifake.SpecCH, "no")
-	run := runDir(t)
+	run := drivertest.RunDir(t)
 	_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: run, Mode: hypervisor.ModeMmap})
 	if err == nil || !strings.Contains(err.Error(), "mmap") {
 		t.Fatalf("restore mmap on upstream: err = %v, want one naming the mode", err)
@@ -190,14 +173,14 @@ func TestRestoreUnsupportedMode(t *testing.T) {
 	if _, err := os.Stat(run); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("run dir left behind: %v", err)
 	}
-	if got := ops(t, record); len(got) != 0 {
+	if got := apifake.Ops(t, record); len(got) != 0 {
 		t.Errorf("requests %v, want none", got)
 	}
 }
 
 func TestRestoreFailureCleansUp(t *testing.T) {
 	d, record := newDriver(t, apifake.SpecCHFork, "yes", "vm.restore")
-	staged, run := stageChain(t), runDir(t)
+	staged, run := stageChain(t), drivertest.RunDir(t)
 	_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: hypervisor.ModeMmap})
 	var apiErr *APIError
 	if !errors.As(err, &apiErr) || apiErr.Status != 400 {
@@ -218,7 +201,7 @@ func TestRestoreFailureCleansUp(t *testing.T) {
 func TestStateMachineViolations(t *testing.T) {
 	ctx := context.Background()
 	d, record := newDriver(t, apifake.SpecCHFork, "yes")
-	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeMmap})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +226,7 @@ func TestStateMachineViolations(t *testing.T) {
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("pid %d after Close: kill 0 = %v, want ESRCH", pid, err)
 	}
-	if n := len(bodies(t, record, "vm.restore")); n != 1 {
+	if n := len(apifake.Bodies(t, record, "PUT", "vm.restore")); n != 1 {
 		t.Errorf("%d restores, want 1", n)
 	}
 }
@@ -251,7 +234,7 @@ func TestStateMachineViolations(t *testing.T) {
 func TestShutdownRefusedKills(t *testing.T) {
 	ctx := context.Background()
 	d, _ := newDriver(t, apifake.SpecCHFork, "yes", "vmm.shutdown")
-	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeMmap})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,8 @@
 package firecracker
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/drivertest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/apifake"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/opencontainers/go-digest"
@@ -44,7 +43,7 @@ func TestRestoreFlow(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			d, record := newDriver(t, apifake.Fake{})
-			staged, run := stageChain(t), runDir(t)
+			staged, run := stageChain(t), drivertest.RunDir(t)
 			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode, ReleaseAfterLoad: tt.release})
 			if err != nil {
 				t.Fatal(err)
@@ -56,7 +55,7 @@ func TestRestoreFlow(t *testing.T) {
 				"resume_vm":      false,
 				"vsock_override": map[string]any{"uds_path": filepath.Join(run, vsockSock)},
 			}
-			if got := bodies(t, record, "PUT", "snapshot/load"); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
+			if got := apifake.Bodies(t, record, "PUT", "snapshot/load"); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 				t.Errorf("snapshot/load bodies %v, want [%v]", got, want)
 			}
 			checkMemory(t, staged, run, tt.mode, tt.release)
@@ -85,7 +84,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string,
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	checkAgent(t, ctx, v)
+	drivertest.CheckAgent(t, ctx, v)
 	if err := v.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -103,18 +102,18 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string,
 		t.Fatal(err)
 	}
 	want := []string{"PUT snapshot/load", "PATCH vm", "PATCH vm", "PUT snapshot/create", "PATCH vm", "PUT actions"}
-	if got := ops(t, record); !slices.Equal(got, want) {
+	if got := apifake.Ops(t, record); !slices.Equal(got, want) {
 		t.Errorf("requests %v, want %v", got, want)
 	}
-	states := bodies(t, record, "PATCH", "vm")
+	states := apifake.Bodies(t, record, "PATCH", "vm")
 	if len(states) != 3 || states[0]["state"] != "Resumed" || states[1]["state"] != "Paused" {
 		t.Errorf("PATCH /vm bodies %v", states)
 	}
-	create := bodies(t, record, "PUT", "snapshot/create")
+	create := apifake.Bodies(t, record, "PUT", "snapshot/create")
 	if len(create) != 1 || create[0]["snapshot_type"] != "Full" || create[0]["snapshot_path"] != filepath.Join(linkDir, vmstateFile) {
 		t.Errorf("snapshot/create bodies %v", create)
 	}
-	if got := bodies(t, record, "PUT", "actions"); len(got) != 1 || got[0]["action_type"] != "SendCtrlAltDel" {
+	if got := apifake.Bodies(t, record, "PUT", "actions"); len(got) != 1 || got[0]["action_type"] != "SendCtrlAltDel" {
 		t.Errorf("actions %v", got)
 	}
 }
@@ -126,22 +125,6 @@ func stagedDigest(t *testing.T, staged string) digest.Digest {
 		t.Fatal(err)
 	}
 	return s.Top().Memory.DataDigest
-}
-
-// checkAgent dials the guest agent port; the fake guest echoes.
-func checkAgent(t *testing.T, ctx context.Context, v hypervisor.VM) {
-	t.Helper()
-	c, err := v.DialAgent(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, "hello\n"); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hello\n" {
-		t.Errorf("agent echo %q, %v", got, err)
-	}
 }
 
 func TestCapabilities(t *testing.T) {
@@ -158,7 +141,7 @@ func TestCapabilities(t *testing.T) {
 func TestShutdownKillsIgnoringGuest(t *testing.T) {
 	d, _ := newDriver(t, apifake.Fake{IgnoreCtrlAltDel: true})
 	ctx := context.Background()
-	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeMmap})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +173,7 @@ func TestRestoreFailureCleansUp(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d, record := newDriver(t, tt.fake)
-			staged, run := stageChain(t), runDir(t)
+			staged, run := stageChain(t), drivertest.RunDir(t)
 			_, err := d.Restore(context.Background(), hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode, ReleaseAfterLoad: true})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want one containing %q", err, tt.want)
@@ -213,7 +196,7 @@ func TestRestoreFailureCleansUp(t *testing.T) {
 func TestStateMachineViolations(t *testing.T) {
 	ctx := context.Background()
 	d, _ := newDriver(t, apifake.Fake{})
-	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: runDir(t), Mode: hypervisor.ModeMmap})
+	v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: stageChain(t), RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeMmap})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package apifake
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -50,7 +51,8 @@ type Fake struct {
 
 // Script writes an executable that runs this fake with whatever arguments
 // a driver passes, and returns its path and the file its requests are
-// recorded in (read it with ReadRecord).
+// recorded in (read it with ReadRecord). When t ends, every fake process
+// started through the script must have exited: a driver leaves no orphans.
 func (f Fake) Script(t testing.TB) (bin, record string) {
 	t.Helper()
 	self, err := os.Executable()
@@ -76,6 +78,13 @@ func (f Fake) Script(t testing.TB) (bin, record string) {
 	if err := os.WriteFile(bin, []byte(b.String()), 0o755); err != nil {
 		t.Fatalf("write fake vmm script: %v", err)
 	}
+	t.Cleanup(func() {
+		for _, pid := range PIDs(t, record) {
+			if Alive(pid) {
+				t.Errorf("fake %s pid %d still running", f.Name, pid)
+			}
+		}
+	})
 	return bin, record
 }
 
@@ -87,6 +96,36 @@ func Records(t testing.TB, record string) []Request {
 		t.Fatal(err)
 	}
 	return reqs
+}
+
+// Ops lists the recorded requests as "METHOD op".
+func Ops(t testing.TB, record string) []string {
+	t.Helper()
+	var out []string
+	for _, r := range Records(t, record) {
+		out = append(out, r.Method+" "+r.Op)
+	}
+	return out
+}
+
+// Bodies returns the recorded bodies of method op, decoded; a request
+// without a body gives a nil map.
+func Bodies(t testing.TB, record, method, op string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, r := range Records(t, record) {
+		if r.Method != method || r.Op != op {
+			continue
+		}
+		var m map[string]any
+		if len(r.Body) > 0 {
+			if err := json.Unmarshal(r.Body, &m); err != nil {
+				t.Fatalf("recorded %s %s body: %v", method, op, err)
+			}
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // PIDs lists the fake processes started with a record file.

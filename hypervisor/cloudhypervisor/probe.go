@@ -44,7 +44,7 @@ func probeCopyOnWrite(ctx context.Context, binary string) (bool, error) {
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, apiSock)
-	p, err := vmmproc.Start(ctx, vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Dir: dir, Log: vmmLog, Socket: sock})
+	p, err := vmmproc.Start(ctx, dir, vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Log: vmmLog, Socket: sock})
 	if err != nil {
 		return false, err
 	}

@@ -103,6 +103,7 @@ func (v *vm) serveFaults(ctx context.Context) (memBackend, error) {
 // start spawns the process and waits for its API socket.
 func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest) error {
 	sock := filepath.Join(v.RunDir, apiSock)
+	// Firecracker binds the vsock socket there too (vsock_override).
 	if err := vmmproc.CheckSockPath(filepath.Join(v.RunDir, vsockSock)); err != nil {
 		return err
 	}

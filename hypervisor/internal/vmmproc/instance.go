@@ -32,11 +32,9 @@ func NewInstance(runDir string) (*Instance, error) {
 	return &Instance{RunDir: runDir}, nil
 }
 
-// Start starts the VMM in the run directory (s.Dir is ignored) and waits
-// for its API socket.
+// Start starts the VMM in the run directory and waits for its API socket.
 func (i *Instance) Start(ctx context.Context, s Spec) error {
-	s.Dir = i.RunDir
-	p, err := Start(ctx, s)
+	p, err := Start(ctx, i.RunDir, s)
 	if err != nil {
 		return err
 	}

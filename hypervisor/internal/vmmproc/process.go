@@ -1,7 +1,7 @@
 // Package vmmproc supervises a VMM process that serves a REST API on a unix
 // socket (Cloud Hypervisor, Firecracker): spawn it in its own session, wait
-// for its API socket, kill and reap it by PID, and keep its exit status for
-// every waiter.
+// for its API socket, kill and reap it by PID, keep its exit status for
+// every waiter, and remove its run directory when it is closed.
 package vmmproc
 
 import (
@@ -32,8 +32,8 @@ type Spec struct {
 	// Binary and Args are the command line.
 	Binary string
 	Args   []string
-	// Dir is the working directory; the process's output goes to Log in it.
-	Dir, Log string
+	// Log is the file, in the working directory, the output goes to.
+	Log string
 	// Socket is the API socket the VMM binds once it serves requests.
 	Socket string
 }
@@ -46,13 +46,13 @@ type Process struct {
 	err  error
 }
 
-// Start spawns s and returns once its API socket accepts connections. On
-// failure the process is killed and reaped.
-func Start(ctx context.Context, s Spec) (*Process, error) {
+// Start spawns s in dir and returns once its API socket accepts
+// connections. On failure the process is killed and reaped.
+func Start(ctx context.Context, dir string, s Spec) (*Process, error) {
 	if err := CheckSockPath(s.Socket); err != nil {
 		return nil, err
 	}
-	p, err := spawn(s)
+	p, err := spawn(dir, s)
 	if err != nil {
 		return nil, err
 	}
@@ -65,14 +65,14 @@ func Start(ctx context.Context, s Spec) (*Process, error) {
 
 // spawn starts the process in a session of its own: a restored VM must
 // outlive a crashed shim.
-func spawn(s Spec) (*Process, error) {
-	logf, err := os.OpenFile(filepath.Join(s.Dir, s.Log), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+func spawn(dir string, s Spec) (*Process, error) {
+	logf, err := os.OpenFile(filepath.Join(dir, s.Log), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open hypervisor log: %w", err)
 	}
 	defer logf.Close()
 	cmd := exec.Command(s.Binary, s.Args...)
-	cmd.Dir = s.Dir
+	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -49,7 +49,7 @@ func serving(t *testing.T, dir string) Spec {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "api.sock")
-	return Spec{Binary: script(t, "export "+envServe+"="+sock+"\nexec "+self), Dir: dir, Log: "vmm.log", Socket: sock}
+	return Spec{Binary: script(t, "export "+envServe+"="+sock+"\nexec "+self), Log: "vmm.log", Socket: sock}
 }
 
 func gone(pid int) bool {
@@ -58,7 +58,8 @@ func gone(pid int) bool {
 
 func TestStartKillWait(t *testing.T) {
 	ctx := context.Background()
-	p, err := Start(ctx, serving(t, t.TempDir()))
+	dir := t.TempDir()
+	p, err := Start(ctx, dir, serving(t, dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,11 +104,12 @@ func TestStartFailures(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
-			tt.spec.Dir, tt.spec.Log = t.TempDir(), "vmm.log"
+			dir := t.TempDir()
+			tt.spec.Log = "vmm.log"
 			if !strings.HasPrefix(tt.spec.Socket, "/") {
-				tt.spec.Socket = filepath.Join(tt.spec.Dir, tt.spec.Socket)
+				tt.spec.Socket = filepath.Join(dir, tt.spec.Socket)
 			}
-			if _, err := Start(ctx, tt.spec); err == nil || !strings.Contains(err.Error(), tt.want) {
+			if _, err := Start(ctx, dir, tt.spec); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want one containing %q", err, tt.want)
 			}
 		})

@@ -35,7 +35,7 @@ func init() {
 }
 
 // demoScript is what the demo container runs in its restored guest.
-const demoScript = `echo "hello from $(hostname), a microVM restored from a snapshot"; uname -sr; cut -d' ' -f1 /proc/uptime`
+const demoScript = `echo "hello from $(hostname), a microVM restored from a snapshot"; uname -sr; echo "guest uptime $(cut -d' ' -f1 /proc/uptime)s: it booted once, at bake time"`
 
 type demoOptions struct {
 	guest, cache, memory, binDir string

@@ -40,8 +40,7 @@ bench: deps build guest
 	$(BIN)/cocoonctl bench --readme README.md
 
 ## test: install what the tests need, then run every tier
-test: deps build guest
-	$(GO) vet ./...
+test: deps build guest lint
 	$(GO) test $(GOTEST_FLAGS) ./...
 
 ## test-unit: only the tests that need nothing installed

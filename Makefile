@@ -14,7 +14,7 @@ all: build
 build: containerd
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(filter-out cocoon-agent,$(CMDS)))
-	@if [ -d cmd/cocoon-agent ]; then CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/cocoon-agent ./cmd/cocoon-agent; fi
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/cocoon-agent ./cmd/cocoon-agent
 
 ## containerd: containerd v2.4.2 and ctr, pinned as go.mod tools
 containerd:
@@ -27,7 +27,7 @@ deps:
 
 ## guest: build/guest/{vmlinuz,initramfs.cpio.gz,BUILDINFO}
 guest: deps build
-	@if [ -x guest/build.sh ]; then guest/build.sh $(GUEST); fi
+	guest/build.sh $(GUEST)
 
 ## demo: run a container through cocoon (mmap, then copy restore) in a private containerd;
 ## the snapshot image is baked once into build/snapshots. KEEP=1 leaves the daemons running.

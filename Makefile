@@ -6,7 +6,7 @@ GUEST := $(CURDIR)/build/guest
 CMDS := $(notdir $(wildcard cmd/*))
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all build containerd deps guest test test-unit lint generate clean demo bench
+.PHONY: all build containerd deps guest test lint generate clean demo bench
 
 all: build
 
@@ -42,10 +42,6 @@ bench: deps build guest
 ## test: install what the tests need, then run every tier
 test: deps build guest lint
 	$(GO) test $(GOTEST_FLAGS) ./...
-
-## test-unit: only the tests that need nothing installed
-test-unit:
-	$(GO) test -count=1 -short ./...
 
 ## lint: gofmt, go vet, staticcheck
 lint:

@@ -114,6 +114,9 @@ type rightsReader struct {
 func (r *rightsReader) Read(p []byte) (int, error) {
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := r.conn.ReadMsgUnix(p, oob)
+	if n < 0 {
+		n = 0 // recvmsg's -1 on error; io.Reader callers slice with n
+	}
 	if oobn > 0 {
 		if perr := r.collect(oob[:oobn]); perr != nil && err == nil {
 			err = perr

@@ -121,7 +121,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	}
 	removeDir(ctx, renamed)
 	if !isLink {
-		s.flat.evict(ctx) // dropping a staged link may unpin a file over budget
+		s.flat.requestEvict() // dropping a staged link may unpin a file over budget
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -21,6 +20,8 @@ import (
 
 type flattenFunc func(ctx context.Context, linkDirs []string, outPath string) error
 
+type removeFunc func(path string) error
+
 // flatCache holds one flattened memory file per chain, named by the top
 // link's ID (which pins every ancestor through the parent digests). Files
 // are immutable once published; a staged hard link pins one (nlink > 1).
@@ -30,9 +31,10 @@ type flatCache struct {
 	dir     string
 	budget  int64 // allocated bytes; 0 = unlimited
 	flatten flattenFunc
+	remove  removeFunc
 
 	locks   *locker.Locker // per file: flatten, stage and remove
-	evictMu sync.Mutex     // one eviction pass at a time
+	evictor evictor
 
 	mu      sync.Mutex
 	entries map[string]*flatEntry
@@ -45,8 +47,11 @@ type flatEntry struct {
 
 // openFlatCache removes temp files a crashed flatten left and indexes the
 // published files, least recently used first by their mtime (touched on use).
-func openFlatCache(dir string, budget int64, flatten flattenFunc) (*flatCache, error) {
-	c := &flatCache{dir: dir, budget: budget, flatten: flatten, locks: locker.New(), entries: map[string]*flatEntry{}}
+func openFlatCache(dir string, budget int64, flatten flattenFunc, remove removeFunc) (*flatCache, error) {
+	c := &flatCache{
+		dir: dir, budget: budget, flatten: flatten, remove: remove,
+		locks: locker.New(), evictor: newEvictor(), entries: map[string]*flatEntry{},
+	}
 	des, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read flat cache: %w", err)
@@ -76,7 +81,8 @@ func openFlatCache(dir string, budget int64, flatten flattenFunc) (*flatCache, e
 
 // stage makes dst the chain's flat memory, flattening it first if no file
 // exists. The per-chain lock makes concurrent stages of one chain flatten
-// once, and keeps eviction off the file until dst pins it.
+// once, and keeps eviction off the file until dst pins it. Eviction runs
+// later, in the background: dst is usable before any file is unlinked.
 func (c *flatCache) stage(ctx context.Context, linkDirs []string, id digest.Digest, dst string) error {
 	name := id.Encoded()
 	path := filepath.Join(c.dir, name)
@@ -95,7 +101,7 @@ func (c *flatCache) stage(ctx context.Context, linkDirs []string, id digest.Dige
 	if err != nil {
 		return err
 	}
-	c.evict(ctx)
+	c.requestEvict()
 	return nil
 }
 
@@ -138,50 +144,6 @@ func (c *flatCache) drop(ctx context.Context, id digest.Digest) {
 	}
 }
 
-// evict removes unpinned files, least recently used first, until the cache
-// fits its budget. Pinned files are skipped: a running VM may read them.
-func (c *flatCache) evict(ctx context.Context) {
-	if c.budget == 0 {
-		return
-	}
-	c.evictMu.Lock()
-	defer c.evictMu.Unlock()
-	names, total := c.lru()
-	for _, name := range names {
-		if total <= c.budget {
-			return
-		}
-		c.locks.Lock(name)
-		size, err := c.removeUnpinned(name)
-		c.locks.Unlock(name)
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("name", name).Warn("evicting flat file")
-		}
-		if size > 0 {
-			log.G(ctx).WithFields(log.Fields{"name": name, "allocated": size}).Info("evicted flat file")
-		}
-		total -= size
-	}
-	if total > c.budget {
-		log.G(ctx).WithFields(log.Fields{"allocated": total, "budget": c.budget}).
-			Warn("flat cache over budget: every remaining file is pinned by a staged snapshot")
-	}
-}
-
-// lru returns the indexed names, least recently used first, and their total size.
-func (c *flatCache) lru() ([]string, int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var total int64
-	names := make([]string, 0, len(c.entries))
-	for n, e := range c.entries {
-		names = append(names, n)
-		total += e.size
-	}
-	slices.SortFunc(names, func(a, b string) int { return c.entries[a].used.Compare(c.entries[b].used) })
-	return names, total
-}
-
 // removeUnpinned removes the named file if no hard link pins it and returns
 // the bytes freed. The caller holds the name's lock.
 func (c *flatCache) removeUnpinned(name string) (int64, error) {
@@ -197,7 +159,7 @@ func (c *flatCache) removeUnpinned(name string) (int64, error) {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
 		return 0, nil
 	}
-	if err := os.Remove(path); err != nil {
+	if err := c.remove(path); err != nil {
 		return 0, err
 	}
 	c.forget(name)

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -50,6 +52,7 @@ func TestEvictionSkipsPinnedOldestFirst(t *testing.T) {
 		}
 	}
 
+	sn.flat.evictNow()
 	var want []string
 	for _, c := range []string{"a", "c", "d"} {
 		want = append(want, filepath.Base(flatPath(t, root, fxs[c].dirs[0])))
@@ -89,6 +92,7 @@ func TestEvictionOrderIsLeastRecentlyUsed(t *testing.T) {
 	stage(0) // 0 is now more recently used than 1
 	tops[2] = importChain(t, sn, fxs[2], "chain2")
 	stage(2)
+	sn.flat.evictNow()
 
 	if _, err := os.Stat(flatPath(t, root, fxs[1].dirs[0])); !os.IsNotExist(err) {
 		t.Errorf("least recently used flat file survived (err %v)", err)
@@ -97,6 +101,83 @@ func TestEvictionOrderIsLeastRecentlyUsed(t *testing.T) {
 		if _, err := os.Stat(flatPath(t, root, fxs[i].dirs[0])); err != nil {
 			t.Errorf("recently used flat file %d was evicted: %v", i, err)
 		}
+	}
+}
+
+func TestPrepareDoesNotWaitForEviction(t *testing.T) {
+	const pages = 48
+	ctx := context.Background()
+	fixtures := t.TempDir()
+	root := t.TempDir()
+	old := makeChain(t, filepath.Join(fixtures, "old"), 25, pages, 1)
+	fresh := makeChain(t, filepath.Join(fixtures, "new"), 26, pages, 1)
+	one := allocatedOf(t, old.mem)
+	entered := make(chan string, 1)
+	release := make(chan struct{})
+	// Unlinking a flat file blocks until the test releases it.
+	slowRemove := withRemove(func(path string) error {
+		entered <- path
+		<-release
+		return os.Remove(path)
+	})
+	sn := newSnapshotter(t, root, WithFlatCacheSize(one+one/2), slowRemove)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before Close, which waits for the eviction pass
+
+	oldTop := importChain(t, sn, old, "old")
+	if _, err := sn.Prepare(ctx, "ctr-old", oldTop); err != nil {
+		t.Fatal(err)
+	}
+	if err := sn.Remove(ctx, "ctr-old"); err != nil {
+		t.Fatal(err)
+	}
+	freshTop := importChain(t, sn, fresh, "new")
+	prepared := make(chan error, 1)
+	go func() {
+		_, err := sn.Prepare(ctx, "ctr-new", freshTop)
+		prepared <- err
+	}()
+	select {
+	case err := <-prepared:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Prepare did not return while evicting a file was blocked: eviction runs on the Prepare path")
+	}
+	if got, want := <-entered, flatPath(t, root, old.dirs[0]); got != want {
+		t.Errorf("evicting %s, want the unpinned older file %s", got, want)
+	}
+	unblock()
+	sn.flat.evictNow()
+	if got, want := flatFiles(t, root), []string{filepath.Base(flatPath(t, root, fresh.dirs[0]))}; !slices.Equal(got, want) {
+		t.Errorf("flat cache holds %v after eviction, want only the new chain's %v", got, want)
+	}
+}
+
+func TestCloseStopsEviction(t *testing.T) {
+	ctx := context.Background()
+	fx := makeChain(t, t.TempDir(), 27, 48, 1)
+	root := t.TempDir()
+	sn, err := New(root, WithFlatCacheSize(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := importChain(t, sn, fx, "layer")
+	if _, err := sn.Prepare(ctx, "ctr", top); err != nil {
+		t.Fatal(err)
+	}
+	if err := sn.Remove(ctx, "ctr"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sn.flat.evictor.done:
+	default:
+		t.Fatal("Close returned with the eviction goroutine still running")
 	}
 }
 

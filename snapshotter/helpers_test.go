@@ -24,6 +24,11 @@ func withFlatten(f flattenFunc) Opt {
 	return func(c *config) { c.flatten = f }
 }
 
+// withRemove replaces os.Remove for unlinking flat files, e.g. to block it.
+func withRemove(f removeFunc) Opt {
+	return func(c *config) { c.remove = f }
+}
+
 // countFlattens returns an Opt that counts chain.Flatten calls in n.
 func countFlattens(n *atomic.Int64) Opt {
 	return withFlatten(func(ctx context.Context, dirs []string, out string) error {

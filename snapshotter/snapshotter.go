@@ -31,7 +31,8 @@ type Opt func(*config)
 
 type config struct {
 	flatCacheSize int64
-	flatten       func(ctx context.Context, linkDirs []string, outPath string) error
+	flatten       flattenFunc
+	remove        removeFunc
 }
 
 // WithFlatCacheSize sets the byte budget (allocated bytes on disk) for
@@ -59,7 +60,7 @@ var (
 // New opens (or creates) a snapshotter rooted at root. It removes temp
 // files a crash left behind and staging dirs the metadata does not know.
 func New(root string, opts ...Opt) (*Snapshotter, error) {
-	cfg := config{flatten: chain.Flatten}
+	cfg := config{flatten: chain.Flatten, remove: os.Remove}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -76,7 +77,7 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 		return nil, fmt.Errorf("open metadata: %w", err)
 	}
 	s := &Snapshotter{root: root, ms: ms}
-	s.flat, err = openFlatCache(filepath.Join(root, "flat"), cfg.flatCacheSize, cfg.flatten)
+	s.flat, err = openFlatCache(filepath.Join(root, "flat"), cfg.flatCacheSize, cfg.flatten, cfg.remove)
 	if err == nil {
 		err = s.reconcile(context.Background(), true)
 	}
@@ -84,8 +85,9 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 		ms.Close()
 		return nil, err
 	}
+	s.flat.startEvictor(context.Background())
 	// After reconcile: removing orphan staging dirs may have unpinned files.
-	s.flat.evict(context.Background())
+	s.flat.requestEvict()
 	return s, nil
 }
 
@@ -155,8 +157,10 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters .
 	})
 }
 
-// Close closes the metadata store.
+// Close waits for a running eviction pass to stop and closes the metadata
+// store.
 func (s *Snapshotter) Close() error {
+	s.flat.closeEvictor()
 	return s.ms.Close()
 }
 

@@ -35,6 +35,9 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkNew(ctx, key); err != nil {
+		return nil, err
+	}
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, "snapshots"), tempDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("create snapshot dir: %w", err)
@@ -73,6 +76,23 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return nil, err
 	}
 	return s.mounts(snap), nil
+}
+
+// checkNew fails with ErrAlreadyExists if key names a snapshot, before any
+// staging work (a flatten may take seconds) is spent on it. The metadata
+// transaction still decides a race between two creates of one key.
+func (s *Snapshotter) checkNew(ctx context.Context, key string) error {
+	return s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		_, _, _, err := storage.GetInfo(ctx, key)
+		switch {
+		case err == nil:
+			return fmt.Errorf("create snapshot %s: %w", key, errdefs.ErrAlreadyExists)
+		case errdefs.IsNotFound(err):
+			return nil
+		default:
+			return fmt.Errorf("create snapshot %s: %w", key, err)
+		}
+	})
 }
 
 // isUnpack tells an unpack (the applier will write a layer into the dir)

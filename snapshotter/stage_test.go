@@ -9,7 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
@@ -250,4 +252,99 @@ func TestCleanupKeepsInFlightDirs(t *testing.T) {
 	if _, err := os.Stat(inFlight); err != nil {
 		t.Errorf("Cleanup removed a dir a Prepare may still be filling: %v", err)
 	}
+}
+
+func TestFailedPrepareLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	fixtures := t.TempDir()
+	root := t.TempDir()
+	var flattens atomic.Int64
+	sn := newSnapshotter(t, root, countFlattens(&flattens))
+	staged := makeChain(t, filepath.Join(fixtures, "staged"), 90, 32, 1)
+	unflattened := makeChain(t, filepath.Join(fixtures, "unflattened"), 91, 32, 2)
+	broken := makeChain(t, filepath.Join(fixtures, "broken"), 92, 32, 1)
+	stagedTop := importChain(t, sn, staged, "staged")
+	unflattenedTop := importChain(t, sn, unflattened, "unflattened")
+	brokenTop := importChain(t, sn, broken, "broken")
+	for _, top := range []string{stagedTop, brokenTop} {
+		if _, err := sn.Prepare(ctx, "ctr-"+top, top); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sn.Remove(ctx, "ctr-"+brokenTop); err != nil {
+		t.Fatal(err)
+	}
+	// broken's committed link loses its state file: staging it again fails
+	// after the memory hard link of its flat file is made.
+	if err := os.Remove(filepath.Join(sn.dir(snapshotID(t, sn, brokenTop)), "qemu.state")); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name   string
+		create func(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error)
+		key    string
+		parent string
+		check  func(error) bool
+	}{
+		{"existing key on a flattened chain", sn.Prepare, "ctr-" + stagedTop, stagedTop, errdefs.IsAlreadyExists},
+		{"existing key on an unflattened chain", sn.Prepare, "ctr-" + stagedTop, unflattenedTop, errdefs.IsAlreadyExists},
+		{"existing key as a view", sn.View, "ctr-" + stagedTop, unflattenedTop, errdefs.IsAlreadyExists},
+		{"existing key as an unpack", sn.Prepare, stagedTop, "", errdefs.IsAlreadyExists},
+		{"state file missing", sn.Prepare, "ctr-broken", brokenTop, func(err error) bool { return err != nil }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.create(ctx, tc.key, tc.parent)
+			if !tc.check(err) {
+				t.Fatalf("create %s on %q: %v, want it to fail", tc.key, tc.parent, err)
+			}
+			t.Logf("error: %v", err)
+		})
+	}
+
+	if n := flattens.Load(); n != 2 {
+		t.Errorf("%d flattens, want 2 (staged, broken): a Prepare of an existing key flattened", n)
+	}
+	for _, f := range []struct {
+		fx    fixture
+		nlink uint64
+	}{{staged, 2}, {broken, 1}} {
+		if n := stat(t, flatPath(t, root, f.fx.dirs[0])).Nlink; n != f.nlink {
+			t.Errorf("flat file of %s has nlink %d, want %d: a failed Prepare left a hard link", f.fx.dirs[0], n, f.nlink)
+		}
+	}
+	if _, err := os.Stat(flatPath(t, root, unflattened.dirs[1])); !os.IsNotExist(err) {
+		t.Errorf("a Prepare of an existing key flattened its chain (err %v)", err)
+	}
+	des, err := os.ReadDir(filepath.Join(root, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snaps int
+	if err := sn.Walk(ctx, func(context.Context, snapshots.Info) error { snaps++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(des) != snaps {
+		var names []string
+		for _, de := range des {
+			names = append(names, de.Name())
+		}
+		t.Errorf("snapshot dirs %v for %d snapshots: a failed Prepare left a dir", names, snaps)
+	}
+}
+
+// snapshotID returns the ID (dir name) of the snapshot key.
+func snapshotID(t *testing.T, sn *Snapshotter, key string) string {
+	t.Helper()
+	var id string
+	err := sn.ms.WithTransaction(context.Background(), false, func(ctx context.Context) error {
+		var err error
+		id, _, _, err = storage.GetInfo(ctx, key)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

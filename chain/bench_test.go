@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 const benchMemory = 256 << 20
@@ -201,5 +203,59 @@ func BenchmarkWriteDiff(b *testing.B) {
 		b.StopTimer()
 		os.RemoveAll(out)
 		b.StartTimer()
+	}
+}
+
+// BenchmarkVerifyData hashes a link with 100 MiB of memory data: warm is
+// the case at Commit, right after the unpack wrote the bytes; cold reads
+// them from disk first.
+func BenchmarkVerifyData(b *testing.B) {
+	const size = 100 << 20
+	r := rand.New(rand.NewPCG(9, 9))
+	mem := filepath.Join(b.TempDir(), "memory")
+	f, err := os.Create(mem)
+	if err != nil {
+		b.Fatal(err)
+	}
+	page := make([]byte, testPage)
+	for off := int64(0); off < size; off += testPage {
+		fillPage(r, page)
+		if _, err := f.WriteAt(page, off); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f.Close()
+	dir := filepath.Join(b.TempDir(), "link")
+	l, err := WriteFull(context.Background(), mem, testMeta(), dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, cold := range []bool{false, true} {
+		name := map[bool]string{false: "warm", true: "cold"}[cold]
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				if cold {
+					b.StopTimer()
+					dropCache(b, filepath.Join(dir, DataFile))
+					b.StartTimer()
+				}
+				if err := VerifyData(context.Background(), dir, l); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// dropCache evicts path's clean pages from the page cache.
+func dropCache(b *testing.B, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -16,7 +16,8 @@ import (
 )
 
 // Commit validates the link unpacked into the active snapshot key against
-// its parent link and publishes it read-only as name. An invalid link fails
+// its parent link, verifies its memory data digest, and publishes it
+// read-only as name. An invalid link fails
 // with ErrInvalidArgument and changes nothing: key stays active and removable.
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
 	id, parentID, err := s.activeIDs(ctx, key)
@@ -31,6 +32,12 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		}
 	}
 	link, err := chain.Validate(dir, parent)
+	if err == nil {
+		// Hashing now, while the unpack's bytes are in the page cache,
+		// fails a corrupt layer at import instead of at a container's
+		// first Prepare.
+		err = chain.VerifyData(ctx, dir, link)
+	}
 	if err != nil {
 		// The cause goes in the message only: a second %w would reach gRPC
 		// clients as an extra error detail and print "invalid argument" twice.

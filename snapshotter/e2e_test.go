@@ -2,12 +2,14 @@ package snapshotter
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/opencontainers/image-spec/identity"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
@@ -29,6 +31,49 @@ func TestContainerdImportAndStage(t *testing.T) {
 		t.Fatalf("cocoonctl pack: %v\n%s", err, out)
 	}
 	importAndStage(t, ref, archive, fx)
+}
+
+// TestContainerdImportRejectsCorruptData imports a chain whose top link's
+// memory.data does not match its digest in link.json: the import must fail
+// at Commit, naming the mismatch, and publish no image snapshot.
+func TestContainerdImportRejectsCorruptData(t *testing.T) {
+	const ref = "docker.io/cocoon/e2e:corrupt"
+	cocoonctl := testenv.Bin(t, "cocoonctl")
+	fixtures := t.TempDir()
+	fx := makeChain(t, fixtures, 81, 256, 2)
+	data := filepath.Join(fx.dirs[1], chain.DataFile)
+	b, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0xff
+	if err := os.WriteFile(data, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(fixtures, "chain.tar")
+	pack := exec.Command(cocoonctl, append([]string{"pack", "--name", ref, "--out", archive}, fx.dirs...)...)
+	if out, err := pack.CombinedOutput(); err != nil {
+		t.Fatalf("cocoonctl pack: %v\n%s", err, out)
+	}
+	c := ctrdtest.Start(t, ctrdtest.Options{})
+	out, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive)
+	if err == nil || !strings.Contains(out+err.Error(), "digest mismatch") {
+		t.Fatalf("import of a corrupt link: %v\n%s\nwant a failure naming the digest mismatch", err, out)
+	}
+	t.Logf("ctr images import: %v", err)
+	var committed int
+	err = c.Client().SnapshotService(ctrdtest.Snapshotter).Walk(context.Background(), func(_ context.Context, i snapshots.Info) error {
+		if i.Kind == snapshots.KindCommitted {
+			committed++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if committed != 1 {
+		t.Errorf("%d committed snapshots after the failed import, want 1 (the intact first link)", committed)
+	}
 }
 
 // importAndStage imports archive into a private containerd, stages a

@@ -152,6 +152,17 @@ func TestCommitRejectsBadLink(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		{"memory.data corrupted", "", func(t *testing.T, dir string) {
+			copyDir(t, fx.dirs[0], dir)
+			f, err := os.OpenFile(filepath.Join(dir, chain.DataFile), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteAt([]byte{0xff, 0x00, 0xff}, page+100); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"state file missing", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			os.Remove(filepath.Join(dir, "qemu.state"))

@@ -39,7 +39,9 @@ func (s *Staged) MemoryPath() string { return filepath.Join(s.Dir, StagedMemory)
 // StatePath is the staged copy of the top link's state file name.
 func (s *Staged) StatePath(name string) string { return filepath.Join(s.Dir, name) }
 
-// WriteStaged writes dir/chain.json for links, oldest first, atomically.
+// WriteStaged writes dir/chain.json for links, oldest first, atomically
+// (temp file and rename) but without fsync: a staged dir serves VMs of the
+// current boot only, and its maker re-stages it after a host crash.
 func WriteStaged(dir string, links []*Link) error {
 	if err := checkLinks(links); err != nil {
 		return fmt.Errorf("write staged chain: %w", err)
@@ -52,7 +54,7 @@ func WriteStaged(dir string, links []*Link) error {
 	if err != nil {
 		return fmt.Errorf("write staged chain: %w", err)
 	}
-	return writeFileAtomic(filepath.Join(dir, StagedChain), append(b, '\n'), 0o644)
+	return replaceFile(filepath.Join(dir, StagedChain), append(b, '\n'), 0o644)
 }
 
 // OpenStaged reads dir/chain.json and checks that its links form a chain.

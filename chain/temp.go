@@ -30,10 +30,21 @@ func createTemp(path string) (*os.File, error) {
 // publish fsyncs and closes the temp file f, sets its mode, renames it to
 // path and fsyncs the directory. On error the temp file is removed.
 func publish(f *os.File, path string, perm os.FileMode) error {
-	err := f.Sync()
-	if err == nil {
-		err = f.Chmod(perm)
+	if err := f.Sync(); err != nil {
+		discard(f)
+		return fmt.Errorf("publish %s: %w", path, err)
 	}
+	if err := rename(f, path, perm); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// rename closes the temp file f, sets its mode and renames it to path:
+// atomic, so readers see the old file or the whole new one, but not durable.
+// On error the temp file is removed.
+func rename(f *os.File, path string, perm os.FileMode) error {
+	err := f.Chmod(perm)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -44,7 +55,7 @@ func publish(f *os.File, path string, perm os.FileMode) error {
 		os.Remove(f.Name())
 		return fmt.Errorf("publish %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return nil
 }
 
 // discard closes and removes an unpublished temp file.
@@ -55,6 +66,16 @@ func discard(f *os.File) {
 
 // writeFileAtomic writes data to path by temp file, fsync and rename.
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	return writeFileVia(path, data, perm, publish)
+}
+
+// replaceFile writes data to path by temp file and rename, without fsync:
+// for files whose loss in a host crash their writer recovers from.
+func replaceFile(path string, data []byte, perm os.FileMode) error {
+	return writeFileVia(path, data, perm, rename)
+}
+
+func writeFileVia(path string, data []byte, perm os.FileMode, put func(*os.File, string, os.FileMode) error) error {
 	f, err := createTemp(path)
 	if err != nil {
 		return err
@@ -63,7 +84,7 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 		discard(f)
 		return fmt.Errorf("write %s: %w", f.Name(), err)
 	}
-	return publish(f, path, perm)
+	return put(f, path, perm)
 }
 
 func syncDir(dir string) error {

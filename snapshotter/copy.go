@@ -53,17 +53,15 @@ func cloneFile(src, dst string) (how string, err error) {
 			os.Remove(dst)
 		}
 	}()
-	how = "reflink"
-	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
-		how = "sparse copy"
-		if err := sparseCopy(out, in); err != nil {
-			return "", fmt.Errorf("copy %s to %s: %w", src, dst, err)
-		}
+	// No fsync: like all of a staged dir, the copy is rebuilt after a
+	// host crash (restageAfterReboot).
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		return "reflink", nil
 	}
-	if err := out.Sync(); err != nil {
-		return "", fmt.Errorf("sync %s: %w", dst, err)
+	if err := sparseCopy(out, in); err != nil {
+		return "", fmt.Errorf("copy %s to %s: %w", src, dst, err)
 	}
-	return how, nil
+	return "sparse copy", nil
 }
 
 // sparseCopy copies in to out byte for byte, leaving holes where in has them.

@@ -98,19 +98,24 @@ func (s *Snapshotter) checkNew(ctx context.Context, key string) error {
 // isUnpack tells an unpack (the applier will write a layer into the dir)
 // from a container snapshot (stage the parent chain).
 func isUnpack(kind snapshots.Kind, key string, opts []snapshots.Opt) (bool, error) {
-	if kind != snapshots.KindActive {
-		return false, nil
-	}
-	var info snapshots.Info
+	info := snapshots.Info{Kind: kind, Name: key}
 	for _, o := range opts {
 		if err := o(&info); err != nil {
 			return false, fmt.Errorf("apply snapshot option for %s: %w", key, err)
 		}
 	}
-	if _, ok := info.Labels[snapshots.LabelSnapshotRef]; ok {
-		return true, nil
+	return unpackInfo(info), nil
+}
+
+// unpackInfo tells whether the snapshot info describes an unpack.
+func unpackInfo(info snapshots.Info) bool {
+	if info.Kind != snapshots.KindActive {
+		return false
 	}
-	return strings.HasPrefix(key, snapshots.UnpackKeyPrefix+"-"), nil
+	if _, ok := info.Labels[snapshots.LabelSnapshotRef]; ok {
+		return true
+	}
+	return strings.HasPrefix(info.Name, snapshots.UnpackKeyPrefix+"-")
 }
 
 // chainDirs returns the link dirs of the committed snapshot name and its

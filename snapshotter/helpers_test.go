@@ -29,6 +29,11 @@ func withRemove(f removeFunc) Opt {
 	return func(c *config) { c.remove = f }
 }
 
+// withBootID replaces reading the kernel's boot ID.
+func withBootID(id func() (string, error)) Opt {
+	return func(c *config) { c.bootID = id }
+}
+
 // countFlattens returns an Opt that counts chain.Flatten calls in n.
 func countFlattens(n *atomic.Int64) Opt {
 	return withFlatten(func(ctx context.Context, dirs []string, out string) error {

@@ -9,6 +9,7 @@
 //	snapshots/<id>/    one dir per snapshot: a link (unpack, then committed
 //	                   read-only) or a staging dir (memory, state files, chain.json)
 //	flat/<link id>     flattened chain memory, 0444, keyed by the top link's ID
+//	boot_id            the boot the snapshotter last started in
 package snapshotter
 
 import (
@@ -33,6 +34,7 @@ type config struct {
 	flatCacheSize int64
 	flatten       flattenFunc
 	remove        removeFunc
+	bootID        func() (string, error)
 }
 
 // WithFlatCacheSize sets the byte budget (allocated bytes on disk) for
@@ -58,9 +60,10 @@ var (
 )
 
 // New opens (or creates) a snapshotter rooted at root. It removes temp
-// files a crash left behind and staging dirs the metadata does not know.
+// files a crash left behind and staging dirs the metadata does not know,
+// and re-stages the staged snapshots after a reboot.
 func New(root string, opts ...Opt) (*Snapshotter, error) {
-	cfg := config{flatten: chain.Flatten, remove: os.Remove}
+	cfg := config{flatten: chain.Flatten, remove: os.Remove, bootID: readBootID}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -80,6 +83,9 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 	s.flat, err = openFlatCache(filepath.Join(root, "flat"), cfg.flatCacheSize, cfg.flatten, cfg.remove)
 	if err == nil {
 		err = s.reconcile(context.Background(), true)
+	}
+	if err == nil {
+		err = s.restageAfterReboot(context.Background(), cfg.bootID)
 	}
 	if err != nil {
 		ms.Close()

@@ -1,0 +1,121 @@
+package snapshotter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/storage"
+	"github.com/containerd/continuity"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+)
+
+// bootIDFile records the boot the snapshotter last started in.
+const bootIDFile = "boot_id"
+
+// readBootID returns the kernel's ID of the current boot.
+func readBootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("read boot id: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// restageAfterReboot re-stages every staged snapshot if the host has booted
+// since the last start. Staging never fsyncs (it sits on every container's
+// start path): its files can be lost only in a host crash, which also ends
+// every VM that used them, so a new boot is exactly when they need
+// rebuilding. A restart within one boot keeps them: running VMs use them.
+// Without a record (a new root) it only records the boot.
+func (s *Snapshotter) restageAfterReboot(ctx context.Context, bootID func() (string, error)) error {
+	cur, err := bootID()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(s.root, bootIDFile)
+	prev, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("read last boot id: %w", err)
+	case strings.TrimSpace(string(prev)) != cur:
+		s.restageAll(ctx)
+	default:
+		return nil
+	}
+	// Lost in a crash, the record only makes the next start re-stage again.
+	if err := continuity.AtomicWriteFile(path, []byte(cur+"\n"), 0o600); err != nil {
+		return fmt.Errorf("record boot id: %w", err)
+	}
+	return nil
+}
+
+// stagedSnap is a container snapshot: a staged chain on parent.
+type stagedSnap struct {
+	id, key, parent string
+}
+
+// restageAll rebuilds every staged dir from its parent chain. A snapshot
+// that cannot be re-staged is logged and left empty, so that its user
+// fails on it clearly instead of the whole snapshotter failing to start.
+func (s *Snapshotter) restageAll(ctx context.Context) {
+	snaps, err := s.stagedSnapshots(ctx)
+	if err != nil {
+		log.G(ctx).WithError(err).Error("listing staged snapshots to re-stage after a reboot")
+		return
+	}
+	for _, sn := range snaps {
+		if err := s.restage(ctx, sn); err != nil {
+			log.G(ctx).WithError(err).WithField("key", sn.key).Error("re-staging a snapshot after a reboot")
+			continue
+		}
+		log.G(ctx).WithField("key", sn.key).Info("re-staged snapshot after a reboot")
+	}
+}
+
+func (s *Snapshotter) restage(ctx context.Context, sn stagedSnap) error {
+	dir := s.dir(sn.id)
+	removeDir(ctx, dir)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return fmt.Errorf("create snapshot dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("chmod snapshot dir: %w", err)
+	}
+	return s.stage(ctx, sn.parent, dir)
+}
+
+// stagedSnapshots lists the active and view snapshots that are staged
+// chains (not unpacks, not empty).
+func (s *Snapshotter) stagedSnapshots(ctx context.Context) ([]stagedSnap, error) {
+	var snaps []stagedSnap
+	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		ids, err := storage.IDMap(ctx)
+		if errdefs.IsNotFound(err) {
+			return nil // a fresh store has no snapshot bucket yet
+		} else if err != nil {
+			return err
+		}
+		for _, key := range ids {
+			id, info, _, err := storage.GetInfo(ctx, key)
+			if err != nil {
+				return err
+			}
+			if info.Kind != snapshots.KindCommitted && info.Parent != "" && !unpackInfo(info) {
+				snaps = append(snaps, stagedSnap{id: id, key: key, parent: info.Parent})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list staged snapshots: %w", err)
+	}
+	return snaps, nil
+}

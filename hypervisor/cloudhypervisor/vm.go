@@ -57,7 +57,7 @@ func (v *vm) Shutdown(ctx context.Context) error {
 		if err != nil {
 			l.WithError(err).Debug("vmm.shutdown got no answer, waiting for the exit")
 		}
-		err = v.Wait(ctx)
+		err = v.Reaped(ctx)
 	}
 	if err != nil {
 		v.Stop()

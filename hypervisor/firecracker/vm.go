@@ -63,7 +63,7 @@ func (v *vm) Shutdown(ctx context.Context) error {
 	}
 	graceCtx, cancel := context.WithTimeout(ctx, shutdownGrace)
 	defer cancel()
-	if err := v.Wait(graceCtx); err != nil {
+	if err := v.Reaped(graceCtx); err != nil {
 		l.WithError(err).Warn("guest ignored Ctrl+Alt+Del, killing firecracker")
 		return v.Stop()
 	}

@@ -48,8 +48,13 @@ func (i *Instance) PID() int { return i.proc.PID() }
 // Kill sends SIGKILL to the VMM unless it has already been reaped.
 func (i *Instance) Kill() error { return i.proc.Kill() }
 
-// Wait blocks until the VMM has exited or ctx ends.
+// Wait blocks until the VMM has exited or ctx ends; an exit other than a
+// clean one is an error.
 func (i *Instance) Wait(ctx context.Context) error { return i.proc.Wait(ctx) }
+
+// Reaped blocks until the VMM has been reaped, whatever its exit status,
+// or ctx ends.
+func (i *Instance) Reaped(ctx context.Context) error { return i.proc.Reaped(ctx) }
 
 // Stop kills the VMM, if one was started, and waits until it has been
 // reaped.

@@ -42,6 +42,7 @@ type Spec struct {
 // once, by the goroutine started with it, and kept for every Wait.
 type Process struct {
 	cmd  *exec.Cmd
+	name string
 	done chan struct{}
 	err  error
 }
@@ -78,7 +79,7 @@ func spawn(dir string, s Spec) (*Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.Binary, err)
 	}
-	p := &Process{cmd: cmd, done: make(chan struct{})}
+	p := &Process{cmd: cmd, name: filepath.Base(s.Binary), done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -124,13 +125,27 @@ func (p *Process) Kill() error {
 	return nil
 }
 
-// Wait blocks until the process has exited or ctx ends.
+// Wait blocks until the process has exited or ctx ends. It returns nil
+// for a clean exit and the exit error (a non-zero status or a signal)
+// otherwise, to every caller: a crashed VMM must not look like a clean exit.
 func (p *Process) Wait(ctx context.Context) error {
+	if err := p.Reaped(ctx); err != nil {
+		return err
+	}
+	if p.err != nil {
+		return fmt.Errorf("%s pid %d: %w", p.name, p.PID(), p.err)
+	}
+	return nil
+}
+
+// Reaped blocks until the process has been reaped, whatever its exit
+// status, or ctx ends: for a shutdown, where the exit is what counts.
+func (p *Process) Reaped(ctx context.Context) error {
 	select {
 	case <-p.done:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("wait for hypervisor pid %d: %w", p.PID(), ctx.Err())
+		return fmt.Errorf("wait for %s pid %d: %w", p.name, p.PID(), ctx.Err())
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,16 +20,34 @@ import (
 // socket (the value) until it is killed.
 const envServe = "VMMPROC_TEST_SERVE"
 
+// envExit, with envServe, makes that VMM exit with the status it names
+// once its first connection has been accepted, instead of running on.
+const envExit = "VMMPROC_TEST_EXIT"
+
 func TestMain(m *testing.M) {
 	if sock := os.Getenv(envServe); sock != "" {
-		ln, err := net.Listen("unix", sock)
-		if err != nil {
-			os.Exit(1)
-		}
-		defer ln.Close()
-		select {}
+		serve(sock, os.Getenv(envExit))
 	}
 	os.Exit(m.Run())
+}
+
+func serve(sock, exit string) {
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		os.Exit(1)
+	}
+	if exit == "" {
+		select {}
+	}
+	code, err := strconv.Atoi(exit)
+	if err != nil {
+		os.Exit(1)
+	}
+	if c, err := ln.Accept(); err == nil {
+		c.Close()
+	}
+	ln.Close()
+	os.Exit(code)
 }
 
 // script writes an executable shell script running body.
@@ -50,6 +69,15 @@ func serving(t *testing.T, dir string) Spec {
 	}
 	sock := filepath.Join(dir, "api.sock")
 	return Spec{Binary: script(t, "export "+envServe+"="+sock+"\nexec "+self), Log: "vmm.log", Socket: sock}
+}
+
+// exiting is a Spec of a VMM that serves its socket in dir until Start
+// has connected, then exits with status code.
+func exiting(t *testing.T, dir string, code int) Spec {
+	t.Helper()
+	s := serving(t, dir)
+	s.Binary = script(t, fmt.Sprintf("export %s=%d\nexec %s", envExit, code, s.Binary))
+	return s
 }
 
 func gone(pid int) bool {
@@ -76,8 +104,11 @@ func TestStartKillWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if err := p.Wait(ctx); err != nil {
-			t.Fatalf("wait after kill: %v", err)
+		if err := p.Wait(ctx); err == nil || !strings.Contains(err.Error(), "signal: killed") {
+			t.Fatalf("wait after kill: err = %v, want the kill reported", err)
+		}
+		if err := p.Reaped(ctx); err != nil {
+			t.Fatalf("reaped after kill: %v", err)
 		}
 	}
 	if err := p.Kill(); err != nil {
@@ -85,6 +116,43 @@ func TestStartKillWait(t *testing.T) {
 	}
 	if !gone(p.PID()) {
 		t.Errorf("pid %d not reaped", p.PID())
+	}
+}
+
+// TestWaitExitStatus checks that every Wait reports how the VMM exited:
+// a crashed VMM must not look like a clean exit.
+func TestWaitExitStatus(t *testing.T) {
+	tests := []struct {
+		name string
+		code int
+		want string
+	}{
+		{"clean exit", 0, ""},
+		{"crash", 3, "exit status 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			dir := t.TempDir()
+			p, err := Start(ctx, dir, exiting(t, dir, tt.code))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Stop() })
+			for range 2 {
+				err := p.Wait(ctx)
+				if tt.want == "" && err != nil {
+					t.Fatalf("wait: %v, want nil", err)
+				}
+				if tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+					t.Fatalf("wait: err = %v, want one containing %q", err, tt.want)
+				}
+				if err := p.Reaped(ctx); err != nil {
+					t.Fatalf("reaped: %v", err)
+				}
+			}
+		})
 	}
 }
 

@@ -70,6 +70,8 @@ type stager struct {
 	link string
 	flat string
 	n    int
+	// edit, if set, changes the link as chain.json describes it.
+	edit func(*chain.Link)
 }
 
 func newStager(t testing.TB, root, link string) *stager {
@@ -91,6 +93,9 @@ func (s *stager) stage() string {
 	l, err := chain.ReadLink(s.link)
 	if err != nil {
 		s.t.Fatal(err)
+	}
+	if s.edit != nil {
+		s.edit(l)
 	}
 	for _, name := range l.StateFiles {
 		b, err := os.ReadFile(filepath.Join(s.link, name))

@@ -57,6 +57,7 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	if err != nil {
 		return nil, err
 	}
+	v.staged = staged
 	req.Phase("spawn", time.Since(t))
 	t = time.Now()
 	if err := v.load(ctx, staged.StatePath(StateFile)); err != nil {

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
@@ -207,6 +208,34 @@ func TestSnapshotOfCopyRestore(t *testing.T) {
 	_, c2 := restoreReady(t, d, hypervisor.RestoreRequest{StagedDir: s2.stage(), RunDir: s2.runDir(), Mode: hypervisor.ModeMmap})
 	if got := run(t, c2, "cat", "/run/mark"); got != "checkpointed" {
 		t.Fatalf("restored checkpoint has %q in /run/mark", got)
+	}
+}
+
+// A checkpoint of a restored VM describes the guest its chain described,
+// not a default one: the restore policy reads these fields.
+func TestSnapshotKeepsGuestMeta(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakeBare(t, d, root))
+	s.edit = func(l *chain.Link) { l.GuestOS, l.HugePages, l.SharedMemory = "windows", true, true }
+	ctx := testContext(t, time.Minute)
+	hv, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeCopy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := hv.(*VM)
+	closeVM(t, v)
+	link := filepath.Join(root, "checkpoint")
+	if err := v.Snapshot(ctx, link, hypervisor.SnapshotFull); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	l, err := chain.ReadLink(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.GuestOS != "windows" || !l.HugePages || !l.SharedMemory || l.Hypervisor != Name {
+		t.Errorf("checkpoint link: guest %q, hugepages %v, shared %v, hypervisor %q; want windows, true, true, %s",
+			l.GuestOS, l.HugePages, l.SharedMemory, l.Hypervisor, Name)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 )
 
 // Snapshot writes a full chain link of the VM into dir: the device state
@@ -34,18 +35,28 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err := WriteShape(dir, v.shape); err != nil {
 		return err
 	}
-	meta := chain.Meta{
-		Hypervisor:      "qemu",
-		HypervisorBuild: v.build,
-		GuestOS:         "linux",
-		VCPUs:           v.shape.VCPUs,
-		PageSize:        int64(os.Getpagesize()),
-		StateFiles:      []string{StateFile, ShapeFile},
-	}
-	if _, err := chain.WriteFull(ctx, v.memPath, meta, dir); err != nil {
+	if _, err := chain.WriteFull(ctx, v.memPath, v.linkMeta(), dir); err != nil {
 		return fmt.Errorf("write memory: %w", err)
 	}
 	return nil
+}
+
+// bootGuestOS is the guest a booted VM runs: Boot takes a Linux kernel.
+const bootGuestOS = "linux"
+
+// linkMeta describes the link a snapshot writes. A restored VM's guest is
+// the one its chain describes (its OS, page size, hugepages and shared
+// memory steer the restore policy), so those carry over; only a booted VM
+// is described from its shape.
+func (v *VM) linkMeta() chain.Meta {
+	files := []string{StateFile, ShapeFile}
+	if v.staged != nil {
+		return stagedchain.Meta(v.staged, Name, v.build, files)
+	}
+	return chain.Meta{
+		Hypervisor: Name, HypervisorBuild: v.build, GuestOS: bootGuestOS,
+		VCPUs: v.shape.VCPUs, PageSize: int64(os.Getpagesize()), StateFiles: files,
+	}
 }
 
 // saveState writes the device-state stream to path, durably.

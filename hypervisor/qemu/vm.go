@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
@@ -35,6 +36,8 @@ type VM struct {
 	runDir string
 	shape  Shape
 	build  string
+	// staged is the chain the VM was restored from; nil for a booted VM.
+	staged *chain.Staged
 	// memPath is where the guest RAM can be read while the VM is paused:
 	// the shared backing file, or our memfd under copy. Empty under mmap,
 	// where changed pages are private to QEMU.

@@ -1,7 +1,7 @@
-// Package stagedchain is what the Cloud Hypervisor and Firecracker drivers
-// do alike with a staged chain: check it suits the driver before a restore,
-// let go of its memory after a copy restore, and describe the links a VM
-// restored from it snapshots.
+// Package stagedchain is what the drivers do alike with a staged chain:
+// check it suits the driver before a restore (Cloud Hypervisor,
+// Firecracker), let go of its memory after a copy restore, and describe the
+// links a VM restored from it snapshots (every driver).
 package stagedchain
 
 import (

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
@@ -21,7 +23,7 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 		return fmt.Errorf("qemu snapshot kind %q: QEMU 7.2 cannot report the pages dirtied in a file-backed guest, only %q is supported", kind, hypervisor.SnapshotFull)
 	}
 	if v.memPath == "" {
-		return fmt.Errorf("qemu snapshot: the VM was restored with mmap, its changed pages are private to QEMU (share=off); restore with copy to snapshot it")
+		return fmt.Errorf("qemu snapshot of a VM restored with mmap: the guest's changed pages are private copy-on-write pages of QEMU (share=off), not in the memory file, so a link would miss them; restore with copy mode to checkpoint this guest: %w", errdefs.ErrFailedPrecondition)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create snapshot dir: %w", err)

@@ -8,9 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 const (
@@ -54,6 +57,63 @@ func (s *Snapshotter) reconcile(ctx context.Context, startup bool) error {
 		log.G(ctx).WithField("path", filepath.Join(top, name)).Info("removing snapshot dir without metadata")
 		removeDir(ctx, filepath.Join(top, name))
 	}
+	return nil
+}
+
+// snapRecord is a snapshot in the metadata and its dir's ID.
+type snapRecord struct {
+	id   string
+	info snapshots.Info
+}
+
+// snapshots lists every snapshot in the metadata.
+func (s *Snapshotter) snapshots(ctx context.Context) ([]snapRecord, error) {
+	var recs []snapRecord
+	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		ids, err := storage.IDMap(ctx)
+		if errdefs.IsNotFound(err) {
+			return nil // a fresh store has no snapshot bucket yet
+		} else if err != nil {
+			return err
+		}
+		for _, key := range ids {
+			id, info, _, err := storage.GetInfo(ctx, key)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, snapRecord{id: id, info: info})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	return recs, nil
+}
+
+// dropOrphans drops the flat files whose top link is no longer committed,
+// which a restart between a link's Remove and the eviction pass leaves.
+func (s *Snapshotter) dropOrphans(ctx context.Context) error {
+	recs, err := s.snapshots(ctx)
+	if err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, r := range recs {
+		if r.info.Kind != snapshots.KindCommitted {
+			continue
+		}
+		if l, err := chain.ReadLink(s.dir(r.id)); err == nil {
+			live[l.ID().Encoded()] = true
+		}
+	}
+	var orphans []string
+	for _, name := range s.flat.names() {
+		if !live[name] {
+			orphans = append(orphans, name)
+		}
+	}
+	s.flat.drop(orphans...)
 	return nil
 }
 

@@ -86,7 +86,7 @@ func (s *Snapshotter) activeIDs(ctx context.Context, key string) (id, parentID s
 
 // Remove deletes a snapshot and its dir. Removing a staged snapshot drops
 // its hard link of the flat file; removing a committed link also drops the
-// chain's flat file if nothing pins it.
+// chain's flat file, in the background once nothing pins it.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	s.dirs.RLock()
 	defer s.dirs.RUnlock()
@@ -120,15 +120,13 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	if renamed == "" {
 		return nil
 	}
-	isLink := kind == snapshots.KindCommitted
-	if isLink {
+	if kind == snapshots.KindCommitted {
 		if link, err := chain.ReadLink(renamed); err == nil {
-			s.flat.drop(ctx, link.ID())
+			s.flat.drop(link.ID().Encoded())
 		}
 	}
 	removeDir(ctx, renamed)
-	if !isLink {
-		s.flat.requestEvict() // dropping a staged link may unpin a file over budget
-	}
+	// Dropping a staged link may unpin an orphan or a file over budget.
+	s.flat.requestEvict()
 	return nil
 }

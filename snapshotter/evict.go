@@ -52,9 +52,6 @@ func (c *flatCache) evictLoop(ctx context.Context) {
 
 // requestEvict asks for an eviction pass without waiting for it.
 func (c *flatCache) requestEvict() {
-	if c.budget == 0 {
-		return
-	}
 	select {
 	case c.evictor.kick <- struct{}{}:
 	default: // a pass is already pending and will see this change too
@@ -88,33 +85,65 @@ func (c *flatCache) stopping() bool {
 	}
 }
 
-// evict removes unpinned files, least recently used first, until the cache
-// fits its budget. Pinned files are skipped: a running VM may read them.
-// Only the eviction goroutine calls it.
+// evict removes unpinned orphans, then unpinned files, least recently used
+// first, until the cache fits its budget. Pinned files are skipped: a
+// running VM may read them. Only the eviction goroutine calls it.
 func (c *flatCache) evict(ctx context.Context) {
+	names, total := c.lru()
+	for _, name := range names {
+		if c.stopping() {
+			return
+		}
+		if c.isOrphan(name) {
+			total -= c.evictOne(ctx, name)
+		}
+	}
 	if c.budget == 0 {
 		return
 	}
-	names, total := c.lru()
 	for _, name := range names {
 		if total <= c.budget || c.stopping() {
 			return
 		}
-		c.locks.Lock(name)
-		size, err := c.removeUnpinned(name)
-		c.locks.Unlock(name)
-		if err != nil {
-			log.G(ctx).WithError(err).WithField("name", name).Warn("evicting flat file")
-		}
-		if size > 0 {
-			log.G(ctx).WithFields(log.Fields{"name": name, "allocated": size}).Info("evicted flat file")
-		}
-		total -= size
+		total -= c.evictOne(ctx, name)
 	}
 	if total > c.budget {
 		log.G(ctx).WithFields(log.Fields{"allocated": total, "budget": c.budget}).
 			Warn("flat cache over budget: every remaining file is pinned by a staged snapshot")
 	}
+}
+
+// evictOne removes the named file unless it is pinned and returns the
+// bytes freed.
+func (c *flatCache) evictOne(ctx context.Context, name string) int64 {
+	c.locks.Lock(name)
+	size, err := c.removeUnpinned(name)
+	c.locks.Unlock(name)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("name", name).Warn("evicting flat file")
+	}
+	if size > 0 {
+		log.G(ctx).WithFields(log.Fields{"name": name, "allocated": size}).Info("evicted flat file")
+	}
+	return size
+}
+
+func (c *flatCache) isOrphan(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[name]
+	return ok && e.orphan
+}
+
+// names returns the indexed names.
+func (c *flatCache) names() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names := make([]string, 0, len(c.entries))
+	for n := range c.entries {
+		names = append(names, n)
+	}
+	return names
 }
 
 // lru returns the indexed names, least recently used first, and their total size.

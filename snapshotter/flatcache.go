@@ -41,8 +41,9 @@ type flatCache struct {
 }
 
 type flatEntry struct {
-	size int64 // allocated bytes
-	used time.Time
+	size   int64 // allocated bytes
+	used   time.Time
+	orphan bool // its top link is gone: remove once unpinned, whatever the budget
 }
 
 // openFlatCache removes temp files a crashed flatten left and indexes the
@@ -133,15 +134,18 @@ func (c *flatCache) touch(path string, fi os.FileInfo) {
 	c.mu.Unlock()
 }
 
-// drop removes the flat file of a chain whose top link is gone, unless a
-// staged dir still pins it.
-func (c *flatCache) drop(ctx context.Context, id digest.Digest) {
-	name := id.Encoded()
-	c.locks.Lock(name)
-	defer c.locks.Unlock(name)
-	if _, err := c.removeUnpinned(name); err != nil {
-		log.G(ctx).WithError(err).WithField("chain", id).Warn("removing flat file of a removed link")
+// drop marks the flat file of a chain whose top link is gone for removal
+// by the next eviction pass, once no staged dir pins it: unlinking a large
+// file can take seconds, which Remove should not wait for.
+func (c *flatCache) drop(names ...string) {
+	c.mu.Lock()
+	for _, name := range names {
+		if e, ok := c.entries[name]; ok {
+			e.orphan = true
+		}
 	}
+	c.mu.Unlock()
+	c.requestEvict()
 }
 
 // removeUnpinned removes the named file if no hard link pins it and returns

@@ -156,6 +156,74 @@ func TestPrepareDoesNotWaitForEviction(t *testing.T) {
 	}
 }
 
+func TestRemoveDoesNotWaitForUnlink(t *testing.T) {
+	ctx := context.Background()
+	fx := makeChain(t, t.TempDir(), 28, 48, 1)
+	root := t.TempDir()
+	entered := make(chan string, 1)
+	release := make(chan struct{})
+	sn := newSnapshotter(t, root, withRemove(func(path string) error {
+		entered <- path
+		<-release
+		return os.Remove(path)
+	}))
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before Close, which waits for the eviction pass
+
+	top := importChain(t, sn, fx, "layer")
+	if _, err := sn.Prepare(ctx, "ctr", top); err != nil {
+		t.Fatal(err)
+	}
+	if err := sn.Remove(ctx, "ctr"); err != nil {
+		t.Fatal(err)
+	}
+	removed := make(chan error, 1)
+	go func() { removed <- sn.Remove(ctx, top) }()
+	select {
+	case err := <-removed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Remove of a link did not return while unlinking its flat file was blocked")
+	}
+	if got, want := <-entered, flatPath(t, root, fx.dirs[0]); got != want {
+		t.Errorf("unlinking %s, want the removed link's flat file %s", got, want)
+	}
+	unblock()
+	sn.flat.evictNow()
+	if files := flatFiles(t, root); len(files) != 0 {
+		t.Errorf("flat cache holds %v after its only link was removed, want it empty", files)
+	}
+}
+
+func TestRestartDropsOrphanFlatFiles(t *testing.T) {
+	ctx := context.Background()
+	fx := makeChain(t, t.TempDir(), 29, 48, 1)
+	root := t.TempDir()
+	sn := newSnapshotter(t, root)
+	top := importChain(t, sn, fx, "layer")
+	if _, err := sn.Prepare(ctx, "ctr", top); err != nil {
+		t.Fatal(err)
+	}
+	if err := sn.Remove(ctx, "ctr"); err != nil {
+		t.Fatal(err)
+	}
+	sn.Close()
+	// What a restart between a link's Remove and the eviction pass leaves.
+	orphan := filepath.Join(root, "flat", "0123456789abcdef")
+	if err := os.WriteFile(orphan, []byte("memory of a removed link"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+
+	sn = newSnapshotter(t, root)
+	sn.flat.evictNow()
+	if got, want := flatFiles(t, root), []string{filepath.Base(flatPath(t, root, fx.dirs[0]))}; !slices.Equal(got, want) {
+		t.Errorf("flat cache holds %v after a restart, want only the live chain's %v", got, want)
+	}
+}
+
 func TestCloseStopsEviction(t *testing.T) {
 	ctx := context.Background()
 	fx := makeChain(t, t.TempDir(), 27, 48, 1)

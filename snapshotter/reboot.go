@@ -10,9 +10,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/continuity"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 )
 
@@ -95,27 +93,15 @@ func (s *Snapshotter) restage(ctx context.Context, sn stagedSnap) error {
 // stagedSnapshots lists the active and view snapshots that are staged
 // chains (not unpacks, not empty).
 func (s *Snapshotter) stagedSnapshots(ctx context.Context) ([]stagedSnap, error) {
-	var snaps []stagedSnap
-	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
-		ids, err := storage.IDMap(ctx)
-		if errdefs.IsNotFound(err) {
-			return nil // a fresh store has no snapshot bucket yet
-		} else if err != nil {
-			return err
-		}
-		for _, key := range ids {
-			id, info, _, err := storage.GetInfo(ctx, key)
-			if err != nil {
-				return err
-			}
-			if info.Kind != snapshots.KindCommitted && info.Parent != "" && !unpackInfo(info) {
-				snaps = append(snaps, stagedSnap{id: id, key: key, parent: info.Parent})
-			}
-		}
-		return nil
-	})
+	all, err := s.snapshots(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list staged snapshots: %w", err)
+		return nil, err
+	}
+	var snaps []stagedSnap
+	for _, r := range all {
+		if r.info.Kind != snapshots.KindCommitted && r.info.Parent != "" && !unpackInfo(r.info) {
+			snaps = append(snaps, stagedSnap{id: r.id, key: r.info.Name, parent: r.info.Parent})
+		}
 	}
 	return snaps, nil
 }

@@ -87,12 +87,15 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 	if err == nil {
 		err = s.restageAfterReboot(context.Background(), cfg.bootID)
 	}
+	if err == nil {
+		err = s.dropOrphans(context.Background())
+	}
 	if err != nil {
 		ms.Close()
 		return nil, err
 	}
+	// The first pass removes what reconcile unpinned and dropOrphans marked.
 	s.flat.startEvictor(context.Background())
-	// After reconcile: removing orphan staging dirs may have unpinned files.
 	s.flat.requestEvict()
 	return s, nil
 }

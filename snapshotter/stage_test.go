@@ -173,6 +173,7 @@ func TestMetadataCalls(t *testing.T) {
 			t.Fatalf("remove %s: %v", key, err)
 		}
 	}
+	sn.flat.evictNow()
 	if files := flatFiles(t, sn.root); len(files) != 0 {
 		t.Errorf("flat cache after removing the chain's top link: %v, want empty", files)
 	}

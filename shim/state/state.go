@@ -1,10 +1,11 @@
 // Package state is what the shim keeps in a task's bundle: the task record
-// (the hypervisor process, its run directory, the plan and timings, the init
-// exit) and the restore report.
+// (the hypervisor process, its run directory and cgroup, the plan, the init
+// exit) and the restore report (the plan and the phase timings).
 //
 // The task record lets `shim delete` kill the VM and clean up after the shim
 // itself crashed, so it is written atomically (tmp + fsync + rename) every
-// time it changes.
+// time it changes. The report only informs: it is replaced atomically, so a
+// reader never sees half of one, but not synced.
 package state
 
 import (
@@ -38,9 +39,8 @@ type Task struct {
 	// StagedDir is the snapshotter's staged chain the VM was restored from.
 	StagedDir string `json:"stagedDir"`
 	// Cgroup is the cgroups path the hypervisor was moved into, if any.
-	Cgroup string  `json:"cgroup,omitempty"`
-	Plan   Plan    `json:"plan"`
-	Phases []Phase `json:"phases,omitempty"`
+	Cgroup string `json:"cgroup,omitempty"`
+	Plan   Plan   `json:"plan"`
 	// Exit is the init process's exit, once known.
 	Exit *Exit `json:"exit,omitempty"`
 }
@@ -95,9 +95,13 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// WriteTask persists t in bundle atomically.
+// WriteTask persists t in bundle atomically and durably.
 func WriteTask(bundle string, t *Task) error {
-	return writeJSON(filepath.Join(bundle, TaskFile), t)
+	data, err := encode(TaskFile, t)
+	if err != nil {
+		return err
+	}
+	return writeSynced(filepath.Join(bundle, TaskFile), data)
 }
 
 // ReadTask loads the task record from bundle. A bundle without one returns
@@ -110,9 +114,15 @@ func ReadTask(bundle string) (*Task, error) {
 	return &t, nil
 }
 
-// WriteReport persists the restore report in bundle atomically.
+// WriteReport replaces the restore report in bundle atomically. It skips
+// the fsync: the report is rewritten on the task's critical path (Create,
+// Start) and nothing depends on it surviving a host crash.
 func WriteReport(bundle string, r *Report) error {
-	return writeJSON(filepath.Join(bundle, ReportFile), r)
+	data, err := encode(ReportFile, r)
+	if err != nil {
+		return err
+	}
+	return writeRenamed(filepath.Join(bundle, ReportFile), data)
 }
 
 // ReadReport loads the restore report from bundle.
@@ -124,20 +134,44 @@ func ReadReport(bundle string) (*Report, error) {
 	return &r, nil
 }
 
-func writeJSON(path string, v any) error {
+func encode(name string, v any) ([]byte, error) {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
+		return nil, fmt.Errorf("encode %s: %w", name, err)
 	}
+	return append(data, '\n'), nil
+}
+
+// writeSynced writes data to path through a synced temp file and a rename.
+func writeSynced(path string, data []byte) error {
 	f, err := atomicfile.New(path, 0o600)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", path, err)
 	}
-	if _, err := f.Write(append(data, '\n')); err != nil {
+	if _, err := f.Write(data); err != nil {
 		return errors.Join(fmt.Errorf("write %s: %w", path, err), f.Cancel())
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("commit %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeRenamed writes data to path through a temp file and a rename,
+// without syncing.
+func writeRenamed(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-")
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	_, err = f.Write(data)
+	err = errors.Join(err, f.Chmod(0o600), f.Close())
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }

@@ -22,7 +22,6 @@ func TestTaskRoundTrip(t *testing.T) {
 		StagedDir:  "/var/lib/cocoon/staged/7",
 		Cgroup:     "/default/t1",
 		Plan:       Plan{Mode: "mmap", Reasons: []string{"best mode of qemu"}},
-		Phases:     []Phase{{Name: "spawn", Duration: Duration(40 * time.Millisecond)}},
 		Exit:       &Exit{Status: 7, At: time.Date(2026, 11, 29, 16, 0, 0, 0, time.UTC)},
 	}
 	if err := WriteTask(bundle, want); err != nil {
@@ -70,6 +69,41 @@ func TestReportDurationsAreReadable(t *testing.T) {
 	}
 	if got.Total != r.Total {
 		t.Fatalf("total = %v, want %v", got.Total, r.Total)
+	}
+}
+
+// TestReportReplaced rewrites the report as Create and Start do: the new
+// one replaces the old and no temp file stays in the bundle.
+func TestReportReplaced(t *testing.T) {
+	bundle := t.TempDir()
+	for _, phases := range [][]Phase{
+		{{Name: "spawn", Duration: Duration(time.Millisecond)}},
+		{{Name: "spawn", Duration: Duration(time.Millisecond)}, {Name: "process started", Duration: Duration(2 * time.Millisecond)}},
+	} {
+		if err := WriteReport(bundle, &Report{ID: "t1", Phases: phases}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadReport(bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got.Phases, phases) {
+			t.Fatalf("phases %+v, want %+v", got.Phases, phases)
+		}
+	}
+	entries, err := os.ReadDir(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 {
+		t.Fatalf("bundle holds %d entries, want only %s", len(entries), ReportFile)
+	}
+	fi, err := os.Stat(filepath.Join(bundle, ReportFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("report mode %v, want 0600", fi.Mode().Perm())
 	}
 }
 

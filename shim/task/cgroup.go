@@ -1,7 +1,6 @@
 package task
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -10,8 +9,6 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup2"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
 // vmCgroup is the cgroup the hypervisor process runs in, at the OCI spec's
@@ -42,27 +39,6 @@ func newCgroup(path string, res *specs.LinuxResources) (vmCgroup, error) {
 		return nil, fmt.Errorf("create cgroup %s: %w", path, err)
 	}
 	return cgroupV1{cg}, nil
-}
-
-// joinCgroup creates the task's cgroup, records it so `shim delete` can
-// remove it after a crash, and moves the hypervisor into it.
-func (t *task) joinCgroup(path string, res *specs.LinuxResources) error {
-	cg, err := newCgroup(path, res)
-	if err != nil {
-		return err
-	}
-	t.recMu.Lock()
-	t.rec.Cgroup = path
-	err = state.WriteTask(t.bundle, t.rec)
-	t.recMu.Unlock()
-	if err == nil {
-		err = cg.Add(t.pid())
-	}
-	if err != nil {
-		return errors.Join(fmt.Errorf("move hypervisor into cgroup %s: %w", path, err), cg.Delete())
-	}
-	t.cg = cg
-	return nil
 }
 
 // cpuOnly keeps the CPU resources of res.

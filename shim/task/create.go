@@ -19,8 +19,6 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
 // initGuestID names the init process to the guest agent; execs are
@@ -96,34 +94,31 @@ func (s *Service) release(id string) {
 }
 
 // launch restores the VM, records it in the bundle and puts it in its
-// cgroup. On error the VM is gone.
+// cgroup, the latter two while the guest comes up (vmSetup). On error the
+// VM and its cgroup are gone.
 func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spec, init *process) (_ *task, retErr error) {
 	began := time.Now()
+	setup := newVMSetup(req, spec)
+	req.Spawned = setup.spawned
 	sb, err := s.launcher.Launch(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("restore VM: %w", err)
+		return nil, errors.Join(fmt.Errorf("restore VM: %w", err), setup.release())
 	}
 	defer func() {
 		if retErr != nil {
 			discard(ctx, sb)
+			retErr = errors.Join(retErr, setup.release())
 		}
 	}()
-	rec, err := newRecord(req, sb)
+	rec, cg, err := setup.finish(sb)
 	if err != nil {
 		return nil, err
 	}
-	if err := state.WriteTask(req.Bundle, rec); err != nil {
-		return nil, err
-	}
 	t := newTask(ctx, req.ID, req.Bundle, sb, rec, init, s.send)
-	t.created, t.namespace = began, req.Namespace
+	t.cg, t.created, t.namespace = cg, began, req.Namespace
+	t.phases = slices.Clone(sb.Phases)
 	if err := t.writeReport(ctx); err != nil {
 		return nil, err
-	}
-	if spec.Linux != nil && spec.Linux.CgroupsPath != "" {
-		if err := t.joinCgroup(spec.Linux.CgroupsPath, spec.Linux.Resources); err != nil {
-			return nil, err
-		}
 	}
 	return t, nil
 }
@@ -133,24 +128,6 @@ func discard(ctx context.Context, sb *Sandbox) {
 	if err := errors.Join(sb.VM.Kill(), sb.Guest.Close(), sb.VM.Close()); err != nil {
 		log.G(ctx).WithError(err).Warn("release VM of a failed create")
 	}
-}
-
-func newRecord(req LaunchRequest, sb *Sandbox) (*state.Task, error) {
-	pid := sb.VM.PID()
-	start, err := state.StartTime(pid)
-	if err != nil {
-		return nil, fmt.Errorf("identify hypervisor process: %w", err)
-	}
-	return &state.Task{
-		ID:         req.ID,
-		Hypervisor: sb.Hypervisor,
-		PID:        pid,
-		PIDStart:   start,
-		RunDir:     sb.RunDir,
-		StagedDir:  req.StagedDir,
-		Plan:       sb.Plan,
-		Phases:     slices.Clone(sb.Phases),
-	}, nil
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {

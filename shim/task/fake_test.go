@@ -303,14 +303,19 @@ func (g *fakeGuest) Close() error {
 	return nil
 }
 
-// fakeLauncher hands out one prepared sandbox.
+// fakeLauncher hands out one prepared sandbox, reporting its spawn as the
+// real launcher does unless silent.
 type fakeLauncher struct {
 	vm      VM
 	guest   *fakeGuest
 	err     error
 	started chan struct{} // if set, signalled when a launch begins
 	gate    chan struct{} // if set, a launch waits for it to close
-	got     []LaunchRequest
+	// upGate, if set, holds a launch after the spawn, as a guest still
+	// coming up would.
+	upGate chan struct{}
+	silent bool // never call Spawned
+	got    []LaunchRequest
 }
 
 func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, error) {
@@ -322,14 +327,21 @@ func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, err
 	if l.err != nil {
 		return nil, l.err
 	}
-	return &Sandbox{
+	sb := &Sandbox{
 		VM:         l.vm,
 		Guest:      l.guest,
 		Hypervisor: "fake",
 		RunDir:     "/run/cocoon/fake",
 		Plan:       state.Plan{Mode: "mmap", Reasons: []string{"best mode the fake offers"}},
 		Phases:     []state.Phase{{Name: "spawn", Duration: state.Duration(time.Millisecond)}},
-	}, nil
+	}
+	if r.Spawned != nil && !l.silent {
+		r.Spawned(spawnOf(sb))
+	}
+	if l.upGate != nil {
+		<-l.upGate
+	}
+	return sb, nil
 }
 
 // recorder is an events.Publisher that keeps the topics in order.

@@ -24,7 +24,7 @@ func (t *task) writeReport(ctx context.Context) error {
 		Hypervisor: t.rec.Hypervisor,
 		StagedDir:  t.rec.StagedDir,
 		Plan:       t.rec.Plan,
-		Phases:     t.rec.Phases,
+		Phases:     t.phases,
 		CreatedAt:  t.created,
 	}
 	fields := log.Fields{"id": t.id, "hypervisor": r.Hypervisor, "mode": r.Plan.Mode, "reasons": r.Plan.Reasons}
@@ -43,16 +43,12 @@ func (t *task) writeReport(ctx context.Context) error {
 	return nil
 }
 
-// recordPhase adds a phase to the task record and the report.
+// recordPhase adds a phase to the report.
 func (t *task) recordPhase(ctx context.Context, name string, d time.Duration) {
 	t.recMu.Lock()
-	t.rec.Phases = append(t.rec.Phases, state.Phase{Name: name, Duration: state.Duration(d)})
-	err := state.WriteTask(t.bundle, t.rec)
+	t.phases = append(t.phases, state.Phase{Name: name, Duration: state.Duration(d)})
 	t.recMu.Unlock()
-	if err == nil {
-		err = t.writeReport(ctx)
-	}
-	if err != nil {
+	if err := t.writeReport(ctx); err != nil {
 		log.G(ctx).WithError(err).WithField("id", t.id).Warn("record restore phase")
 	}
 }

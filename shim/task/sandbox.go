@@ -75,6 +75,19 @@ type Sandbox struct {
 	Phases     []state.Phase
 }
 
+// Spawn is a VM whose hypervisor process exists but whose guest is not up
+// yet: what the task record needs.
+type Spawn struct {
+	PID        int
+	Hypervisor string
+	RunDir     string
+	Plan       state.Plan
+}
+
+func spawnOf(sb *Sandbox) Spawn {
+	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan}
+}
+
 // LaunchRequest is what a Launcher restores a task's VM from.
 type LaunchRequest struct {
 	ID        string
@@ -86,10 +99,22 @@ type LaunchRequest struct {
 	// ConfigPath is the runtime options' config file, if any.
 	ConfigPath string
 	Hostname   string
+	// Spawned, when set, is called once the hypervisor process exists,
+	// before the guest is brought up, so the service can record the VM
+	// and place it in its cgroup meanwhile. It does not block. Launch
+	// calls it at most once, and before it returns.
+	Spawned func(Spawn)
 }
 
 // Launcher restores the VM of a new task. On error nothing it started is
 // left running.
 type Launcher interface {
 	Launch(ctx context.Context, r LaunchRequest) (*Sandbox, error)
+}
+
+// Warmer is a Launcher that can get ready for launches before the first
+// one arrives (probe its hypervisor); the service asks it to once, as it
+// starts. Warm does not block.
+type Warmer interface {
+	Warm(ctx context.Context)
 }

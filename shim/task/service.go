@@ -61,6 +61,9 @@ func NewService(ctx context.Context, launcher Launcher, publisher events.Publish
 	}
 	go s.forward(publisher)
 	sd.RegisterCallback(s.destroyAll)
+	if w, ok := launcher.(Warmer); ok {
+		w.Warm(ctx)
+	}
 	return s
 }
 

@@ -42,6 +42,8 @@ type task struct {
 
 	recMu sync.Mutex
 	rec   *state.Task
+	// phases are the restore report's, guarded by recMu.
+	phases []state.Phase
 
 	init *process
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -24,6 +25,9 @@ import (
 type Launcher struct {
 	// NewDriver builds the driver from the config; restore.NewDriver when nil.
 	NewDriver func(config.Config) (hypervisor.Driver, error)
+
+	mu      sync.Mutex
+	drivers map[string]hypervisor.Driver // by driver config, see driver
 }
 
 var _ task.Launcher = (*Launcher)(nil)
@@ -34,13 +38,9 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	newDriver := l.NewDriver
-	if newDriver == nil {
-		newDriver = restore.NewDriver
-	}
-	d, err := newDriver(cfg)
+	d, err := l.driver(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("hypervisor driver: %w: %w", err, errdefs.ErrInvalidArgument)
+		return nil, err
 	}
 	plan, err := decide(ctx, d, cfg, r)
 	if err != nil {
@@ -52,7 +52,12 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
-	res, err := restore.Run(ctx, d, restore.Request{
+	var rd hypervisor.Driver = d
+	if r.Spawned != nil {
+		rd = spawnReporter{Driver: d, spawned: r.Spawned,
+			spawn: task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan)}}
+	}
+	res, err := restore.Run(ctx, rd, restore.Request{
 		StagedDir:    r.StagedDir,
 		RunDir:       runDir,
 		Plan:         plan,

@@ -108,3 +108,69 @@ func TestLaunchBadConfig(t *testing.T) {
 		t.Fatalf("Launch with an unknown config key: %v, want an invalid argument naming it", err)
 	}
 }
+
+// TestLaunchReportsSpawn: the Spawned hook sees the VM once, after the
+// driver made it and before its guest is initialised.
+func TestLaunchReportsSpawn(t *testing.T) {
+	cfgPath, runDir := writeConfig(t, false)
+	l, d := newLauncher(t)
+	var got []task.Spawn
+	var hostnameAtSpawn string
+	sb, err := l.Launch(context.Background(), task.LaunchRequest{
+		ID: "t1", Namespace: "ns", StagedDir: stageChain(t), ConfigPath: cfgPath, Hostname: "web",
+		Spawned: func(sp task.Spawn) {
+			got = append(got, sp)
+			hostnameAtSpawn = d.sys.name()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Guest.Close(); _ = sb.VM.Close() })
+	want := task.Spawn{PID: sb.VM.PID(), Hypervisor: "fake", RunDir: filepath.Join(runDir, "ns", "t1"), Plan: sb.Plan}
+	if len(got) != 1 || got[0].PID != want.PID || got[0].Hypervisor != want.Hypervisor || got[0].RunDir != want.RunDir || got[0].Plan.Mode != want.Plan.Mode {
+		t.Fatalf("Spawned calls %+v, want one with %+v", got, want)
+	}
+	if hostnameAtSpawn != "" {
+		t.Fatalf("guest already initialised (hostname %q) when the spawn was reported", hostnameAtSpawn)
+	}
+}
+
+// TestDriverPerConfig: a shim makes one driver per driver config and
+// reuses it, the warmed one included.
+func TestDriverPerConfig(t *testing.T) {
+	cfgPath, _ := writeConfig(t, false)
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.toml")
+	body := fmt.Sprintf("[qemu]\nbinary = \"/opt/qemu/bin/qemu-system-x86_64\"\n\n[shim]\nrun_dir = %q\n", filepath.Join(dir, "run"))
+	if err := os.WriteFile(other, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(config.EnvPath, cfgPath)
+	d := &fakeDriver{t: t, sys: &nopSystem{}}
+	made := 0
+	l := &Launcher{NewDriver: func(config.Config) (hypervisor.Driver, error) { made++; return d, nil }}
+	l.Warm(context.Background())
+	steps := []struct {
+		configPath string
+		wantMade   int
+	}{
+		{"", 1},      // the warmed driver
+		{cfgPath, 1}, // the same config, named
+		{other, 2},   // another QEMU binary
+		{other, 2},   // reused
+	}
+	for i, s := range steps {
+		sb, err := l.Launch(context.Background(), task.LaunchRequest{
+			ID: fmt.Sprintf("t%d", i), Namespace: "ns", StagedDir: stageChain(t), ConfigPath: s.configPath,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = sb.Guest.Close()
+		_ = sb.VM.Close()
+		if made != s.wantMade {
+			t.Fatalf("launch %d (config %q): %d drivers made, want %d", i, s.configPath, made, s.wantMade)
+		}
+	}
+}

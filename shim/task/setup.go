@@ -1,0 +1,108 @@
+package task
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// vmSetup is what Create does for a VM as soon as its hypervisor process
+// exists, while the guest is still coming up: persist the task record, so
+// `shim delete` can kill the VM should this shim die from then on, and move
+// the hypervisor into the task's cgroup. Both are slow for what they do (an
+// fsync; a cgroup v1 move waits out an RCU grace period, ~15 ms) and need
+// nothing from the guest, so they overlap the guest's resume, agent and
+// init instead of following them.
+type vmSetup struct {
+	req  LaunchRequest
+	path string // the spec's cgroups path; "" for none
+	res  *specs.LinuxResources
+
+	once sync.Once
+	done chan struct{}
+	rec  *state.Task
+	cg   vmCgroup
+	err  error
+}
+
+func newVMSetup(req LaunchRequest, spec *specs.Spec) *vmSetup {
+	s := &vmSetup{req: req, done: make(chan struct{})}
+	if spec.Linux != nil {
+		s.path, s.res = spec.Linux.CgroupsPath, spec.Linux.Resources
+	}
+	return s
+}
+
+// spawned starts the setup of sp's VM in the background; it is the
+// LaunchRequest's Spawned hook.
+func (s *vmSetup) spawned(sp Spawn) {
+	s.once.Do(func() { go s.run(sp) })
+}
+
+// finish waits for the setup of sb's VM, running it now if the launcher
+// never reported the spawn.
+func (s *vmSetup) finish(sb *Sandbox) (*state.Task, vmCgroup, error) {
+	s.once.Do(func() { s.run(spawnOf(sb)) })
+	<-s.done
+	return s.rec, s.cg, s.err
+}
+
+// release waits for a setup that may have begun and removes the cgroup it
+// made; the VM must be gone.
+func (s *vmSetup) release() error {
+	s.once.Do(func() { close(s.done) })
+	<-s.done
+	if s.cg == nil {
+		return nil
+	}
+	if err := s.cg.Delete(); err != nil {
+		return fmt.Errorf("delete cgroup %s: %w", s.path, err)
+	}
+	return nil
+}
+
+func (s *vmSetup) run(sp Spawn) {
+	defer close(s.done)
+	s.rec, s.err = newRecord(s.req, sp)
+	if s.err != nil {
+		return
+	}
+	// Recorded before it exists, so no crash can leave it unrecorded.
+	s.rec.Cgroup = s.path
+	if s.err = state.WriteTask(s.req.Bundle, s.rec); s.err != nil || s.path == "" {
+		return
+	}
+	s.cg, s.err = joinCgroup(s.path, s.res, sp.PID)
+}
+
+func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
+	start, err := state.StartTime(sp.PID)
+	if err != nil {
+		return nil, fmt.Errorf("identify hypervisor process: %w", err)
+	}
+	return &state.Task{
+		ID:         req.ID,
+		Hypervisor: sp.Hypervisor,
+		PID:        sp.PID,
+		PIDStart:   start,
+		RunDir:     sp.RunDir,
+		StagedDir:  req.StagedDir,
+		Plan:       sp.Plan,
+	}, nil
+}
+
+// joinCgroup creates the cgroup at path and moves pid into it.
+func joinCgroup(path string, res *specs.LinuxResources, pid int) (vmCgroup, error) {
+	cg, err := newCgroup(path, res)
+	if err != nil {
+		return nil, err
+	}
+	if err := cg.Add(pid); err != nil {
+		return nil, errors.Join(fmt.Errorf("move hypervisor into cgroup %s: %w", path, err), cg.Delete())
+	}
+	return cg, nil
+}

@@ -17,8 +17,8 @@ import (
 
 // Commit validates the link unpacked into the active snapshot key against
 // its parent link, verifies its memory data digest, and publishes it
-// read-only as name. An invalid link fails
-// with ErrInvalidArgument and changes nothing: key stays active and removable.
+// read-only as name. An invalid link fails with ErrInvalidArgument and
+// changes nothing: key stays active and removable.
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
 	id, parentID, err := s.activeIDs(ctx, key)
 	if err != nil {

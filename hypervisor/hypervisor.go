@@ -17,7 +17,9 @@ import (
 type Mode string
 
 const (
-	// ModeCopy loads all memory into private anonymous memory before resume.
+	// ModeCopy loads all memory into private memory before resume. Once
+	// Restore returns, the VM no longer reads the staged memory file: the
+	// caller may unlink it (restore.Run does, once the guest is up).
 	ModeCopy Mode = "copy"
 	// ModeOnDemand faults pages in lazily from the file (userfaultfd).
 	ModeOnDemand Mode = "ondemand"
@@ -71,15 +73,14 @@ func (c Capabilities) Supports(m Mode) bool {
 type RestoreRequest struct {
 	// StagedDir is the snapshotter's staged directory: memory (a hard link
 	// of the chain's flat file), private copies of the state files, chain.json.
+	// The driver never removes its memory: a failed restore must leave it
+	// for a retry, and only the caller knows when the restore has succeeded.
 	StagedDir string
 	// RunDir is private to this VM: sockets, logs, patched configs. The
 	// driver creates it and removes it when the VM is closed or fails.
 	RunDir string
 	// Mode is the restore mode the policy chose.
 	Mode Mode
-	// ReleaseAfterLoad asks the driver to unlink StagedDir/memory as soon
-	// as the hypervisor no longer needs the file (copy restores).
-	ReleaseAfterLoad bool
 	// OnPhase, if set, is told how long each restore phase took.
 	OnPhase func(phase string, d time.Duration)
 }

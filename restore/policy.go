@@ -44,7 +44,8 @@ type Inputs struct {
 type Plan struct {
 	Mode hypervisor.Mode
 	// ReleaseAfterLoad: copy restores drop the staged memory link once the
-	// hypervisor has loaded it, so they never pin the flat cache.
+	// hypervisor has loaded it and the guest is up (Run does it), so they
+	// never pin the flat cache.
 	ReleaseAfterLoad bool
 	// Reasons explain every step of the decision, in order.
 	Reasons []string
@@ -235,7 +236,7 @@ func (p *Plan) overridden(req request, mode hypervisor.Mode, what string) {
 func releaseReason(m hypervisor.Mode) string {
 	switch m {
 	case hypervisor.ModeCopy:
-		return "copy loads all memory before resume, so the staged memory link is released after load and does not pin the flat cache"
+		return "copy loads all memory before resume, so the staged memory link is released once the restored guest is up and does not pin the flat cache"
 	case hypervisor.ModeMmap:
 		return "mmap maps the staged memory file privately (copy-on-write) for the VM's life, so the staged link is kept"
 	default:

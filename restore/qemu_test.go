@@ -140,6 +140,43 @@ func TestRunQEMU(t *testing.T) {
 			}
 		})
 	}
+	t.Run("copy retry", func(t *testing.T) { testRetryAfterFailedCopy(t, d, link, flat) })
+}
+
+// testRetryAfterFailedCopy fails a copy restore after the load (the guest
+// refuses its hostname) and retries it on the same staged directory, as a
+// task started again on the same container snapshot does: the staged
+// memory must still be there for the retry, and gone once it succeeds.
+func testRetryAfterFailedCopy(t *testing.T, d hypervisor.Driver, link, flat string) {
+	staged := stage(t, link, flat)
+	mem := filepath.Join(staged, chain.StagedMemory)
+	r := Request{StagedDir: staged, RunDir: filepath.Join(t.TempDir(), "vm"), Plan: planFor(t, d, link, "copy"), AgentTimeout: time.Minute}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r.Hostname = strings.Repeat("h", 100) // sethostname(2) allows 64 bytes
+	if res, err := Run(ctx, d, r); err == nil || !strings.Contains(err.Error(), "init guest identity") {
+		if err == nil {
+			res.Agent.Close()
+			res.VM.Close()
+		}
+		t.Fatalf("Run with a bad hostname: %v, want the init to fail", err)
+	}
+	if _, err := os.Stat(mem); err != nil {
+		t.Fatalf("a failed copy restore released the staged memory: %v", err)
+	}
+	r.Hostname = "clone-retry"
+	res, err := Run(ctx, d, r)
+	if err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	defer res.VM.Close()
+	defer res.Agent.Close()
+	if _, err := os.Stat(mem); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("staged memory after the retry succeeded: %v, want it released", err)
+	}
+	if got := guestOutput(t, res.Agent, "hostname"); got != "clone-retry\n" {
+		t.Errorf("guest hostname = %q", got)
+	}
 }
 
 func guestOutput(t *testing.T, c *agent.Client, cmd string) string {

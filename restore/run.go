@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -12,15 +14,17 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
 // Phases Run times itself. Drivers report theirs (spawn, load) through
 // hypervisor.RestoreRequest.OnPhase; they come first in the report.
 const (
-	PhaseResume = "resume"
-	PhaseAgent  = "agent"
-	PhaseInit   = "init"
+	PhaseResume  = "resume"
+	PhaseAgent   = "agent"
+	PhaseInit    = "init"
+	PhaseRelease = "release"
 )
 
 // entropyBytes is the randomness each restored guest gets to reseed its
@@ -62,8 +66,10 @@ type Result struct {
 
 // Run restores r.StagedDir with d (paused), resumes the VM, waits for its
 // agent and gives the guest a fresh identity: wall clock, entropy,
-// hostname. On error nothing is left running: the VM is closed. On success
-// the caller owns the VM and the agent client and closes both.
+// hostname. Then, if the plan says so, it releases the staged memory. On
+// error nothing is left running (the VM is closed) and the staged
+// directory is as it was, so the restore can be retried. On success the
+// caller owns the VM and the agent client and closes both.
 func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 	if r.AgentTimeout <= 0 {
 		return nil, fmt.Errorf("restore: agent timeout %s: want a positive duration", r.AgentTimeout)
@@ -71,11 +77,10 @@ func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 	start := time.Now()
 	rec := &recorder{}
 	vm, err := d.Restore(ctx, hypervisor.RestoreRequest{
-		StagedDir:        r.StagedDir,
-		RunDir:           r.RunDir,
-		Mode:             r.Plan.Mode,
-		ReleaseAfterLoad: r.Plan.ReleaseAfterLoad,
-		OnPhase:          rec.add,
+		StagedDir: r.StagedDir,
+		RunDir:    r.RunDir,
+		Mode:      r.Plan.Mode,
+		OnPhase:   rec.add,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("restore %s vm in %s mode: %w", d.Name(), r.Plan.Mode, err)
@@ -87,6 +92,7 @@ func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 		}
 		return nil, err
 	}
+	release(ctx, r, rec)
 	rep := Report{Plan: r.Plan, Phases: rec.list(), Total: time.Since(start)}
 	log.G(ctx).WithFields(log.Fields{
 		"hypervisor": d.Name(), "mode": r.Plan.Mode, "pid": vm.PID(), "timings": rep.String(),
@@ -116,6 +122,26 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 		return nil, fmt.Errorf("init guest identity: %w", err)
 	}
 	return c, nil
+}
+
+// release unlinks the staged memory of a restore whose plan releases it
+// (copy): the VM holds a private copy, and the link would only pin the
+// snapshotter's flat file. It runs once the guest is up, so a restore that
+// fails leaves the staged directory whole for a retry. A failed unlink
+// costs cache space, not the running VM, so it is only logged: the link
+// goes with the staged directory when the snapshotter removes it. The
+// report has a release phase only if the link went.
+func release(ctx context.Context, r Request, rec *recorder) {
+	if !r.Plan.ReleaseAfterLoad {
+		return
+	}
+	path := filepath.Join(r.StagedDir, chain.StagedMemory)
+	l := log.G(ctx).WithField("staged", path)
+	if err := rec.time(PhaseRelease, func() error { return os.Remove(path) }); err != nil {
+		l.WithError(err).Warn("release staged memory after copy restore; it stays until the snapshot is removed")
+		return
+	}
+	l.Debug("released staged memory after copy restore")
 }
 
 // initGuest gives a restored guest its own clock, randomness and name.

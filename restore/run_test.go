@@ -6,13 +6,17 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
@@ -228,9 +232,25 @@ func (c *trackedConn) isClosed() bool {
 	return c.closed
 }
 
-func testRequest() Request {
-	return Request{StagedDir: "/staged", RunDir: "/run/vm", Hostname: "clone-1", AgentTimeout: 300 * time.Millisecond,
+// testRequest is a copy restore of a staged directory holding a memory link.
+func testRequest(t *testing.T) Request {
+	t.Helper()
+	staged := t.TempDir()
+	if err := os.WriteFile(filepath.Join(staged, chain.StagedMemory), []byte("guest memory"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	return Request{StagedDir: staged, RunDir: "/run/vm", Hostname: "clone-1", AgentTimeout: 300 * time.Millisecond,
 		Plan: Plan{Mode: hypervisor.ModeCopy, ReleaseAfterLoad: true}}
+}
+
+// stagedMemoryLinked reports whether r's staged memory is still there.
+func stagedMemoryLinked(t *testing.T, r Request) bool {
+	t.Helper()
+	_, err := os.Stat(filepath.Join(r.StagedDir, chain.StagedMemory))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return err == nil
 }
 
 func TestRunPhasesInOrder(t *testing.T) {
@@ -238,20 +258,20 @@ func TestRunPhasesInOrder(t *testing.T) {
 	vm := &fakeVM{guest: startAgent(t, sys)}
 	d := &fakeDriver{vm: vm}
 	before := time.Now()
-	res, err := Run(context.Background(), d, testRequest())
+	r := testRequest(t)
+	res, err := Run(context.Background(), d, r)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	t.Cleanup(func() { res.Agent.Close(); res.VM.Close() })
-	if d.got.Mode != hypervisor.ModeCopy || !d.got.ReleaseAfterLoad || d.got.StagedDir != "/staged" || d.got.RunDir != "/run/vm" {
+	if d.got.Mode != hypervisor.ModeCopy || d.got.StagedDir != r.StagedDir || d.got.RunDir != "/run/vm" {
 		t.Errorf("restore request = %+v", d.got)
 	}
-	var names []string
-	for _, p := range res.Report.Phases {
-		names = append(names, p.Name)
+	if want := []string{"spawn", "load", PhaseResume, PhaseAgent, PhaseInit, PhaseRelease}; !reflect.DeepEqual(phaseNames(res.Report), want) {
+		t.Fatalf("phases = %v, want %v", phaseNames(res.Report), want)
 	}
-	if want := []string{"spawn", "load", PhaseResume, PhaseAgent, PhaseInit}; !reflect.DeepEqual(names, want) {
-		t.Fatalf("phases = %v, want %v", names, want)
+	if stagedMemoryLinked(t, r) {
+		t.Error("staged memory still linked after a copy restore succeeded")
 	}
 	if res.Report.Total <= 0 || res.Report.Plan.Mode != hypervisor.ModeCopy || res.VM != vm {
 		t.Errorf("result = %+v", res)
@@ -277,7 +297,8 @@ func TestRunPhasesInOrder(t *testing.T) {
 
 // TestRunFailureLeavesNothing fails each step in turn: the error names the
 // step, the VM is closed exactly once (unless the driver itself failed, and
-// cleaned up) and no agent connection is left open.
+// cleaned up), no agent connection is left open and the staged memory is
+// still there for a retry.
 func TestRunFailureLeavesNothing(t *testing.T) {
 	boom := errors.New("boom")
 	tests := []struct {
@@ -307,9 +328,13 @@ func TestRunFailureLeavesNothing(t *testing.T) {
 			vm := &fakeVM{resumeErr: tt.resumeErr, agent: tt.agent, guest: startAgent(t, sys)}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			res, err := Run(ctx, &fakeDriver{vm: vm, restoreErr: tt.driverErr}, testRequest())
+			r := testRequest(t)
+			res, err := Run(ctx, &fakeDriver{vm: vm, restoreErr: tt.driverErr}, r)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Run = %+v, %v; want an error containing %q", res, err, tt.want)
+			}
+			if !stagedMemoryLinked(t, r) {
+				t.Error("a failed copy restore released the staged memory: a retry cannot restore")
 			}
 			if vm.closed != tt.closes || vm.running {
 				t.Errorf("vm closed %d times (want %d), running %v", vm.closed, tt.closes, vm.running)
@@ -322,7 +347,7 @@ func TestRunFailureLeavesNothing(t *testing.T) {
 }
 
 func TestRunRejectsNoAgentTimeout(t *testing.T) {
-	r := testRequest()
+	r := testRequest(t)
 	r.AgentTimeout = 0
 	d := &fakeDriver{vm: &fakeVM{}}
 	if _, err := Run(context.Background(), d, r); err == nil {
@@ -331,6 +356,57 @@ func TestRunRejectsNoAgentTimeout(t *testing.T) {
 	if d.got.StagedDir != "" {
 		t.Error("restore started despite the bad request")
 	}
+}
+
+// TestRunRelease checks that only a plan that releases the staged memory
+// unlinks it, and that a release that fails leaves the VM running: the
+// report then has no release phase.
+func TestRunRelease(t *testing.T) {
+	tests := []struct {
+		name         string
+		mode         hypervisor.Mode
+		release      bool
+		noMemory     bool
+		wantReleased bool
+	}{
+		{"copy", hypervisor.ModeCopy, true, false, true},
+		{"mmap keeps the link", hypervisor.ModeMmap, false, false, false},
+		{"release fails", hypervisor.ModeCopy, true, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vm := &fakeVM{guest: startAgent(t, &fakeSystem{})}
+			r := testRequest(t)
+			r.Plan = Plan{Mode: tt.mode, ReleaseAfterLoad: tt.release}
+			if tt.noMemory {
+				if err := os.Remove(filepath.Join(r.StagedDir, chain.StagedMemory)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := Run(context.Background(), &fakeDriver{vm: vm}, r)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			t.Cleanup(func() { res.Agent.Close(); res.VM.Close() })
+			if vm.closed != 0 || !vm.running {
+				t.Errorf("vm closed %d times, running %v: want it running", vm.closed, vm.running)
+			}
+			if released := slices.Contains(phaseNames(res.Report), PhaseRelease); released != tt.wantReleased {
+				t.Errorf("phases %v: release reported %v, want %v", phaseNames(res.Report), released, tt.wantReleased)
+			}
+			if linked := stagedMemoryLinked(t, r); linked != (!tt.release && !tt.noMemory) {
+				t.Errorf("staged memory linked %v after the restore, plan releases it: %v", linked, tt.release)
+			}
+		})
+	}
+}
+
+func phaseNames(r Report) []string {
+	var names []string
+	for _, p := range r.Phases {
+		names = append(names, p.Name)
+	}
+	return names
 }
 
 func TestReportString(t *testing.T) {

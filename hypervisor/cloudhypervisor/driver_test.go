@@ -22,15 +22,14 @@ import (
 
 func TestRestoreFlow(t *testing.T) {
 	tests := []struct {
-		name    string
-		spec    string
-		mode    hypervisor.Mode
-		release bool
-		want    map[string]any // vm.restore body, source_url filled in
+		name string
+		spec string
+		mode hypervisor.Mode
+		want map[string]any // vm.restore body, source_url filled in
 	}{
-		{"copy", apifake.SpecCH, hypervisor.ModeCopy, true, map[string]any{}},
-		{"ondemand", apifake.SpecCH, hypervisor.ModeOnDemand, false, map[string]any{"memory_restore_mode": "OnDemand"}},
-		{"mmap", apifake.SpecCHFork, hypervisor.ModeMmap, false, map[string]any{"memory_restore_mode": "CopyOnWrite"}},
+		{"copy", apifake.SpecCH, hypervisor.ModeCopy, map[string]any{}},
+		{"ondemand", apifake.SpecCH, hypervisor.ModeOnDemand, map[string]any{"memory_restore_mode": "OnDemand"}},
+		{"mmap", apifake.SpecCHFork, hypervisor.ModeMmap, map[string]any{"memory_restore_mode": "CopyOnWrite"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -40,7 +39,7 @@ func TestRestoreFlow(t *testing.T) {
 			staged, run := stageChain(t), drivertest.RunDir(t)
 			phases := map[string]bool{}
 			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode,
-				ReleaseAfterLoad: tt.release, OnPhase: func(p string, _ time.Duration) { phases[p] = true }})
+				OnPhase: func(p string, _ time.Duration) { phases[p] = true }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,7 +56,7 @@ func TestRestoreFlow(t *testing.T) {
 			if len(got) == 0 || !reflect.DeepEqual(got[len(got)-1], tt.want) {
 				t.Errorf("vm.restore bodies %v, want last = %v", got, tt.want)
 			}
-			checkMemory(t, staged, source[0], tt.mode, tt.release)
+			checkMemory(t, staged, source[0], tt.mode)
 			exercise(t, ctx, v, record)
 			if err := v.Close(); err != nil {
 				t.Fatal(err)
@@ -82,7 +81,7 @@ func restoreDirs(t *testing.T, staged string) []string {
 // checkMemory checks what the restore left of the memory file in the
 // restore dir source: a copy lets go of it, mmap and ondemand run on the
 // staged inode.
-func checkMemory(t *testing.T, staged, source string, mode hypervisor.Mode, release bool) {
+func checkMemory(t *testing.T, staged, source string, mode hypervisor.Mode) {
 	t.Helper()
 	restored := filepath.Join(source, memoryFile)
 	stagedMem := filepath.Join(staged, chain.StagedMemory)
@@ -90,8 +89,10 @@ func checkMemory(t *testing.T, staged, source string, mode hypervisor.Mode, rele
 		if _, err := os.Lstat(restored); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("copy restore kept %s (err %v)", restored, err)
 		}
-		if _, err := os.Lstat(stagedMem); release != errors.Is(err, os.ErrNotExist) {
-			t.Errorf("release %v but staged memory stat err = %v", release, err)
+		// The staged memory is the caller's: it unlinks it once the guest
+		// is up, and the VM must run on without it.
+		if err := os.Remove(stagedMem); err != nil {
+			t.Errorf("copy restore left no staged memory for its caller: %v", err)
 		}
 		return
 	}
@@ -277,7 +278,7 @@ func TestRestoreStagedBindMount(t *testing.T) {
 	if len(source) != 1 {
 		t.Fatalf("restore dirs %v, want one", source)
 	}
-	checkMemory(t, mnt, source[0], hypervisor.ModeMmap, false)
+	checkMemory(t, mnt, source[0], hypervisor.ModeMmap)
 	if fi, err := os.Lstat(filepath.Join(source[0], memoryFile)); err != nil || !fi.Mode().IsRegular() {
 		t.Errorf("memory-ranges is not a hard link (%v, %v)", fi, err)
 	}

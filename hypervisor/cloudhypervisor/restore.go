@@ -67,8 +67,9 @@ func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreReq
 	return nil
 }
 
-// load asks for vm.restore and, for copy restores, lets go of the memory
-// file once Cloud Hypervisor has read it.
+// load asks for vm.restore and, for copy restores, drops the run's own
+// name of the memory file once Cloud Hypervisor has read it (the staged
+// one is the caller's, see hypervisor.ModeCopy).
 func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest) error {
 	mode, err := memoryRestoreMode(req.Mode)
 	if err != nil {
@@ -85,5 +86,5 @@ func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest) error {
 	if err := os.Remove(filepath.Join(v.source, memoryFile)); err != nil {
 		return fmt.Errorf("drop restored memory link: %w", err)
 	}
-	return stagedchain.Release(ctx, v.staged, req)
+	return nil
 }

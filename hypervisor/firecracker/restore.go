@@ -116,8 +116,9 @@ func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreReq
 	return nil
 }
 
-// load loads the snapshot paused and, for copy restores, lets go of the
-// memory names once Firecracker has mapped its private copy.
+// load loads the snapshot paused and, for copy restores, drops the name
+// of the private copy once Firecracker has mapped it (the staged memory is
+// the caller's, see hypervisor.ModeCopy).
 func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend memBackend) error {
 	body := snapshotLoad{
 		SnapshotPath:  v.staged.StatePath(vmstateFile),
@@ -135,5 +136,5 @@ func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend me
 	if err := os.Remove(backend.BackendPath); err != nil {
 		return fmt.Errorf("drop private memory name: %w", err)
 	}
-	return stagedchain.Release(ctx, v.staged, req)
+	return nil
 }

@@ -33,7 +33,7 @@ func BenchmarkRestore(b *testing.B) {
 func restoreOnce(b *testing.B, d *Driver, s *stager, mode hypervisor.Mode, phases map[string][]time.Duration) {
 	ctx := testContext(b, time.Minute)
 	start := time.Now()
-	req := hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: mode, ReleaseAfterLoad: mode == hypervisor.ModeCopy,
+	req := hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: mode,
 		OnPhase: func(p string, d time.Duration) { phases[string(mode)+"-"+p] = append(phases[string(mode)+"-"+p], d) }}
 	v, err := d.Restore(ctx, req)
 	if err != nil {

@@ -2,12 +2,9 @@ package qemu
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
-
-	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -65,11 +62,6 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		return nil, err
 	}
 	req.Phase("load", time.Since(t))
-	if req.ReleaseAfterLoad {
-		if err := os.Remove(staged.MemoryPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).Warn("release staged memory")
-		}
-	}
 	return v, nil
 }
 

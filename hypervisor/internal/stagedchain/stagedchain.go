@@ -1,15 +1,12 @@
 // Package stagedchain is what the drivers do alike with a staged chain:
 // check it suits the driver before a restore (Cloud Hypervisor,
-// Firecracker), let go of its memory after a copy restore, and describe the
-// links a VM restored from it snapshots (every driver).
+// Firecracker) and describe the links a VM restored from it snapshots
+// (every driver).
 package stagedchain
 
 import (
 	"context"
 	"fmt"
-	"os"
-
-	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -34,20 +31,6 @@ func Open(ctx context.Context, d hypervisor.Driver, req hypervisor.RestoreReques
 		return nil, caps, fmt.Errorf("staged chain %s is a %s snapshot, not %s", req.StagedDir, h, d.Name())
 	}
 	return staged, caps, nil
-}
-
-// Release unlinks the staged memory if req asks for it (ReleaseAfterLoad).
-// Call it once the hypervisor holds a private copy of the memory: from
-// then on the staged link would only pin the snapshotter's flat file.
-func Release(ctx context.Context, staged *chain.Staged, req hypervisor.RestoreRequest) error {
-	if !req.ReleaseAfterLoad {
-		return nil
-	}
-	if err := os.Remove(staged.MemoryPath()); err != nil {
-		return fmt.Errorf("release staged memory: %w", err)
-	}
-	log.G(ctx).WithField("staged", req.StagedDir).Debug("released staged memory after copy restore")
-	return nil
 }
 
 // Meta describes the links a VM restored from staged snapshots: the guest

@@ -83,25 +83,6 @@ func TestOpen(t *testing.T) {
 	}
 }
 
-func TestRelease(t *testing.T) {
-	for _, release := range []bool{false, true} {
-		dir := stage(t, "vmm")
-		staged, err := chain.OpenStaged(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := Release(context.Background(), staged, hypervisor.RestoreRequest{StagedDir: dir, ReleaseAfterLoad: release}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Stat(staged.MemoryPath()); errors.Is(err, os.ErrNotExist) != release {
-			t.Errorf("release %v: staged memory stat err = %v", release, err)
-		}
-		if err := Release(context.Background(), staged, hypervisor.RestoreRequest{StagedDir: dir, ReleaseAfterLoad: release}); (err != nil) != release {
-			t.Errorf("release %v again: err = %v", release, err)
-		}
-	}
-}
-
 func TestMeta(t *testing.T) {
 	staged, err := chain.OpenStaged(stage(t, "vmm"))
 	if err != nil {

@@ -40,9 +40,10 @@ func (v *VM) migrate(ctx context.Context, command string, f *os.File) error {
 	if err := v.qmp.SendFile(ctx, migrationFD, f); err != nil {
 		return err
 	}
-	wait := v.qmp.Expect(func(ev Event) bool {
+	wait, cancelWait := v.qmp.Expect(func(ev Event) bool {
 		return ev.Name == "MIGRATION" && migrationFinished(ev.Data) != ""
 	})
+	defer cancelWait()
 	if err := v.qmp.Execute(ctx, command, map[string]string{"uri": "fd:" + migrationFD}, nil); err != nil {
 		return err
 	}

@@ -234,28 +234,38 @@ func decodeReply(command string, m qmpMessage, out any) error {
 }
 
 // Expect registers interest in the first event that match accepts. Register
-// before the command that causes the event so it cannot be missed; the
-// returned function waits for it.
-func (c *qmp) Expect(match func(Event) bool) func(ctx context.Context) (Event, error) {
+// before the command that causes the event so it cannot be missed; wait
+// waits for it. Call cancel (defer it) when the event is no longer wanted,
+// such as when the command failed and wait is never called: it unregisters
+// the waiter, which would otherwise stay for the connection's life.
+func (c *qmp) Expect(match func(Event) bool) (wait func(ctx context.Context) (Event, error), cancel func()) {
 	w := &eventWait{match: match, ch: make(chan Event, 1)}
 	c.mu.Lock()
 	c.waits[w] = struct{}{}
 	c.mu.Unlock()
-	return func(ctx context.Context) (Event, error) {
-		defer func() {
-			c.mu.Lock()
-			delete(c.waits, w)
-			c.mu.Unlock()
-		}()
+	cancel = func() {
+		c.mu.Lock()
+		delete(c.waits, w)
+		c.mu.Unlock()
+	}
+	wait = func(ctx context.Context) (Event, error) {
+		defer cancel()
 		select {
 		case ev := <-w.ch:
 			return ev, nil
 		case <-c.done:
-			return Event{}, c.closedErr()
+			// An event dispatched just before the close still counts.
+			select {
+			case ev := <-w.ch:
+				return ev, nil
+			default:
+				return Event{}, c.closedErr()
+			}
 		case <-ctx.Done():
 			return Event{}, context.Cause(ctx)
 		}
 	}
+	return wait, cancel
 }
 
 // Close ends the connection; waiters get errQMPClosed.

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const greeting = `{"QMP": {"version": {"qemu": {"micro": 22, "minor": 2, "major": 7}}, "capabilities": ["oob"]}}`
@@ -24,6 +27,34 @@ func newFakeQMP(t *testing.T) (*fakeQMP, net.Conn) {
 	server, client := net.Pipe()
 	t.Cleanup(func() { server.Close(); client.Close() })
 	return &fakeQMP{t: t, conn: server, r: bufio.NewReader(server)}, client
+}
+
+// dialFakeUnix is dialFake over a unix socket pair, which can pass files.
+func dialFakeUnix(t *testing.T) (*fakeQMP, *qmp) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "qmp")
+		conns[i], err = net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	server, client := conns[0], conns[1]
+	t.Cleanup(func() { server.Close(); client.Close() })
+	f := &fakeQMP{t: t, conn: server, r: bufio.NewReader(server)}
+	go f.handshake()
+	q, err := newQMP(context.Background(), client)
+	if err != nil {
+		t.Fatalf("newQMP: %v", err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return f, q
 }
 
 func (f *fakeQMP) send(line string) {
@@ -129,10 +160,12 @@ func TestQMPArgumentsEncoded(t *testing.T) {
 
 func TestQMPEventWaiters(t *testing.T) {
 	f, q := dialFake(t)
-	completed := q.Expect(func(ev Event) bool {
+	completed, cancelCompleted := q.Expect(func(ev Event) bool {
 		return ev.Name == "MIGRATION" && migrationFinished(ev.Data) != ""
 	})
-	stop := q.Expect(func(ev Event) bool { return ev.Name == "STOP" })
+	defer cancelCompleted()
+	stop, cancelStop := q.Expect(func(ev Event) bool { return ev.Name == "STOP" })
+	defer cancelStop()
 	go func() {
 		f.send(`{"event": "MIGRATION", "data": {"status": "setup"}}`)
 		f.send(`{"event": "STOP"}`)
@@ -152,7 +185,8 @@ func TestQMPEventWaiters(t *testing.T) {
 
 func TestQMPClosedWakesWaiters(t *testing.T) {
 	f, q := dialFake(t)
-	wait := q.Expect(func(ev Event) bool { return ev.Name == "SHUTDOWN" })
+	wait, cancelWait := q.Expect(func(ev Event) bool { return ev.Name == "SHUTDOWN" })
+	defer cancelWait()
 	go func() {
 		f.recv()
 		f.conn.Close()
@@ -162,6 +196,80 @@ func TestQMPClosedWakesWaiters(t *testing.T) {
 	}
 	if _, err := wait(context.Background()); !errors.Is(err, errQMPClosed) {
 		t.Fatalf("event wait on a closed connection: %v, want errQMPClosed", err)
+	}
+}
+
+// An event dispatched just before the connection closed is delivered, not
+// lost to the close: every waiter for it gets it even when it waits after
+// the close.
+func TestQMPEventBeforeClose(t *testing.T) {
+	f, q := dialFake(t)
+	const waiters = 32
+	var waits []func(context.Context) (Event, error)
+	for range waiters {
+		wait, cancel := q.Expect(func(ev Event) bool { return ev.Name == "SHUTDOWN" })
+		t.Cleanup(cancel)
+		waits = append(waits, wait)
+	}
+	go func() {
+		f.send(`{"event": "SHUTDOWN"}`)
+		f.conn.Close()
+	}()
+	<-q.done
+	for i, wait := range waits {
+		if ev, err := wait(context.Background()); err != nil || ev.Name != "SHUTDOWN" {
+			t.Fatalf("waiter %d: event %+v, %v; want the SHUTDOWN sent before the close", i, ev, err)
+		}
+	}
+}
+
+// waiters counts the event waiters registered on q.
+func waiters(q *qmp) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waits)
+}
+
+func TestQMPExpectCancel(t *testing.T) {
+	_, q := dialFake(t)
+	_, cancel := q.Expect(func(Event) bool { return true })
+	if n := waiters(q); n != 1 {
+		t.Fatalf("%d waiters after Expect, want 1", n)
+	}
+	cancel()
+	cancel()
+	if n := waiters(q); n != 0 {
+		t.Fatalf("%d waiters after cancel, want 0", n)
+	}
+}
+
+// A migration QEMU refuses to start leaves no event waiter behind.
+func TestMigrateRefusedDropsWaiter(t *testing.T) {
+	f, q := dialFakeUnix(t)
+	go func() {
+		for _, want := range []string{"migrate-set-capabilities", "getfd"} {
+			if cmd, id, _ := f.recv(); cmd == want {
+				f.send(`{"return": {}, "id": "` + id + `"}`)
+			} else {
+				t.Errorf("command %q, want %s", cmd, want)
+			}
+		}
+		_, id, _ := f.recv()
+		f.send(`{"error": {"class": "GenericError", "desc": "refused"}, "id": "` + id + `"}`)
+	}()
+	state, err := os.Create(t.TempDir() + "/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	v := &VM{qmp: q}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := v.migrate(ctx, "migrate", state); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("migrate: %v, want QEMU's refusal", err)
+	}
+	if n := waiters(q); n != 0 {
+		t.Fatalf("%d event waiters left after a refused migration, want 0", n)
 	}
 }
 

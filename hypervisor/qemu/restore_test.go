@@ -1,8 +1,10 @@
 package qemu
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -150,14 +152,15 @@ func TestAgentNeverAnswers(t *testing.T) {
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wctx := testContext(t, time.Second)
-	start := time.Now()
-	if c, err := agent.WaitReady(wctx, v.DialAgent); err == nil {
+	// Only the context ends the wait: a guest without an agent never
+	// answers, and the VM is still running.
+	c, err := agent.WaitReady(testContext(t, time.Second), v.DialAgent)
+	if err == nil {
 		c.Close()
 		t.Fatal("an agent answered in a guest that has none")
 	}
-	if took := time.Since(start); took > 3*time.Second {
-		t.Errorf("WaitReady took %v, its context allowed 1s", took)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitReady: %v, want it ended by its context's deadline", err)
 	}
 	if err := v.Close(); err != nil {
 		t.Fatal(err)

@@ -158,19 +158,22 @@ func TestWaitExitStatus(t *testing.T) {
 
 func TestStartFailures(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "pid")
+	// Only the VMM that never serves waits for the context: give it a
+	// short one, and the others one they never need.
 	tests := []struct {
-		name string
-		spec Spec
-		want string
+		name    string
+		spec    Spec
+		timeout time.Duration
+		want    string
 	}{
-		{"exits at once", Spec{Binary: script(t, "exit 3"), Socket: "api.sock"}, "exited before serving its API: exit status 3"},
-		{"never serves", Spec{Binary: script(t, "echo $$ > "+pidFile+"\nexec sleep 30"), Socket: "api.sock"}, "wait for api socket"},
-		{"no binary", Spec{Binary: "/nonexistent/vmm", Socket: "api.sock"}, "start /nonexistent/vmm"},
-		{"socket path too long", Spec{Binary: "/bin/true", Socket: "/" + strings.Repeat("s", MaxSockPath)}, "unix sockets allow 107"},
+		{"exits at once", Spec{Binary: script(t, "exit 3"), Socket: "api.sock"}, time.Minute, "exited before serving its API: exit status 3"},
+		{"never serves", Spec{Binary: script(t, "echo $$ > "+pidFile+"\nexec sleep 30"), Socket: "api.sock"}, time.Second, "wait for api socket"},
+		{"no binary", Spec{Binary: "/nonexistent/vmm", Socket: "api.sock"}, time.Minute, "start /nonexistent/vmm"},
+		{"socket path too long", Spec{Binary: "/bin/true", Socket: "/" + strings.Repeat("s", MaxSockPath)}, time.Minute, "unix sockets allow 107"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), tt.timeout)
 			defer cancel()
 			dir := t.TempDir()
 			tt.spec.Log = "vmm.log"

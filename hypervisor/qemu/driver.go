@@ -17,6 +17,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // Name is the hypervisor name in chain links.
@@ -160,17 +161,17 @@ func (d *Driver) startVM(ctx context.Context, runDir string, l launch, memfd *os
 	if memfd != nil {
 		extra = []*os.File{memfd}
 	}
-	if err := makeRunDir(runDir); err != nil {
-		return nil, err
-	}
 	l.QMPFD = qmpChildFD
 	l.AgentSock = filepath.Join(runDir, agentSock)
 	l.SerialLog = filepath.Join(runDir, serialLog)
-	if len(l.AgentSock) > maxSockPath {
-		os.RemoveAll(runDir)
-		return nil, fmt.Errorf("agent socket path %s is %d bytes: unix sockets allow %d", l.AgentSock, len(l.AgentSock), maxSockPath)
+	// agent.sock is the longest socket name in the run dir.
+	if err := vmmproc.CheckSockPath(l.AgentSock); err != nil {
+		return nil, err
 	}
-	sctx, cancel := bounded(ctx, startTimeout)
+	if err := vmmproc.MakeRunDir(runDir); err != nil {
+		return nil, err
+	}
+	sctx, cancel := vmmproc.WithDefaultTimeout(ctx, startTimeout)
 	defer cancel()
 	proc, q, err := start(sctx, spawn{binary: d.cfg.Binary, args: l.args(), runDir: runDir, extra: extra, detach: detach})
 	if err != nil {
@@ -179,18 +180,4 @@ func (d *Driver) startVM(ctx context.Context, runDir string, l launch, memfd *os
 	}
 	log.G(ctx).WithField("pid", proc.pid()).WithField("rundir", runDir).Debug("qemu started")
 	return &VM{proc: proc, qmp: q, runDir: runDir, shape: l.Shape, build: build}, nil
-}
-
-// makeRunDir creates dir, which must not exist yet: two VMs never share one.
-func makeRunDir(dir string) error {
-	if dir == "" {
-		return fmt.Errorf("run dir not set")
-	}
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return fmt.Errorf("create run dir parent: %w", err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return fmt.Errorf("create run dir: %w", err)
-	}
-	return nil
 }

@@ -83,6 +83,39 @@ func TestBootFailures(t *testing.T) {
 	}
 }
 
+// A run dir that cannot be QEMU's is refused before QEMU starts, and one
+// that was not there is not left behind.
+func TestBootRunDirRefusals(t *testing.T) {
+	dir := t.TempDir()
+	d := New(config.QEMU{Binary: fakeBinary(t, dir, "exit 1"), Accel: "tcg"})
+	long := filepath.Join(dir, strings.Repeat("r", 120))
+	tests := []struct {
+		name, runDir, want string
+	}{
+		{"socket path too long", long, "unix sockets allow"},
+		{"run dir exists", dir, "create run dir"},
+		{"no run dir", "", "create run dir"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := d.Boot(testContext(t, time.Minute), BootSpec{MemoryBytes: testMemory, VCPUs: 1, RunDir: tt.runDir, MemPath: filepath.Join(dir, "memory")})
+			if err == nil {
+				v.Close()
+				t.Fatal("boot succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err %q, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+	if _, err := os.Stat(long); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("refused run dir created: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pid")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("qemu started for a refused run dir: %v", err)
+	}
+}
+
 func TestRestoreKilledDuringLoad(t *testing.T) {
 	d := newTestDriver(t)
 	root := t.TempDir()

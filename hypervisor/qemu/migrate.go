@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // Snapshots and restores are QEMU migrations of the device state only:
@@ -32,7 +34,7 @@ func (v *VM) migrationCaps(ctx context.Context) error {
 // complete when the MIGRATION event says so (an exec: helper could still
 // be writing then), and no helper process can be left behind.
 func (v *VM) migrate(ctx context.Context, command string, f *os.File) error {
-	ctx, cancel := bounded(ctx, migrateTimeout)
+	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, migrateTimeout)
 	defer cancel()
 	if err := v.migrationCaps(ctx); err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // Files in a VM's run directory.
@@ -20,9 +22,6 @@ const (
 	serialLog = "serial.log"
 	qemuLog   = "qemu.log"
 )
-
-// maxSockPath is the longest unix socket path (sun_path less the NUL).
-const maxSockPath = 107
 
 // exitGrace is how long a QEMU that dropped QMP gets to exit.
 const exitGrace = 500 * time.Millisecond
@@ -74,8 +73,8 @@ func start(ctx context.Context, s spawn) (*process, *qmp, error) {
 // so a connect succeeds at once and QEMU's greeting is the readiness signal:
 // no polling for the socket to appear.
 func listenQMP(path string) (*os.File, error) {
-	if len(path) > maxSockPath {
-		return nil, fmt.Errorf("qmp socket path %s is %d bytes: unix sockets allow %d", path, len(path), maxSockPath)
+	if err := vmmproc.CheckSockPath(path); err != nil {
+		return nil, err
 	}
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
 // Default bounds for waits whose context has no deadline.
@@ -47,14 +48,6 @@ type VM struct {
 	err     error
 }
 
-// bounded gives ctx a deadline d from now unless it already has one.
-func bounded(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, d)
-}
-
 // PID is the QEMU process id.
 func (v *VM) PID() int { return v.proc.pid() }
 
@@ -68,7 +61,7 @@ func (v *VM) AgentSocket() string { return filepath.Join(v.runDir, agentSock) }
 func (v *VM) SerialLog() string { return filepath.Join(v.runDir, serialLog) }
 
 func (v *VM) command(ctx context.Context, name string, args any) error {
-	ctx, cancel := bounded(ctx, commandTimeout)
+	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, commandTimeout)
 	defer cancel()
 	return v.qmp.Execute(ctx, name, args, nil)
 }
@@ -83,7 +76,7 @@ func (v *VM) Pause(ctx context.Context) error { return v.command(ctx, "stop", ni
 // it is killed. The guest agent's Shutdown is the place to sync the guest
 // first.
 func (v *VM) Shutdown(ctx context.Context) error {
-	ctx, cancel := bounded(ctx, shutdownTimeout)
+	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, shutdownTimeout)
 	defer cancel()
 	// quit may lose its reply to the exit it causes; the exit is what counts.
 	qerr := v.qmp.Execute(ctx, "quit", nil, nil)

@@ -20,16 +20,28 @@ type Instance struct {
 	closeErr  error
 }
 
-// NewInstance creates runDir (0700, its parents 0755) for a VMM to be
-// started in it; it fails if runDir already exists.
+// NewInstance creates runDir (see MakeRunDir) for a VMM to be started in.
 func NewInstance(runDir string) (*Instance, error) {
-	if err := os.MkdirAll(filepath.Dir(runDir), 0o755); err != nil {
-		return nil, fmt.Errorf("create run dir parent: %w", err)
-	}
-	if err := os.Mkdir(runDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create run dir: %w", err)
+	if err := MakeRunDir(runDir); err != nil {
+		return nil, err
 	}
 	return &Instance{RunDir: runDir}, nil
+}
+
+// MakeRunDir creates a VM's private run directory (0700, its parents
+// 0755). It fails if dir is empty or already exists: two VMs never share
+// one.
+func MakeRunDir(dir string) error {
+	if dir == "" {
+		return errors.New("create run dir: no path given")
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("create run dir parent: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("create run dir: %w", err)
+	}
+	return nil
 }
 
 // Start starts the VMM in the run directory and waits for its API socket.

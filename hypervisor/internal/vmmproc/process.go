@@ -1,7 +1,9 @@
 // Package vmmproc supervises a VMM process that serves a REST API on a unix
 // socket (Cloud Hypervisor, Firecracker): spawn it in its own session, wait
 // for its API socket, kill and reap it by PID, keep its exit status for
-// every waiter, and remove its run directory when it is closed.
+// every waiter, and remove its run directory when it is closed. The run
+// directory, socket path and timeout helpers serve QEMU too, whose process
+// (a process group, QMP on an inherited listener) is its driver's own.
 package vmmproc
 
 import (

@@ -223,6 +223,21 @@ func TestInstanceClose(t *testing.T) {
 	}
 }
 
+func TestMakeRunDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "parent", "run")
+	if err := MakeRunDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("run dir %v, %v: want mode 0700", fi, err)
+	}
+	for _, bad := range []string{dir, ""} {
+		if err := MakeRunDir(bad); err == nil {
+			t.Errorf("run dir %q: want an error", bad)
+		}
+	}
+}
+
 func TestCloseNeverStarted(t *testing.T) {
 	run := filepath.Join(t.TempDir(), "run")
 	inst, err := NewInstance(run)

@@ -83,7 +83,7 @@ func testUser(t *testing.T, tg *target) {
 
 func testSignal(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
-	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
+	if _, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tg.c.Signal(ctx, id, syscall.SIGTERM); err != nil {
@@ -104,7 +104,7 @@ func testSignal(t *testing.T, tg *target) {
 func testTerminalResize(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
 	req := agent.ExecRequest{ID: id, Args: []string{"sh", "-c", "read go; stty size"}, Terminal: true, Stdin: true}
-	if err := tg.c.Exec(ctx, req); err != nil {
+	if _, err := tg.c.Exec(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	in, out, errOut, err := tg.c.Stdio(ctx, id)
@@ -160,7 +160,7 @@ func testBadInput(t *testing.T, tg *target) {
 		{"missing path", agent.ExecRequest{ID: "bad", Args: []string{"/no/such/program"}}, "not found in the guest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tg.c.Exec(ctx, tc.req)
+			_, err := tg.c.Exec(ctx, tc.req)
 			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("exec: %v, want invalid argument saying %q", err, tc.want)
 			}
@@ -179,18 +179,19 @@ func testBadInput(t *testing.T, tg *target) {
 
 func testProcessesStatsDelete(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
-	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
+	pid, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"true"}}); !errdefs.IsAlreadyExists(err) {
+	if _, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"true"}}); !errdefs.IsAlreadyExists(err) {
 		t.Errorf("exec with a used id: %v, want already exists", err)
 	}
 	procs, err := tg.c.Processes(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hasProcess(procs, id, "sleep 100") {
-		t.Errorf("processes %+v lack %s (sleep 100)", procs, id)
+	if !hasProcess(procs, id, "sleep 100", pid) {
+		t.Errorf("processes %+v lack %s (sleep 100) with the pid %d Exec returned", procs, id, pid)
 	}
 	if err := tg.c.Delete(ctx, id); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("delete a running process: %v, want failed precondition", err)
@@ -216,9 +217,9 @@ func testProcessesStatsDelete(t *testing.T, tg *target) {
 	}
 }
 
-func hasProcess(procs []agent.ProcessInfo, id, cmd string) bool {
+func hasProcess(procs []agent.ProcessInfo, id, cmd string, pid uint32) bool {
 	for _, p := range procs {
-		if p.ID == id && p.Command == cmd && p.Pid > 1 {
+		if p.ID == id && p.Command == cmd && p.Pid == pid && pid > 1 {
 			return true
 		}
 	}
@@ -230,7 +231,7 @@ func hasProcess(procs []agent.ProcessInfo, id, cmd string) bool {
 // chardev, the agent serves one host at a time.
 func testReconnect(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
-	if err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
+	if _, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}}); err != nil {
 		t.Fatal(err)
 	}
 	waited := make(chan error, 1)

@@ -92,20 +92,21 @@ type ExecRequest struct {
 	Stdin          bool // the process gets a stdin stream (else /dev/null)
 }
 
-// Exec starts a process; follow it with Stdio to get its streams.
-func (c *Client) Exec(ctx context.Context, r ExecRequest) error {
-	_, err := c.api.Exec(ctx, &api.ExecRequest{
+// Exec starts a process and returns its pid in the guest (0 from an agent
+// that predates reporting it); follow it with Stdio to get its streams.
+func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
+	resp, err := c.api.Exec(ctx, &api.ExecRequest{
 		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
 		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,
 		Terminal: r.Terminal, Stdin: r.Stdin,
 	})
 	if err != nil {
-		return fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
+		return 0, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
 	}
 	c.mu.Lock()
 	c.stdio[r.ID] = ExecRequest{Terminal: r.Terminal, Stdin: r.Stdin}
 	c.mu.Unlock()
-	return nil
+	return resp.GetPid(), nil
 }
 
 // ExitStatus is how a guest process ended.

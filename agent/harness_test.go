@@ -202,7 +202,7 @@ func run(t *testing.T, c *agent.Client, r agent.ExecRequest, stdin string) resul
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	if err := c.Exec(ctx, r); err != nil {
+	if _, err := c.Exec(ctx, r); err != nil {
 		t.Fatalf("exec %v: %v", r.Args, err)
 	}
 	in, out, errOut, err := c.Stdio(ctx, r.ID)

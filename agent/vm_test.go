@@ -122,7 +122,7 @@ func TestVMSnapshotRestore(t *testing.T) {
 	src := vmtest.Start(t, vmtest.Options{MemoryFile: mem, Share: true})
 	c := src.Client(t)
 	ctx := ctxT(t)
-	if err := c.Exec(ctx, agent.ExecRequest{ID: "survivor", Args: []string{"sleep", "100"}}); err != nil {
+	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "survivor", Args: []string{"sleep", "100"}}); err != nil {
 		t.Fatal(err)
 	}
 	waited := make(chan error, 1)

@@ -183,7 +183,7 @@ func guestOutput(t *testing.T, c *agent.Client, cmd string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := c.Exec(ctx, agent.ExecRequest{ID: cmd, Args: strings.Fields(cmd), Cwd: "/"}); err != nil {
+	if _, err := c.Exec(ctx, agent.ExecRequest{ID: cmd, Args: strings.Fields(cmd), Cwd: "/"}); err != nil {
 		t.Fatal(err)
 	}
 	_, stdout, _, err := c.Stdio(ctx, cmd)

@@ -292,6 +292,51 @@ func (x *ExecRequest) GetStdin() bool {
 	return false
 }
 
+type ExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pid is the process's pid in the guest.
+	Pid           uint32 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecResponse) Reset() {
+	*x = ExecResponse{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecResponse) ProtoMessage() {}
+
+func (x *ExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
+func (*ExecResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ExecResponse) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
 type ReadOutputRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -303,7 +348,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -315,7 +360,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -328,7 +373,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -363,7 +408,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +420,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +433,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -415,7 +460,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +472,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +485,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -466,7 +511,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -478,7 +523,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -491,7 +536,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -512,7 +557,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +569,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +582,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -571,7 +616,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +628,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +641,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -624,7 +669,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +681,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +694,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -686,7 +731,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +743,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +756,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -751,7 +796,7 @@ type ProcessesResponse struct {
 
 func (x *ProcessesResponse) Reset() {
 	*x = ProcessesResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +808,7 @@ func (x *ProcessesResponse) String() string {
 func (*ProcessesResponse) ProtoMessage() {}
 
 func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +821,7 @@ func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -805,7 +850,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +862,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +875,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatsResponse) GetMemoryTotal() uint64 {
@@ -931,7 +976,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x03gid\x18\x06 \x01(\rR\x03gid\x12'\n" +
 	"\x0fadditional_gids\x18\a \x03(\rR\x0eadditionalGids\x12\x1a\n" +
 	"\bterminal\x18\b \x01(\bR\bterminal\x12\x14\n" +
-	"\x05stdin\x18\t \x01(\bR\x05stdin\"q\n" +
+	"\x05stdin\x18\t \x01(\bR\x05stdin\" \n" +
+	"\fExecResponse\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\"q\n" +
 	"\x11ReadOutputRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
 	"\x06stream\x18\x02 \x01(\x0e2\x17.cocoon.agent.v1.StreamR\x06stream\x12\x1b\n" +
@@ -980,11 +1027,11 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\x85\a\n" +
+	"\x06STDERR\x10\x012\x8c\a\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Ping\x12\x16.google.protobuf.Empty\x1a\x1d.cocoon.agent.v1.PingResponse\x12<\n" +
-	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x16.google.protobuf.Empty\x12<\n" +
-	"\x04Exec\x12\x1c.cocoon.agent.v1.ExecRequest\x1a\x16.google.protobuf.Empty\x12U\n" +
+	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x16.google.protobuf.Empty\x12C\n" +
+	"\x04Exec\x12\x1c.cocoon.agent.v1.ExecRequest\x1a\x1d.cocoon.agent.v1.ExecResponse\x12U\n" +
 	"\n" +
 	"ReadOutput\x12\".cocoon.agent.v1.ReadOutputRequest\x1a#.cocoon.agent.v1.ReadOutputResponse\x12H\n" +
 	"\n" +
@@ -1012,56 +1059,57 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),          // 1: cocoon.agent.v1.PingResponse
 	(*InitRequest)(nil),           // 2: cocoon.agent.v1.InitRequest
 	(*ExecRequest)(nil),           // 3: cocoon.agent.v1.ExecRequest
-	(*ReadOutputRequest)(nil),     // 4: cocoon.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 5: cocoon.agent.v1.ReadOutputResponse
-	(*WriteStdinRequest)(nil),     // 6: cocoon.agent.v1.WriteStdinRequest
-	(*ProcessRequest)(nil),        // 7: cocoon.agent.v1.ProcessRequest
-	(*WaitResponse)(nil),          // 8: cocoon.agent.v1.WaitResponse
-	(*SignalRequest)(nil),         // 9: cocoon.agent.v1.SignalRequest
-	(*ResizePtyRequest)(nil),      // 10: cocoon.agent.v1.ResizePtyRequest
-	(*ProcessInfo)(nil),           // 11: cocoon.agent.v1.ProcessInfo
-	(*ProcessesResponse)(nil),     // 12: cocoon.agent.v1.ProcessesResponse
-	(*StatsResponse)(nil),         // 13: cocoon.agent.v1.StatsResponse
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 15: google.protobuf.Empty
+	(*ExecResponse)(nil),          // 4: cocoon.agent.v1.ExecResponse
+	(*ReadOutputRequest)(nil),     // 5: cocoon.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 6: cocoon.agent.v1.ReadOutputResponse
+	(*WriteStdinRequest)(nil),     // 7: cocoon.agent.v1.WriteStdinRequest
+	(*ProcessRequest)(nil),        // 8: cocoon.agent.v1.ProcessRequest
+	(*WaitResponse)(nil),          // 9: cocoon.agent.v1.WaitResponse
+	(*SignalRequest)(nil),         // 10: cocoon.agent.v1.SignalRequest
+	(*ResizePtyRequest)(nil),      // 11: cocoon.agent.v1.ResizePtyRequest
+	(*ProcessInfo)(nil),           // 12: cocoon.agent.v1.ProcessInfo
+	(*ProcessesResponse)(nil),     // 13: cocoon.agent.v1.ProcessesResponse
+	(*StatsResponse)(nil),         // 14: cocoon.agent.v1.StatsResponse
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 16: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	14, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	15, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	0,  // 1: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	14, // 2: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	11, // 3: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	15, // 4: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	15, // 2: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	12, // 3: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
+	16, // 4: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
 	2,  // 5: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
 	3,  // 6: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	4,  // 7: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	6,  // 8: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	7,  // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	7,  // 10: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	9,  // 11: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	10, // 12: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	7,  // 13: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	15, // 14: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	15, // 15: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	15, // 16: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	5,  // 7: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	7,  // 8: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	8,  // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	8,  // 10: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	10, // 11: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	11, // 12: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	8,  // 13: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	16, // 14: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	16, // 15: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	16, // 16: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
 	1,  // 17: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	15, // 18: cocoon.agent.v1.Agent.Init:output_type -> google.protobuf.Empty
-	15, // 19: cocoon.agent.v1.Agent.Exec:output_type -> google.protobuf.Empty
-	5,  // 20: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	15, // 21: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	15, // 22: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	8,  // 23: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	15, // 24: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	15, // 25: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	15, // 26: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	12, // 27: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	13, // 28: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	15, // 29: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	16, // 18: cocoon.agent.v1.Agent.Init:output_type -> google.protobuf.Empty
+	4,  // 19: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	6,  // 20: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	16, // 21: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	16, // 22: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	9,  // 23: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	16, // 24: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	16, // 25: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	16, // 26: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	13, // 27: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	14, // 28: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	16, // 29: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
 	17, // [17:30] is the sub-list for method output_type
 	4,  // [4:17] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
@@ -1080,7 +1128,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -11,7 +11,7 @@ import (
 type AgentService interface {
 	Ping(context.Context, *emptypb.Empty) (*PingResponse, error)
 	Init(context.Context, *InitRequest) (*emptypb.Empty, error)
-	Exec(context.Context, *ExecRequest) (*emptypb.Empty, error)
+	Exec(context.Context, *ExecRequest) (*ExecResponse, error)
 	ReadOutput(context.Context, *ReadOutputRequest) (*ReadOutputResponse, error)
 	WriteStdin(context.Context, *WriteStdinRequest) (*emptypb.Empty, error)
 	CloseStdin(context.Context, *ProcessRequest) (*emptypb.Empty, error)
@@ -148,8 +148,8 @@ func (c *agentClient) Init(ctx context.Context, req *InitRequest) (*emptypb.Empt
 	return &resp, nil
 }
 
-func (c *agentClient) Exec(ctx context.Context, req *ExecRequest) (*emptypb.Empty, error) {
-	var resp emptypb.Empty
+func (c *agentClient) Exec(ctx context.Context, req *ExecRequest) (*ExecResponse, error) {
+	var resp ExecResponse
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "Exec", req, &resp); err != nil {
 		return nil, err
 	}

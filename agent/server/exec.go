@@ -13,8 +13,9 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// Exec starts a process. Processes outlive the connection that started them.
-func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*emptypb.Empty, error) {
+// Exec starts a process and returns its pid. Processes outlive the
+// connection that started them.
+func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*api.ExecResponse, error) {
 	spec, err := newProcSpec(r)
 	if err != nil {
 		return nil, err
@@ -29,8 +30,9 @@ func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*emptypb.Empty,
 		return nil, err
 	}
 	s.procs[r.Id] = p
-	log.G(ctx).WithField("id", r.Id).WithField("pid", p.cmd.Process.Pid).Debug("process started")
-	return &emptypb.Empty{}, nil
+	pid := p.cmd.Process.Pid
+	log.G(ctx).WithField("id", r.Id).WithField("pid", pid).Debug("process started")
+	return &api.ExecResponse{Pid: uint32(pid)}, nil
 }
 
 func (s *Service) process(id string) (*process, error) {

@@ -161,7 +161,7 @@ func restoreAndRead(t *testing.T, root, link, path string) string {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Exec(ctx, agent.ExecRequest{ID: "cat", Args: []string{"cat", path}, Cwd: "/"}); err != nil {
+	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "cat", Args: []string{"cat", path}, Cwd: "/"}); err != nil {
 		t.Fatal(err)
 	}
 	_, stdout, _, err := c.Stdio(ctx, "cat")

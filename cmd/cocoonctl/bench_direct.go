@@ -170,7 +170,7 @@ func (p *directPath) close() error {
 // shim does for a container's init, so both paths do the same guest work.
 func startProcess(ctx context.Context, c *agent.Client) error {
 	const id = "bench"
-	if err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: benchArgs, Cwd: "/"}); err != nil {
+	if _, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: benchArgs, Cwd: "/"}); err != nil {
 		return err
 	}
 	_, stdout, stderr, err := c.Stdio(ctx, id)

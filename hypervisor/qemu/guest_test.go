@@ -127,7 +127,7 @@ func run(t testing.TB, c *agent.Client, args ...string) string {
 	t.Helper()
 	ctx := testContext(t, 30*time.Second)
 	id := fmt.Sprintf("test-%d", time.Now().UnixNano())
-	if err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: args, Cwd: "/"}); err != nil {
+	if _, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: args, Cwd: "/"}); err != nil {
 		t.Fatalf("exec %q: %v", args, err)
 	}
 	_, stdout, stderr, err := c.Stdio(ctx, id)

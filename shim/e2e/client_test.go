@@ -91,6 +91,10 @@ func execOutput(ctx context.Context, t *testing.T, c *ctrdtest.Containerd, task 
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The task's pid is the hypervisor's; an exec's is its own, in the guest.
+	if p.Pid() == 0 || p.Pid() == task.Pid() {
+		t.Fatalf("exec pid %d, want its guest pid (the task's is %d)", p.Pid(), task.Pid())
+	}
 	if code, _, err := (<-exited).Result(); err != nil || code != 0 {
 		t.Fatalf("exec %v: exit %d, %v (stderr %q)", args, code, err, stderr.String())
 	}

@@ -135,16 +135,20 @@ func (v *fakeVM) Snapshot(_ context.Context, dir string, kind hypervisor.Snapsho
 type plainVM struct{ VM }
 
 // fakeGuest runs a few pretend commands: "echo ARGS", "exit N", "cat"
-// (stdin to stdout) and "sleep" (until signalled).
+// (stdin to stdout) and "sleep" (until signalled). Its pids count from
+// fakeGuestPid, or are all 0 (unknown) when noPids is set.
 type fakeGuest struct {
 	mu        sync.Mutex
 	procs     map[string]*fakeProc
+	lastPid   uint32
+	noPids    bool
 	signalErr error // when set, Signal fails as an unresponsive agent would
 	closed    bool
 }
 
 type fakeProc struct {
 	spec           ProcessSpec
+	pid            uint32
 	stdinR         *io.PipeReader
 	stdinW         *io.PipeWriter
 	outR, errR     *io.PipeReader
@@ -156,21 +160,30 @@ type fakeProc struct {
 	resizeObserved chan struct{}
 }
 
-func newFakeGuest() *fakeGuest { return &fakeGuest{procs: map[string]*fakeProc{}} }
+// fakeGuestPid is the pid before the fake guest's first process's.
+const fakeGuestPid = 100
 
-func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) error {
+func newFakeGuest() *fakeGuest {
+	return &fakeGuest{procs: map[string]*fakeProc{}, lastPid: fakeGuestPid}
+}
+
+func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) (uint32, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if _, ok := g.procs[spec.ID]; ok {
-		return fmt.Errorf("process %s exists", spec.ID)
+		return 0, fmt.Errorf("process %s exists", spec.ID)
 	}
-	p := &fakeProc{spec: spec, sig: make(chan syscall.Signal, 4), exited: make(chan struct{}), resizeObserved: make(chan struct{}, 1)}
+	g.lastPid++
+	p := &fakeProc{spec: spec, pid: g.lastPid, sig: make(chan syscall.Signal, 4), exited: make(chan struct{}), resizeObserved: make(chan struct{}, 1)}
 	p.stdinR, p.stdinW = io.Pipe()
 	p.outR, p.outW = io.Pipe()
 	p.errR, p.errW = io.Pipe()
 	g.procs[spec.ID] = p
 	go p.run()
-	return nil
+	if g.noPids {
+		return 0, nil
+	}
+	return p.pid, nil
 }
 
 func (p *fakeProc) run() {
@@ -283,15 +296,13 @@ func (g *fakeGuest) Processes(context.Context) ([]GuestProcess, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := []GuestProcess{{Pid: 1}}
-	pid := uint32(100)
 	for id, p := range g.procs {
 		select {
 		case <-p.exited:
 			continue
 		default:
 		}
-		pid++
-		out = append(out, GuestProcess{Pid: pid, ID: id})
+		out = append(out, GuestProcess{Pid: p.pid, ID: id})
 	}
 	return out, nil
 }
@@ -357,6 +368,12 @@ func (r *recorder) Publish(_ context.Context, _ string, e events.Event) error {
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
 	return nil
+}
+
+func (r *recorder) all() []any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]any(nil), r.events...)
 }
 
 func (r *recorder) topics() []string {

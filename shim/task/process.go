@@ -20,11 +20,13 @@ type process struct {
 	// lifecycle serialises start and kill of this process.
 	lifecycle sync.Mutex
 
-	mu      sync.Mutex
-	status  tasktypes.Status
-	exit    Exit
-	io      *processIO
-	aborted *Exit // set when the process is ended before it ever started
+	mu       sync.Mutex
+	ran      bool   // the guest ran it
+	guestPid uint32 // its pid in the guest once it ran; 0 if unknown
+	status   tasktypes.Status
+	exit     Exit
+	io       *processIO
+	aborted  *Exit // set when the process is ended before it ever started
 
 	started chan struct{} // closed once the guest runs it and the start event is queued
 	abort   chan struct{} // closed to end a process that never started
@@ -60,13 +62,22 @@ func (p *process) Exit() Exit {
 	return p.exit
 }
 
-// setRunning records that the guest runs the process with io attached;
-// the caller closes started once the start event is queued.
-func (p *process) setRunning(pio *processIO) {
+// setRunning records that the guest runs the process as guestPid with io
+// attached; the caller closes started once the start event is queued.
+func (p *process) setRunning(guestPid uint32, pio *processIO) {
 	p.mu.Lock()
+	p.ran, p.guestPid = true, guestPid
 	p.status = tasktypes.Status_RUNNING
 	p.io = pio
 	p.mu.Unlock()
+}
+
+// guestPID is the process's pid in the guest (0 if the agent did not say)
+// and whether the guest ever ran it.
+func (p *process) guestPID() (pid uint32, ran bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.guestPid, p.ran
 }
 
 // startable reports whether the process is created and was not ended.

@@ -34,7 +34,7 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if r.ExecID == "" {
 		t.recordPhase(ctx, startedPhase, time.Since(began))
 	}
-	return &taskAPI.StartResponse{Pid: uint32(t.pid())}, nil
+	return &taskAPI.StartResponse{Pid: t.pidOf(p)}, nil
 }
 
 // Exec adds a process to the task's VM; it runs at Start.
@@ -71,7 +71,7 @@ func (s *Service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	resp := &taskAPI.StateResponse{
 		ID:       t.processID(p),
 		Bundle:   t.bundle,
-		Pid:      uint32(t.pid()),
+		Pid:      t.pidOf(p),
 		Status:   st,
 		Stdin:    p.stdio.Stdin,
 		Stdout:   p.stdio.Stdout,
@@ -156,7 +156,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		return nil, toGRPC(err)
 	}
 	e := p.Exit()
-	return &taskAPI.DeleteResponse{Pid: uint32(t.pid()), ExitStatus: e.Status, ExitedAt: protobuf.ToTimestamp(e.At)}, nil
+	return &taskAPI.DeleteResponse{Pid: t.pidOf(p), ExitStatus: e.Status, ExitedAt: protobuf.ToTimestamp(e.At)}, nil
 }
 
 func (s *Service) delete(ctx context.Context, t *task, p *process) error {

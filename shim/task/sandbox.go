@@ -39,7 +39,9 @@ type GuestProcess struct {
 
 // Guest is the agent inside a task's VM, as the service uses it.
 type Guest interface {
-	Exec(ctx context.Context, p ProcessSpec) error
+	// Exec starts p and returns its guest pid, 0 if the agent does not
+	// report pids.
+	Exec(ctx context.Context, p ProcessSpec) (uint32, error)
 	// Stdio returns the streams of a process just started; with a terminal
 	// stdout carries the pty and stderr is nil.
 	Stdio(ctx context.Context, id string) (stdin io.WriteCloser, stdout, stderr io.ReadCloser, err error)

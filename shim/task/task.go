@@ -80,8 +80,26 @@ func (t *task) run() {
 	go t.watch(t.init)
 }
 
-// pid is the task's pid for every process: the hypervisor's.
+// pid is the task's pid: the hypervisor's.
 func (t *task) pid() int { return t.sb.VM.PID() }
+
+// pidOf is the pid containerd knows p by. The init process is the task,
+// so it has the task's pid, which containerd uses for the task; an exec
+// has its pid in the guest once started and 0 before, as with runc (or
+// the task's pid if the guest's agent does not report pids).
+func (t *task) pidOf(p *process) uint32 {
+	if p.execID == "" {
+		return uint32(t.pid())
+	}
+	pid, ran := p.guestPID()
+	switch {
+	case pid != 0:
+		return pid
+	case !ran:
+		return 0
+	}
+	return uint32(t.pid())
+}
 
 func (t *task) isPaused() bool {
 	t.mu.Lock()
@@ -134,26 +152,26 @@ func (t *task) start(ctx context.Context, p *process) error {
 	if p.execID != "" && t.initIsGone() {
 		return fmt.Errorf("task %s init process is not running: %w", t.id, errdefs.ErrFailedPrecondition)
 	}
-	if err := t.sb.Guest.Exec(ctx, p.spec); err != nil {
+	guestPid, err := t.sb.Guest.Exec(ctx, p.spec)
+	if err != nil {
 		return fmt.Errorf("exec %v in guest: %w", p.spec.Args, err)
 	}
 	var g guestStreams
-	var err error
 	g.stdin, g.stdout, g.stderr, err = t.sb.Guest.Stdio(ctx, p.spec.ID)
 	if err != nil {
-		t.abandon(p)
+		t.abandon(p, guestPid)
 		return fmt.Errorf("open guest stdio: %w", err)
 	}
 	pio, err := attachIO(ctx, p.stdio, g, ioOwner{id: t.id, namespace: t.namespace})
 	if err != nil {
-		t.abandon(p)
+		t.abandon(p, guestPid)
 		return err
 	}
-	p.setRunning(pio)
+	p.setRunning(guestPid, pio)
 	if p.execID == "" {
-		t.send(&eventstypes.TaskStart{ContainerID: t.id, Pid: uint32(t.pid())})
+		t.send(&eventstypes.TaskStart{ContainerID: t.id, Pid: t.pidOf(p)})
 	} else {
-		t.send(&eventstypes.TaskExecStarted{ContainerID: t.id, ExecID: p.execID, Pid: uint32(t.pid())})
+		t.send(&eventstypes.TaskExecStarted{ContainerID: t.id, ExecID: p.execID, Pid: t.pidOf(p)})
 	}
 	close(p.started)
 	return nil
@@ -161,13 +179,13 @@ func (t *task) start(ctx context.Context, p *process) error {
 
 // abandon kills a guest process whose stdio could not be attached; its
 // watcher still reports the exit.
-func (t *task) abandon(p *process) {
+func (t *task) abandon(p *process, guestPid uint32) {
 	ctx, cancel := context.WithTimeout(t.ctx, guestCallTimeout)
 	defer cancel()
 	if err := t.sb.Guest.Signal(ctx, p.spec.ID, unix.SIGKILL); err != nil {
 		log.G(ctx).WithError(err).WithField("process", p.spec.ID).Warn("kill process without stdio")
 	}
-	p.setRunning(nil)
+	p.setRunning(guestPid, nil)
 	close(p.started)
 }
 
@@ -201,7 +219,7 @@ func (t *task) watch(p *process) {
 	t.send(&eventstypes.TaskExit{
 		ContainerID: t.id,
 		ID:          t.processID(p),
-		Pid:         uint32(t.pid()),
+		Pid:         t.pidOf(p),
 		ExitStatus:  exit.Status,
 		ExitedAt:    protobuf.ToTimestamp(exit.At),
 	})

@@ -32,7 +32,7 @@ func (g *guest) bounded(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, g.callTimeout)
 }
 
-func (g *guest) Exec(ctx context.Context, p task.ProcessSpec) error {
+func (g *guest) Exec(ctx context.Context, p task.ProcessSpec) (uint32, error) {
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
 	return g.c.Exec(ctx, agent.ExecRequest{

@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -132,6 +133,69 @@ func writeBundle(t *testing.T, dir string, spec *specs.Spec) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExecPidOverAgent: an exec's Start returns the pid the agent ran it
+// as (here on the host, so the process can print it), and the task keeps
+// the hypervisor's.
+func TestExecPidOverAgent(t *testing.T) {
+	base := t.TempDir()
+	cfgPath, _ := writeConfig(t, false)
+	l, _ := newLauncher(t)
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	ctx, sd := shutdown.WithShutdown(ctx)
+	svc := task.NewService(ctx, l, &exitRecorder{}, sd)
+	t.Cleanup(func() { sd.Shutdown(); <-sd.Done() })
+
+	bundle := filepath.Join(base, "bundle")
+	writeBundle(t, bundle, &specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sleep", "60"}, Cwd: "/"}})
+	opts, err := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: cfgPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, err := svc.Create(ctx, &taskAPI.CreateTaskRequest{
+		ID: "t1", Bundle: bundle, Options: opts,
+		Rootfs: []*types.Mount{{Type: "bind", Source: stageChain(t), Options: []string{"rbind"}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Start(ctx, &taskAPI.StartRequest{ID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := typeurl.MarshalAnyToProto(&specs.Process{Args: []string{"sh", "-c", "echo $$"}, Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(base, "exec.log")
+	if _, err := svc.Exec(ctx, &taskAPI.ExecProcessRequest{ID: "t1", ExecID: "e1", Spec: proc, Stdout: "file://" + out}); err != nil {
+		t.Fatal(err)
+	}
+	started, err := svc.Start(ctx, &taskAPI.StartRequest{ID: "t1", ExecID: "e1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := svc.Wait(wctx, &taskAPI.WaitRequest{ID: "t1", ExecID: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	printed, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("%d\n", started.Pid); started.Pid == created.Pid || string(printed) != want {
+		t.Fatalf("exec Start pid %d (task pid %d), process printed %q: want its own pid", started.Pid, created.Pid, printed)
+	}
+	if _, err := svc.Kill(ctx, &taskAPI.KillRequest{ID: "t1", Signal: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Wait(wctx, &taskAPI.WaitRequest{ID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Delete(ctx, &taskAPI.DeleteRequest{ID: "t1"}); err != nil {
 		t.Fatal(err)
 	}
 }

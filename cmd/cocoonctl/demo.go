@@ -187,7 +187,7 @@ func waitExit(ctx context.Context, task client.Task) (uint32, error) {
 }
 
 func printReport(out io.Writer, r *state.Report) {
-	fmt.Fprintf(out, "restore report (%s in the bundle):\n  hypervisor %s, mode %s, release staged memory after load: %v\n",
+	fmt.Fprintf(out, "restore report (%s in the bundle):\n  hypervisor %s, mode %s, staged memory released once the guest is up: %v\n",
 		state.ReportFile, r.Hypervisor, r.Plan.Mode, r.Plan.ReleaseAfterLoad)
 	for _, reason := range r.Plan.Reasons {
 		fmt.Fprintf(out, "  reason:  %s\n", reason)

@@ -136,7 +136,7 @@ func printPlan(w io.Writer, o explainOptions, l *chain.Link, hv string, caps hyp
 	}
 	release := "kept for the VM's life"
 	if p.ReleaseAfterLoad {
-		release = "released after load"
+		release = "released once the guest is up"
 	}
 	fmt.Fprintf(w, "\nplan         %s (staged memory %s)\n\nreasons\n", p.Mode, release)
 	for i, r := range p.Reasons {

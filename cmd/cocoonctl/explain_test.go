@@ -94,7 +94,7 @@ func TestExplain(t *testing.T) {
 		{"annotation ignored by default", []string{"--link", qemuLink, "--config", explainConfig(t, ""), "--annotation", "io.cocoon.restore-mode=copy"},
 			[]string{"plan         mmap", "warnings", "ignored: restore.allow_annotation is false", "annotations  io.cocoon.restore-mode=copy"}, false},
 		{"annotation allowed", []string{"--link", winLink, "--config", allow, "--annotation", "io.cocoon.restore-mode=ondemand"},
-			[]string{"plan         copy (staged memory released after load)", "windows guest", "asked for ondemand"}, false},
+			[]string{"plan         copy (staged memory released once the guest is up)", "windows guest", "asked for ondemand"}, false},
 		{"hypervisor flag picks ch", []string{"--link", chLink, "--config", explainConfig(t, ""), "--hypervisor", "cloud-hypervisor", "--annotation", "a=b"},
 			[]string{"plan         ondemand", "auto picks ondemand", "annotations  a=b"}, false},
 		{"hugepages", []string{"--link", hugeLink, "--config", explainConfig(t, "[restore]\nforce_mode = \"mmap\"\n")},

@@ -77,6 +77,15 @@ func (c *Containerd) Ctr(args ...string) (string, error) {
 	return c.Stack.Ctr(context.Background(), args...)
 }
 
+// Restart stops containerd and starts it again on the same dirs
+// (devstack.Stack.Restart); the shims keep running.
+func (c *Containerd) Restart() {
+	c.t.Helper()
+	if err := c.Stack.Restart(context.Background()); err != nil {
+		c.t.Fatalf("restart containerd: %v", err)
+	}
+}
+
 // Client returns a containerd Go client in Namespace, closed by Cleanup.
 func (c *Containerd) Client() *client.Client {
 	c.t.Helper()

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/template"
 
@@ -76,6 +77,9 @@ type Stack struct {
 
 	procs  []*proc
 	client *client.Client
+	// cgroups are the namespace's cgroup dirs that did not exist when
+	// the stack started; Close removes those the shims left empty.
+	cgroups []string
 }
 
 // Start starts cocoon-snapshotter and containerd and waits until both
@@ -126,6 +130,7 @@ func newStack(dir string, opts Options) *Stack {
 		RunDir:             filepath.Join(dir, "run"),
 		Namespace:          ns,
 		BinDir:             bin,
+		cgroups:            absentNamespaceCgroups(ns),
 	}
 }
 
@@ -140,11 +145,12 @@ func (s *Stack) start(ctx context.Context, opts Options) error {
 	if err := s.writeCocoonConfig(opts.Config); err != nil {
 		return err
 	}
-	if err := s.spawn("cocoon-snapshotter", nil, "--config", s.ConfigPath, "--root", s.SnapshotterRoot,
-		"--address", s.SnapshotterAddress, "--log-level", level); err != nil {
+	sn, err := s.spawn("cocoon-snapshotter", nil, "--config", s.ConfigPath, "--root", s.SnapshotterRoot,
+		"--address", s.SnapshotterAddress, "--log-level", level)
+	if err != nil {
 		return err
 	}
-	if err := s.waitSocket(ctx, s.SnapshotterAddress); err != nil {
+	if err := s.waitSocket(ctx, sn, s.SnapshotterAddress); err != nil {
 		return err
 	}
 	ctrdCfg, err := s.containerdConfig(opts.ExtraConfig, level)
@@ -155,16 +161,43 @@ func (s *Stack) start(ctx context.Context, opts Options) error {
 		"PATH=" + s.BinDir + ":" + os.Getenv("PATH"),
 		config.EnvPath + "=" + s.ConfigPath,
 	}, opts.Env...)
-	if err := s.spawn("containerd", env, "--config", ctrdCfg); err != nil {
+	ctrd, err := s.spawn("containerd", env, "--config", ctrdCfg)
+	if err != nil {
 		return err
 	}
-	if err := s.waitSocket(ctx, s.Address); err != nil {
+	return s.waitContainerd(ctx, ctrd)
+}
+
+// waitContainerd waits until containerd p serves.
+func (s *Stack) waitContainerd(ctx context.Context, p *proc) error {
+	if err := s.waitSocket(ctx, p, s.Address); err != nil {
 		return err
 	}
 	if _, err := s.Ctr(ctx, "version"); err != nil {
 		return fmt.Errorf("containerd does not answer: %w", err)
 	}
 	return nil
+}
+
+// Restart stops containerd and starts it again with the same config, dirs
+// and environment, as a node's containerd restart does: the shims and
+// their VMs keep running and the new containerd reconnects to them. The
+// snapshotter keeps running. Close stops the new containerd.
+func (s *Stack) Restart(ctx context.Context) error {
+	i := slices.IndexFunc(s.procs, func(p *proc) bool { return p.name == "containerd" })
+	if i < 0 {
+		return errors.New("restart containerd: the stack runs none")
+	}
+	p := s.procs[i]
+	stop(p)
+	// A socket left behind would pass for the new containerd serving.
+	if err := os.Remove(s.Address); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("restart containerd: remove its old socket: %w", err)
+	}
+	if err := s.run(p); err != nil {
+		return fmt.Errorf("restart containerd: %w", err)
+	}
+	return s.waitContainerd(ctx, p)
 }
 
 // writeCocoonConfig writes the cocoon config.toml with every path it names

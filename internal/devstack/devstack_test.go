@@ -1,11 +1,14 @@
 package devstack
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
@@ -65,4 +68,115 @@ func TestDestroyKeptStack(t *testing.T) {
 	if left := Leftovers(dir); len(left) > 0 {
 		t.Errorf("Destroy left:\n%s", strings.Join(left, "\n"))
 	}
+}
+
+// TestRestart restarts containerd in place: a new process serves the same
+// socket and dirs, keeps its log, and Close still leaves nothing behind.
+func TestRestart(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := filepath.Dir(testenv.Bin(t, "containerd"))
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
+		testenv.Bin(t, name)
+	}
+	s, err := Start(t.Context(), Options{BinDir: bin, Namespace: "devstack-restart"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := s.Dir
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Ctr(t.Context(), "namespaces", "create", "kept"); err != nil {
+		t.Fatal(err)
+	}
+	before := s.daemon(t, "containerd").cmd.Process.Pid
+	if err := s.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if after := s.daemon(t, "containerd").cmd.Process.Pid; after == before {
+		t.Fatalf("containerd pid %d unchanged by Restart", after)
+	}
+	out, err := s.Ctr(t.Context(), "namespaces", "list", "--quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "kept") {
+		t.Fatalf("namespaces after the restart:\n%s\nwant the one made before it (same root)", out)
+	}
+	if logs := s.Logs(); strings.Count(logs, "containerd successfully booted") != 2 {
+		t.Fatalf("containerd log does not hold both runs:\n%s", logs)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := Leftovers(dir); len(left) > 0 {
+		t.Errorf("Close after Restart left:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+func (s *Stack) daemon(t *testing.T, name string) *proc {
+	t.Helper()
+	for _, p := range s.procs {
+		if p.name == name {
+			return p
+		}
+	}
+	t.Fatalf("the stack runs no %s", name)
+	return nil
+}
+
+// TestNamespaceCgroups: the stack claims only the namespace cgroup dirs
+// missing when it starts, and removes only the empty ones.
+func TestNamespaceCgroups(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := fmt.Sprintf("devstack-cg-%d", os.Getpid())
+	t.Cleanup(func() {
+		for _, dir := range cgroupDirs(t, ns) {
+			_ = os.Remove(filepath.Join(dir, "busy"))
+			_ = os.Remove(dir)
+		}
+	})
+	for _, bad := range []string{"", "..", "a/b"} {
+		if got := absentNamespaceCgroups(bad); got != nil {
+			t.Errorf("namespace %q claims cgroup dirs %v", bad, got)
+		}
+	}
+	claimed := absentNamespaceCgroups(ns)
+	if len(claimed) == 0 {
+		t.Fatal("no cgroup hierarchy is mounted to test with")
+	}
+	// The shims leave the namespace's dirs; one still has a task cgroup.
+	for _, dir := range claimed {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy := claimed[0]
+	if err := os.Mkdir(filepath.Join(busy, "busy"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := absentNamespaceCgroups(ns); len(got) != 0 {
+		t.Fatalf("existing namespace dirs claimed: %v", got)
+	}
+	if err := removeEmptyCgroups(claimed); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range claimed {
+		_, err := os.Stat(dir)
+		if exists := err == nil; exists != (dir == busy) {
+			t.Errorf("%s exists %v after the teardown, want %v (only the one in use stays)", dir, exists, dir == busy)
+		}
+	}
+}
+
+// cgroupDirs is ns's dir in every cgroup hierarchy.
+func cgroupDirs(t *testing.T, ns string) []string {
+	t.Helper()
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dirs []string
+	for _, m := range mounts {
+		dirs = append(dirs, filepath.Join(m.Mountpoint, ns))
+	}
+	return dirs
 }

@@ -18,40 +18,50 @@ const serveTimeout = 30 * time.Second
 // proc is one daemon the stack started.
 type proc struct {
 	name string
+	env  []string // added to this process's environment
+	args []string
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
 }
 
-// spawn starts bin/name with its output in a log file under Dir. The
+// spawn starts bin/name and adds it to the stack's daemons.
+func (s *Stack) spawn(name string, env []string, args ...string) (*proc, error) {
+	p := &proc{name: name, env: env, args: args, log: filepath.Join(s.Dir, name+".log")}
+	if err := s.run(p); err != nil {
+		return nil, err
+	}
+	s.procs = append(s.procs, p)
+	return p, nil
+}
+
+// run starts p with its output appended to its log file under Dir. The
 // daemons get their own process group so a terminal's ^C reaches only the
 // caller, which then tears the stack down in order.
-func (s *Stack) spawn(name string, env []string, args ...string) error {
-	logPath := filepath.Join(s.Dir, name+".log")
-	f, err := os.Create(logPath)
+func (s *Stack) run(p *proc) error {
+	f, err := os.OpenFile(p.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("create %s log: %w", name, err)
+		return fmt.Errorf("open %s log: %w", p.name, err)
 	}
 	defer f.Close()
-	cmd := exec.Command(filepath.Join(s.BinDir, name), args...)
+	cmd := exec.Command(filepath.Join(s.BinDir, p.name), p.args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(os.Environ(), p.env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", name, err)
+		return fmt.Errorf("start %s: %w", p.name, err)
 	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	done := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
-		close(p.done)
+		close(done)
 	}()
-	s.procs = append(s.procs, p)
+	p.cmd, p.done = cmd, done
 	return nil
 }
 
-// waitSocket waits until the last started daemon listens on path.
-func (s *Stack) waitSocket(ctx context.Context, path string) error {
-	p := s.procs[len(s.procs)-1]
+// waitSocket waits until daemon p listens on path.
+func (s *Stack) waitSocket(ctx context.Context, p *proc, path string) error {
 	ctx, cancel := context.WithTimeout(ctx, serveTimeout)
 	defer cancel()
 	for {

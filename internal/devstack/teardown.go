@@ -28,7 +28,9 @@ const (
 // Close deletes the containers left in the stack (so shims can stop their
 // VMs), stops containerd and the snapshotter, kills by PID any process
 // still referring to Dir (re-parented shims and the VMs they started),
-// unmounts everything under Dir and removes it. Calling it again is a no-op.
+// unmounts everything under Dir and removes it, and removes the namespace's
+// cgroup dirs the stack's tasks created if they are empty. Calling it again
+// is a no-op.
 func (s *Stack) Close() error {
 	if s.Dir == "" {
 		return nil
@@ -44,7 +46,7 @@ func (s *Stack) Close() error {
 	for i := len(s.procs) - 1; i >= 0; i-- {
 		stop(s.procs[i])
 	}
-	errs = append(errs, sweep(s.Dir))
+	errs = append(errs, sweep(s.Dir), removeEmptyCgroups(s.cgroups))
 	s.Dir = ""
 	return errors.Join(errs...)
 }

@@ -150,9 +150,9 @@ func stopFakeServer(t *testing.T, bundle string) {
 	t.Helper()
 	var pid int
 	for range 200 {
-		data, err := os.ReadFile(filepath.Join(bundle, "server.pid"))
-		if err == nil {
-			pid, _ = strconv.Atoi(string(data))
+		// The server may not have written its pid yet.
+		data, _ := os.ReadFile(filepath.Join(bundle, "server.pid"))
+		if pid, _ = strconv.Atoi(string(data)); pid > 0 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

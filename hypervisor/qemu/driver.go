@@ -48,11 +48,12 @@ func (d *Driver) Name() string { return Name }
 // Capabilities: mmap and copy restores, full snapshots. QEMU cannot restore
 // lazily from a file (postcopy needs a live source), and 7.2 cannot list
 // the pages dirtied in a file-backed guest, so no ondemand and no diff.
-func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
-	build, err := d.Build(ctx)
-	if err != nil {
-		return hypervisor.Capabilities{}, err
-	}
+// They hold for every build, so nothing is probed: running the binary
+// would cost every restore ~20 ms. Build is filled in only once known.
+func (d *Driver) Capabilities(context.Context) (hypervisor.Capabilities, error) {
+	d.mu.Lock()
+	build := d.build
+	d.mu.Unlock()
 	return hypervisor.Capabilities{
 		RestoreModes:  []hypervisor.Mode{hypervisor.ModeMmap, hypervisor.ModeCopy},
 		SnapshotKinds: []hypervisor.SnapshotKind{hypervisor.SnapshotFull},
@@ -153,10 +154,6 @@ func (d *Driver) spawnVM(ctx context.Context, runDir string, l launch, memfd *os
 }
 
 func (d *Driver) startVM(ctx context.Context, runDir string, l launch, memfd *os.File, detach bool) (*VM, error) {
-	build, err := d.Build(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var extra []*os.File
 	if memfd != nil {
 		extra = []*os.File{memfd}
@@ -179,5 +176,5 @@ func (d *Driver) startVM(ctx context.Context, runDir string, l launch, memfd *os
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
 	log.G(ctx).WithField("pid", proc.pid()).WithField("rundir", runDir).Debug("qemu started")
-	return &VM{proc: proc, qmp: q, runDir: runDir, shape: l.Shape, build: build}, nil
+	return &VM{proc: proc, qmp: q, runDir: runDir, shape: l.Shape}, nil
 }

@@ -284,7 +284,31 @@ func TestCapabilities(t *testing.T) {
 	if len(caps.SnapshotKinds) != 1 || caps.SnapshotKinds[0] != hypervisor.SnapshotFull {
 		t.Errorf("snapshot kinds %v, want full only", caps.SnapshotKinds)
 	}
-	if !strings.HasPrefix(caps.Build, "QEMU emulator version") {
-		t.Errorf("build %q", caps.Build)
+	if caps.Build != "" {
+		t.Errorf("build %q before any probe: Capabilities must not run the binary", caps.Build)
+	}
+	build, err := d.Build(testContext(t, 10*time.Second))
+	if err != nil || !strings.HasPrefix(build, "QEMU emulator version") {
+		t.Fatalf("Build() = %q, %v", build, err)
+	}
+	if caps, _ := d.Capabilities(t.Context()); caps.Build != build {
+		t.Errorf("build %q after a probe, want %q", caps.Build, build)
+	}
+}
+
+// A link names the QEMU that made it exactly as --version does, though the
+// VM asks QMP rather than running the binary.
+func TestSnapshotNamesBuild(t *testing.T) {
+	d := newTestDriver(t)
+	l, err := chain.ReadLink(bakedLink(t, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	build, err := d.Build(testContext(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.HypervisorBuild != build {
+		t.Errorf("link hypervisorBuild %q, want %q", l.HypervisorBuild, build)
 	}
 }

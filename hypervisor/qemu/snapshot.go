@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 
@@ -37,7 +38,11 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err := WriteShape(dir, v.shape); err != nil {
 		return err
 	}
-	if _, err := chain.WriteFull(ctx, v.memPath, v.linkMeta(), dir); err != nil {
+	build, err := v.build(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := chain.WriteFull(ctx, v.memPath, v.linkMeta(build), dir); err != nil {
 		return fmt.Errorf("write memory: %w", err)
 	}
 	return nil
@@ -50,15 +55,33 @@ const bootGuestOS = "linux"
 // the one its chain describes (its OS, page size, hugepages and shared
 // memory steer the restore policy), so those carry over; only a booted VM
 // is described from its shape.
-func (v *VM) linkMeta() chain.Meta {
+func (v *VM) linkMeta(build string) chain.Meta {
 	files := []string{StateFile, ShapeFile}
 	if v.staged != nil {
-		return stagedchain.Meta(v.staged, Name, v.build, files)
+		return stagedchain.Meta(v.staged, Name, build, files)
 	}
 	return chain.Meta{
-		Hypervisor: Name, HypervisorBuild: v.build, GuestOS: bootGuestOS,
+		Hypervisor: Name, HypervisorBuild: build, GuestOS: bootGuestOS,
 		VCPUs: v.shape.VCPUs, PageSize: int64(os.Getpagesize()), StateFiles: files,
 	}
+}
+
+// build names the running QEMU the way `--version` does, asked over QMP
+// so that only a snapshot pays for it, not every restore.
+func (v *VM) build(ctx context.Context) (string, error) {
+	var ver struct {
+		QEMU    struct{ Major, Minor, Micro int } `json:"qemu"`
+		Package string                            `json:"package"`
+	}
+	if err := v.qmp.Execute(ctx, "query-version", nil, &ver); err != nil {
+		return "", fmt.Errorf("query qemu version: %w", err)
+	}
+	q := ver.QEMU
+	build := fmt.Sprintf("QEMU emulator version %d.%d.%d", q.Major, q.Minor, q.Micro)
+	if pkg := strings.TrimSpace(ver.Package); pkg != "" {
+		build += " (" + pkg + ")"
+	}
+	return build, nil
 }
 
 // saveState writes the device-state stream to path, durably.

@@ -36,7 +36,6 @@ type VM struct {
 	qmp    *qmp
 	runDir string
 	shape  Shape
-	build  string
 	// staged is the chain the VM was restored from; nil for a booted VM.
 	staged *chain.Staged
 	// memPath is where the guest RAM can be read while the VM is paused:

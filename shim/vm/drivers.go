@@ -15,8 +15,9 @@ import (
 )
 
 // driver returns the driver for cfg's hypervisor, one per distinct driver
-// config for the life of the shim: a driver probes its binary once (QEMU's
-// --version alone takes ~20 ms), so the later tasks of a shim skip that.
+// config for the life of the shim: a driver probes its binary once (Cloud
+// Hypervisor's CopyOnWrite probe starts a throwaway VMM), so the later tasks
+// of a shim skip that.
 func (l *Launcher) driver(cfg config.Config) (hypervisor.Driver, error) {
 	key, err := json.Marshal(struct {
 		Hypervisor      string

@@ -96,8 +96,8 @@ func testSignal(t *testing.T, tg *target) {
 	if st.Signal != int(syscall.SIGTERM) || st.Code != 128+int(syscall.SIGTERM) || st.ExitedAt.IsZero() {
 		t.Errorf("exit %+v, want SIGTERM", st)
 	}
-	if err := tg.c.Signal(ctx, id, syscall.SIGTERM); !errdefs.IsFailedPrecondition(err) {
-		t.Errorf("signal after exit: %v, want a failed precondition", err)
+	if err := tg.c.Signal(ctx, id, syscall.SIGTERM); !errdefs.IsNotFound(err) {
+		t.Errorf("signal after exit: %v, want not found", err)
 	}
 }
 

@@ -129,7 +129,7 @@ func (c *Client) Wait(ctx context.Context, id string) (ExitStatus, error) {
 	}, nil
 }
 
-// Signal sends sig to process id.
+// Signal sends sig to process id; errdefs.ErrNotFound if it has exited.
 func (c *Client) Signal(ctx context.Context, id string, sig syscall.Signal) error {
 	if _, err := c.api.Signal(ctx, &api.SignalRequest{Id: id, Signal: uint32(sig)}); err != nil {
 		return fmt.Errorf("signal %q in guest: %w", id, native(err))

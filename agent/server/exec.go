@@ -107,7 +107,8 @@ func (s *Service) Wait(ctx context.Context, r *api.ProcessRequest) (*api.WaitRes
 	}, nil
 }
 
-// Signal sends a signal to a running process.
+// Signal sends a signal to a running process; one that has exited is
+// NotFound.
 func (s *Service) Signal(ctx context.Context, r *api.SignalRequest) (*emptypb.Empty, error) {
 	if r.Signal == 0 || r.Signal > 64 {
 		return nil, fmt.Errorf("signal %d: expected 1..64: %w", r.Signal, errdefs.ErrInvalidArgument)

@@ -156,13 +156,15 @@ func (p *process) exited() bool {
 	}
 }
 
+// signal delivers sig. A process that has exited answers NotFound, as
+// runc does, so the host can tell "already finished" from a failure.
 func (p *process) signal(sig syscall.Signal) error {
 	if p.exited() {
-		return fmt.Errorf("process %q has exited: %w", p.id, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("process %q has exited: %w", p.id, errdefs.ErrNotFound)
 	}
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		if errors.Is(err, os.ErrProcessDone) {
-			return fmt.Errorf("process %q has exited: %w", p.id, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("process %q has exited: %w", p.id, errdefs.ErrNotFound)
 		}
 		return fmt.Errorf("signal %q: %w", p.id, err)
 	}

@@ -18,6 +18,7 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
@@ -135,7 +136,9 @@ func (v *fakeVM) Snapshot(_ context.Context, dir string, kind hypervisor.Snapsho
 type plainVM struct{ VM }
 
 // fakeGuest runs a few pretend commands: "echo ARGS", "exit N", "cat"
-// (stdin to stdout) and "sleep" (until signalled). Its pids count from
+// (stdin to stdout), "sleep" (until signalled) and "detach" (exits at once
+// but leaves stdout open, as a child it left running would, until the
+// test closes outW). Its pids count from
 // fakeGuestPid, or are all 0 (unknown) when noPids is set.
 type fakeGuest struct {
 	mu        sync.Mutex
@@ -198,6 +201,11 @@ func (p *fakeProc) run() {
 		_, _ = io.Copy(p.outW, p.stdinR)
 	case "sleep":
 		status = 128 + uint32(<-p.sig)
+	case "detach":
+		p.errW.Close()
+		p.exit = Exit{At: time.Now()}
+		close(p.exited)
+		return
 	}
 	p.outW.Close()
 	p.errW.Close()
@@ -252,7 +260,12 @@ func (g *fakeGuest) Signal(ctx context.Context, id string, sig syscall.Signal) e
 	}
 	select {
 	case <-p.exited:
-		return fmt.Errorf("process %s has exited", id)
+		return fmt.Errorf("process %s has exited: %w", id, errdefs.ErrNotFound)
+	default:
+	}
+	select {
+	case <-p.exited:
+		return fmt.Errorf("process %s has exited: %w", id, errdefs.ErrNotFound)
 	case p.sig <- sig:
 		return nil
 	}

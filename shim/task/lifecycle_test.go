@@ -151,6 +151,57 @@ func TestKill(t *testing.T) {
 	}
 }
 
+// TestKillWhileOutputDrains signals a process that has exited in the guest
+// while its output still drains: the shim must answer NotFound ("already
+// finished", what CRI's StopContainer accepts) and keep the VM.
+func TestKillWhileOutputDrains(t *testing.T) {
+	tests := []struct {
+		name   string
+		execID string
+		sig    syscall.Signal
+	}{
+		{"init SIGTERM", "", syscall.SIGTERM},
+		{"init SIGKILL", "", syscall.SIGKILL},
+		{"exec SIGTERM", "e1", syscall.SIGTERM},
+		{"exec SIGKILL", "e1", syscall.SIGKILL},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			guestID := initGuestID
+			if tt.execID == "" {
+				h.create("t1", specFor("detach"), newFifos(t, false, false))
+			} else {
+				h.create("t1", specFor("sleep"), newFifos(t, false, false))
+				h.start("t1", "")
+				req := execSpec(t, "detach")
+				req.ExecID = tt.execID
+				if _, err := h.svc.Exec(h.ctx, req); err != nil {
+					t.Fatal(err)
+				}
+				guestID = "exec-" + tt.execID
+			}
+			h.start("t1", tt.execID)
+			p, err := h.guest.proc(guestID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-p.exited
+			_, err = h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "t1", ExecID: tt.execID, Signal: uint32(tt.sig)})
+			if !errors.Is(errNative(err), errdefs.ErrNotFound) {
+				t.Fatalf("Kill of a process whose output drains: %v, want not found", err)
+			}
+			if h.vm.exited() {
+				t.Fatal("Kill of an exited process killed the VM")
+			}
+			p.outW.Close()
+			if got := h.wait("t1", tt.execID); got != 0 {
+				t.Fatalf("exit %d, want 0", got)
+			}
+		})
+	}
+}
+
 func TestKillAll(t *testing.T) {
 	h := newHarness(t)
 	h.create("t1", specFor("sleep"), newFifos(t, false, false))

@@ -49,8 +49,10 @@ func (t *task) execList() []*process {
 }
 
 // signal delivers sig to p. A process that never started ends with
-// 128+sig. SIGKILL to the init process kills the VM when the guest cannot
-// answer: the VM is paused or the agent does not reply in time.
+// 128+sig. One the guest says has exited, while its output still drains,
+// is finished (NotFound, as runc's shim answers). SIGKILL to the init
+// process kills the VM when the guest cannot answer: the VM is paused or
+// the agent does not reply in time.
 func (t *task) signal(p *process, sig unix.Signal) error {
 	p.lifecycle.Lock()
 	defer p.lifecycle.Unlock()
@@ -76,15 +78,18 @@ func (t *task) signal(p *process, sig unix.Signal) error {
 	ctx, cancel := context.WithTimeout(t.ctx, guestCallTimeout)
 	defer cancel()
 	err := t.sb.Guest.Signal(ctx, p.spec.ID, sig)
-	if err == nil {
+	switch {
+	case err == nil:
 		return nil
-	}
-	if initKill {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return errFinished
+	case initKill:
 		log.G(ctx).WithError(err).WithField("id", t.id).Warn("guest did not take SIGKILL")
 		t.killVM("guest did not answer SIGKILL")
 		return nil
+	default:
+		return fmt.Errorf("signal %d to %s in guest: %w", sig, p.spec.ID, err)
 	}
-	return fmt.Errorf("signal %d to %s in guest: %w", sig, p.spec.ID, err)
 }
 
 // pause pauses the VM.

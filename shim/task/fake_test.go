@@ -147,6 +147,9 @@ type fakeGuest struct {
 	noPids    bool
 	signalErr error // when set, Signal fails as an unresponsive agent would
 	closed    bool
+	// execGate, if set, holds Exec until it closes, after a send on
+	// execEntered.
+	execGate, execEntered chan struct{}
 }
 
 type fakeProc struct {
@@ -171,6 +174,10 @@ func newFakeGuest() *fakeGuest {
 }
 
 func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) (uint32, error) {
+	if g.execGate != nil {
+		g.execEntered <- struct{}{}
+		<-g.execGate
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if _, ok := g.procs[spec.ID]; ok {

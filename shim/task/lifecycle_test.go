@@ -368,6 +368,37 @@ func TestVMDies(t *testing.T) {
 	}
 }
 
+// TestVMDiesDuringStart kills the VM while Start is in the guest: the
+// process ends with the VM, and the stdio its Start attached is closed.
+func TestVMDiesDuringStart(t *testing.T) {
+	h := newHarness(t)
+	sio := newFifos(t, false, false)
+	h.create("t1", specFor("sleep"), sio)
+	h.guest.execGate, h.guest.execEntered = make(chan struct{}), make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		_, err := h.svc.Start(h.ctx, &taskAPI.StartRequest{ID: "t1"})
+		started <- err
+	}()
+	<-h.guest.execEntered
+	tk, err := h.svc.getTask("t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.vm.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-tk.vmDone
+	close(h.guest.execGate)
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	if got := h.wait("t1", ""); got != 137 {
+		t.Fatalf("exit after the VM died %d, want 137", got)
+	}
+	sio.output(t) // fails unless the shim closed its end of stdout
+}
+
 func TestCreateErrors(t *testing.T) {
 	tests := []struct {
 		name   string

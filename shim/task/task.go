@@ -206,9 +206,13 @@ func (t *task) watch(p *process) {
 	case <-p.abort:
 		exit = p.abortExit()
 	case <-t.vmDone:
-		// Let a start in flight finish, so its start event goes first.
+		// Let a start in flight finish, so its start event goes first,
+		// then release the stdio it attached: no waitGuest will.
 		p.lifecycle.Lock()
 		p.lifecycle.Unlock()
+		if pio := p.getIO(); pio != nil {
+			pio.Close()
+		}
 		exit = Exit{Status: 128 + uint32(unix.SIGKILL), At: time.Now()}
 	}
 	if p.execID == "" {

@@ -71,13 +71,24 @@ func testExitCodes(t *testing.T, tg *target) {
 }
 
 func testUser(t *testing.T, tg *target) {
-	req := agent.ExecRequest{
-		ID: procID(t), Args: []string{"sh", "-c", "id -u; id -g; id -G; echo $HOME"},
-		UID: 65534, GID: 65534, AdditionalGIDs: []uint32{1},
-	}
-	res := run(t, tg.c, req, "")
-	if want := "65534\n65534\n65534 1\n/nonexistent\n"; res.stdout != want || res.status.Code != 0 {
-		t.Errorf("id as nobody: %q (stderr %q, exit %+v), want %q", res.stdout, res.stderr, res.status, want)
+	for _, tc := range []struct {
+		name     string
+		uid, gid uint32
+		want     string
+	}{
+		{"nobody", 65534, 65534, "65534\n65534\n65534 1\n/nonexistent\n"},
+		{"uid without a passwd entry", 4242, 4343, "4242\n4343\n4343 1\n/\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := agent.ExecRequest{
+				ID: procID(t), Args: []string{"sh", "-c", "id -u; id -g; id -G; echo $HOME"},
+				UID: tc.uid, GID: tc.gid, AdditionalGIDs: []uint32{1},
+			}
+			res := run(t, tg.c, req, "")
+			if res.stdout != tc.want || res.status.Code != 0 {
+				t.Errorf("id: %q (stderr %q, exit %+v), want %q", res.stdout, res.stderr, res.status, tc.want)
+			}
+		})
 	}
 }
 
@@ -153,7 +164,6 @@ func testBadInput(t *testing.T, tg *target) {
 	}{
 		{"empty args", agent.ExecRequest{ID: "bad"}, "args are empty"},
 		{"empty id", agent.ExecRequest{Args: []string{"true"}}, "id is empty"},
-		{"unknown uid", agent.ExecRequest{ID: "bad", Args: []string{"true"}, UID: 4242424}, "uid 4242424 is unknown"},
 		{"missing cwd", agent.ExecRequest{ID: "bad", Args: []string{"true"}, Cwd: "/no/such/dir"}, `cwd "/no/such/dir" does not exist`},
 		{"relative cwd", agent.ExecRequest{ID: "bad", Args: []string{"true"}, Cwd: "tmp"}, "not an absolute path"},
 		{"missing binary", agent.ExecRequest{ID: "bad", Args: []string{"no-such-program"}}, `"no-such-program" not found in PATH`},

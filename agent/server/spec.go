@@ -1,7 +1,9 @@
 package server
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,12 +39,12 @@ func newProcSpec(r *api.ExecRequest) (*procSpec, error) {
 	if len(r.Args) == 0 || r.Args[0] == "" {
 		return nil, fmt.Errorf("exec %q: args are empty, expected at least the program to run: %w", r.Id, errdefs.ErrInvalidArgument)
 	}
-	u, err := lookupUID(r.Uid)
+	home, err := homeOf(r.Uid)
 	if err != nil {
 		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
 	}
 	spec := &procSpec{args: r.Args, cwd: r.Cwd, uid: r.Uid, gid: r.Gid, gids: r.AdditionalGids}
-	spec.env = withDefaults(r.Env, u)
+	spec.env = withDefaults(r.Env, home)
 	if spec.cwd == "" {
 		spec.cwd = "/"
 	}
@@ -55,25 +57,29 @@ func newProcSpec(r *api.ExecRequest) (*procSpec, error) {
 	return spec, nil
 }
 
-func lookupUID(uid uint32) (user.User, error) {
+// homeOf is uid's home directory from the guest's passwd. As with runc, a
+// uid needs no entry (nor the file exist): it then runs with HOME=/.
+func homeOf(uid uint32) (string, error) {
 	users, err := user.ParsePasswdFileFilter(passwdPath, func(u user.User) bool { return u.Uid == int(uid) })
-	if err != nil {
-		return user.User{}, fmt.Errorf("read %s: %w", passwdPath, err)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "/", nil
+	case err != nil:
+		return "", fmt.Errorf("read %s: %w", passwdPath, err)
+	case len(users) == 0:
+		return "/", nil
 	}
-	if len(users) == 0 {
-		return user.User{}, fmt.Errorf("uid %d is unknown: it has no entry in the guest's %s: %w", uid, passwdPath, errdefs.ErrInvalidArgument)
-	}
-	return users[0], nil
+	return users[0].Home, nil
 }
 
-// withDefaults adds PATH and HOME when env lacks them.
-func withDefaults(env []string, u user.User) []string {
+// withDefaults adds PATH, and HOME if known, when env lacks them.
+func withDefaults(env []string, home string) []string {
 	out := append([]string(nil), env...)
 	if _, ok := getenv(env, "PATH"); !ok {
 		out = append(out, defaultPath)
 	}
-	if _, ok := getenv(env, "HOME"); !ok && u.Home != "" {
-		out = append(out, "HOME="+u.Home)
+	if _, ok := getenv(env, "HOME"); !ok && home != "" {
+		out = append(out, "HOME="+home)
 	}
 	return out
 }

@@ -22,7 +22,7 @@ func TestNewProcSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	passwd := filepath.Join(dir, "passwd")
-	if err := os.WriteFile(passwd, []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644); err != nil {
+	if err := os.WriteFile(passwd, []byte("root:x:0:0:root:/root:/bin/sh\nnohome:x:8:8:::/bin/sh\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	old := passwdPath
@@ -42,7 +42,9 @@ func TestNewProcSpec(t *testing.T) {
 		{"not executable", &api.ExecRequest{Id: "a", Args: []string{filepath.Join(dir, "data")}}, "", nil, "is not executable"},
 		{"a directory", &api.ExecRequest{Id: "a", Args: []string{dir}}, "", nil, "is a directory"},
 		{"cwd is a file", &api.ExecRequest{Id: "a", Args: []string{prog}, Cwd: prog}, "", nil, "is not a directory"},
-		{"unknown uid", &api.ExecRequest{Id: "a", Args: []string{prog}, Uid: 7}, "", nil, "uid 7 is unknown"},
+		{"uid without a passwd entry", &api.ExecRequest{Id: "a", Args: []string{prog}, Uid: 7}, prog, []string{defaultPath, "HOME=/"}, ""},
+		{"uid without a passwd entry keeps HOME", &api.ExecRequest{Id: "a", Args: []string{prog}, Env: []string{"HOME=/h"}, Uid: 7}, prog, []string{"HOME=/h", defaultPath}, ""},
+		{"entry without a home", &api.ExecRequest{Id: "a", Args: []string{prog}, Uid: 8}, prog, []string{defaultPath}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec, err := newProcSpec(tc.req)
@@ -59,5 +61,18 @@ func TestNewProcSpec(t *testing.T) {
 				t.Errorf("path %q env %q, want %q %q", spec.path, spec.env, tc.wantPath, tc.wantEnv)
 			}
 		})
+	}
+}
+
+func TestNewProcSpecWithoutPasswd(t *testing.T) {
+	old := passwdPath
+	passwdPath = filepath.Join(t.TempDir(), "passwd")
+	t.Cleanup(func() { passwdPath = old })
+	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"/bin/sh"}, Uid: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if home, _ := getenv(spec.env, "HOME"); home != "/" {
+		t.Errorf("HOME %q without a passwd file, want /", home)
 	}
 }

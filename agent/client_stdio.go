@@ -6,12 +6,18 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// stdioChunk bounds one stdin write or output read; it fits one frame.
-const stdioChunk = 32 << 10
+const (
+	// stdioChunk bounds one stdin write or output read; it fits one frame.
+	stdioChunk = 32 << 10
+	// stdinCloseTimeout bounds ending a stdin, which a paused guest does
+	// not answer.
+	stdinCloseTimeout = 5 * time.Second
+)
 
 // Stdio returns the streams of process id; call it right after Exec. stdin is
 // nil unless the process was started with Stdin. With a terminal, stdout
@@ -28,7 +34,7 @@ func (c *Client) Stdio(ctx context.Context, id string) (stdin io.WriteCloser, st
 		mode = ExecRequest{Stdin: true}
 	}
 	if mode.Stdin {
-		stdin = &stdinWriter{c: c, id: id}
+		stdin = newStdinWriter(c, id)
 	}
 	stdout = newOutputReader(c, id, api.Stream_STDOUT)
 	if !mode.Terminal {
@@ -86,18 +92,30 @@ func (r *outputReader) Close() error {
 	return nil
 }
 
-// stdinWriter writes a process's stdin with WriteStdin calls.
+// stdinWriter writes a process's stdin with WriteStdin calls. Close ends
+// a write in progress: an agent that does not answer (a paused VM) cannot
+// hold the writer, or the caller closing it, for ever.
 type stdinWriter struct {
-	c    *Client
-	id   string
-	once sync.Once
+	c      *Client
+	id     string
+	ctx    context.Context
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+func newStdinWriter(c *Client, id string) *stdinWriter {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &stdinWriter{c: c, id: id, ctx: ctx, cancel: cancel}
 }
 
 func (w *stdinWriter) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
 		chunk := p[:min(len(p), stdioChunk)]
-		if _, err := w.c.api.WriteStdin(context.Background(), &api.WriteStdinRequest{Id: w.id, Data: chunk}); err != nil {
+		if _, err := w.c.api.WriteStdin(w.ctx, &api.WriteStdinRequest{Id: w.id, Data: chunk}); err != nil {
+			if w.ctx.Err() != nil {
+				return n, os.ErrClosed
+			}
 			return n, fmt.Errorf("write stdin of %q: %w", w.id, native(err))
 		}
 		n += len(chunk)
@@ -106,9 +124,15 @@ func (w *stdinWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close ends the process's stdin.
+// Close abandons a write in progress and ends the process's stdin, waiting
+// at most stdinCloseTimeout for the agent.
 func (w *stdinWriter) Close() error {
 	var err error
-	w.once.Do(func() { err = w.c.CloseStdin(context.Background(), w.id) })
+	w.once.Do(func() {
+		w.cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), stdinCloseTimeout)
+		defer cancel()
+		err = w.c.CloseStdin(ctx, w.id)
+	})
 	return err
 }

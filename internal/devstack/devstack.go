@@ -249,6 +249,12 @@ disabled_plugins = [
 [plugins."io.containerd.shim.v1.manager"]
   socket_dir = "{{.Dir}}/s"
 
+# Collect garbage right after each deletion, so a removed container's
+# snapshot (and the hard link it pins) goes at once, not whenever GC runs.
+[plugins."io.containerd.gc.v1.scheduler"]
+  deletion_threshold = 1
+  schedule_delay = "0ms"
+
 [plugins."io.containerd.transfer.v1.local"]
   unpack_config = [{ platform = "linux/amd64", snapshotter = "{{.Snapshotter}}" }]
 

@@ -50,15 +50,20 @@ func attachIO(ctx context.Context, sio stdio.Stdio, g guestStreams, owner ioOwne
 			pio.Close()
 		}
 	}()
+	srcs := []io.ReadCloser{g.stdout, g.stderr}
+	for _, src := range srcs {
+		if src != nil {
+			pio.closers = append(pio.closers, src)
+		}
+	}
 	dsts, err := openOutputs(ctx, sio, pio, owner)
 	if err != nil {
 		return nil, err
 	}
-	for i, src := range []io.ReadCloser{g.stdout, g.stderr} {
+	for i, src := range srcs {
 		if src == nil {
 			continue
 		}
-		pio.closers = append(pio.closers, src)
 		pio.outputs.Add(1)
 		go pio.copyOut(ctx, dsts[i], src)
 	}

@@ -135,7 +135,7 @@ func bake(ctx context.Context, out, errOut io.Writer, o bakeOptions) (err error)
 	}
 	p.done("snapshot", o.out)
 	if o.archive != "" {
-		if err := packArchive(ctx, o.image, o.out, o.archive); err != nil {
+		if err := writePack(ctx, o.image, []string{o.out}, o.archive); err != nil {
 			return err
 		}
 		p.done("pack", o.archive)
@@ -250,23 +250,6 @@ func snapshot(ctx context.Context, vm *qemu.VM, dir string) error {
 	if _, err := chain.Validate(dir, nil); err != nil {
 		os.RemoveAll(dir)
 		return fmt.Errorf("snapshot: %w", err)
-	}
-	return nil
-}
-
-func packArchive(ctx context.Context, ref, linkDir, path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("create archive: %w", err)
-	}
-	if err := chain.Pack(ctx, ref, []string{linkDir}, f); err != nil {
-		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("pack archive: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(path)
-		return fmt.Errorf("write archive: %w", err)
 	}
 	return nil
 }

@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
+
+	"github.com/containerd/containerd/v2/pkg/atomicfile"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
@@ -43,25 +44,19 @@ func packCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []s
 	}
 }
 
-// writePack writes the archive to a temp file and renames it into place, so
-// a failed pack leaves no partial archive.
+// writePack writes the archive through a temp file renamed into place, so
+// a failed pack (or bake) leaves no partial archive.
 func writePack(ctx context.Context, name string, dirs []string, file string) error {
-	f, err := os.CreateTemp(filepath.Dir(file), ".tmp-"+filepath.Base(file)+"-*")
+	f, err := atomicfile.New(file, 0o644)
 	if err != nil {
 		return fmt.Errorf("create archive: %w", err)
 	}
-	err = chain.Pack(ctx, name, dirs, f)
-	if err == nil {
-		err = f.Chmod(0o644)
+	if err := chain.Pack(ctx, name, dirs, f); err != nil {
+		f.Cancel()
+		return fmt.Errorf("pack archive: %w", err)
 	}
-	if cerr := f.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("write %s: %w", f.Name(), cerr)
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write archive: %w", err)
 	}
-	if err == nil {
-		err = os.Rename(f.Name(), file)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-	}
-	return err
+	return nil
 }

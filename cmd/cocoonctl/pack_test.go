@@ -95,3 +95,20 @@ func unmarshal(t *testing.T, b []byte, v any) {
 		t.Fatal(err)
 	}
 }
+
+// A pack that fails midway leaves neither the archive nor a temp file.
+func TestPackFailureLeavesNothing(t *testing.T) {
+	root := t.TempDir()
+	dirs, _ := makeTestChain(t, root)
+	if err := os.Remove(filepath.Join(dirs[1], "memory.data")); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	archive := filepath.Join(out, "chain.tar")
+	if _, err := runChainCmd(t, "pack", append([]string{"--name", "example.com/snap/app:v1", "--out", archive}, dirs...)...); err == nil {
+		t.Fatal("pack of a chain with a missing memory.data succeeded")
+	}
+	if left, _ := os.ReadDir(out); len(left) != 0 {
+		t.Errorf("failed pack left %v in the output dir", left)
+	}
+}

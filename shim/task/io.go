@@ -107,13 +107,15 @@ func (p *processIO) CloseStdin() {
 	}
 }
 
-// waitOutput waits until the guest's output has been copied out, or the
-// drain timeout passes.
+// waitOutput waits until the guest's output has been copied out, the
+// drain timeout passes, or ctx ends (the VM is gone: no more will come).
 func (p *processIO) waitOutput(ctx context.Context) {
 	done := make(chan struct{})
 	go func() { p.outputs.Wait(); close(done) }()
 	select {
 	case <-done:
+	case <-ctx.Done():
+		log.G(ctx).Debug("stop waiting for process output: the VM is gone")
 	case <-time.After(outputDrainTimeout):
 		log.G(ctx).Warn("process output still flowing after exit; closing it")
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/stdio"
 )
@@ -42,5 +43,22 @@ func TestAttachIOFailureClosesGuestStreams(t *testing.T) {
 	}
 	if !out.isClosed() || !errOut.isClosed() {
 		t.Fatalf("guest stdout closed %v, stderr closed %v; want both closed", out.isClosed(), errOut.isClosed())
+	}
+}
+
+// TestWaitOutputEndsWithContext waits for output that never ends with a
+// context that has: the wait must not last the drain timeout.
+func TestWaitOutputEndsWithContext(t *testing.T) {
+	pio := &processIO{}
+	pio.outputs.Add(1)
+	t.Cleanup(pio.outputs.Done)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	returned := make(chan struct{})
+	go func() { pio.waitOutput(ctx); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(outputDrainTimeout / 2):
+		t.Fatal("waitOutput kept waiting after its context ended")
 	}
 }

@@ -3,13 +3,14 @@ package config
 import (
 	"fmt"
 	"slices"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
 var (
-	hypervisors = []string{"qemu", "cloud-hypervisor", "firecracker"}
-	modes       = []string{"auto", "mmap", "ondemand", "copy"}
-	accels      = []string{"auto", "kvm", "tcg"}
-	cowChoices  = []string{"probe", "yes", "no"}
+	modes      = append([]string{"auto"}, modeNames()...)
+	accels     = []string{"auto", "kvm", "tcg"}
+	cowChoices = []string{"probe", "yes", "no"}
 )
 
 // Validate checks every enumerated and required value, naming the key.
@@ -18,7 +19,7 @@ func (c Config) Validate() error {
 		key, val string
 		valid    []string
 	}{
-		{"hypervisor", c.Hypervisor, hypervisors},
+		{"hypervisor", c.Hypervisor, hypervisor.Names},
 		{"restore.mode", c.Restore.Mode, modes},
 		{"qemu.accel", c.QEMU.Accel, accels},
 		{"cloud_hypervisor.copy_on_write", c.CloudHypervisor.CopyOnWrite, cowChoices},
@@ -48,4 +49,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("agent.connect_timeout, agent.call_timeout and shim.restore_timeout must be positive")
 	}
 	return nil
+}
+
+func modeNames() []string {
+	s := make([]string, len(hypervisor.Modes))
+	for i, m := range hypervisor.Modes {
+		s[i] = string(m)
+	}
+	return s
 }

@@ -10,8 +10,19 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 )
+
+// The hypervisors cocoon drives, named as chain links and config.toml name them.
+const (
+	QEMU            = "qemu"
+	CloudHypervisor = "cloud-hypervisor"
+	Firecracker     = "firecracker"
+)
+
+// Names lists every hypervisor name.
+var Names = []string{QEMU, CloudHypervisor, Firecracker}
 
 // Mode is how guest memory is brought back on restore.
 type Mode string
@@ -38,7 +49,16 @@ func ParseMode(s string) (Mode, error) {
 			return m, nil
 		}
 	}
-	return "", fmt.Errorf("unknown restore mode %q: want one of mmap, ondemand, copy", s)
+	return "", fmt.Errorf("unknown restore mode %q: want one of %s", s, JoinModes(Modes))
+}
+
+// JoinModes lists modes for a message: "mmap, ondemand, copy".
+func JoinModes(ms []Mode) string {
+	s := make([]string, len(ms))
+	for i, m := range ms {
+		s[i] = string(m)
+	}
+	return strings.Join(s, ", ")
 }
 
 // SnapshotKind is the kind of chain link a snapshot writes.

@@ -2,6 +2,7 @@ package restore
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -14,12 +15,12 @@ import (
 // section of cfg.
 func NewDriver(cfg config.Config) (hypervisor.Driver, error) {
 	switch cfg.Hypervisor {
-	case "qemu":
+	case hypervisor.QEMU:
 		return qemu.New(cfg.QEMU), nil
-	case "cloud-hypervisor":
+	case hypervisor.CloudHypervisor:
 		return cloudhypervisor.New(cfg.CloudHypervisor), nil
-	case "firecracker":
+	case hypervisor.Firecracker:
 		return firecracker.New(cfg.Firecracker), nil
 	}
-	return nil, fmt.Errorf("hypervisor %q: want one of qemu, cloud-hypervisor, firecracker", cfg.Hypervisor)
+	return nil, fmt.Errorf("hypervisor %q: want one of %s", cfg.Hypervisor, strings.Join(hypervisor.Names, ", "))
 }

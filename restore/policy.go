@@ -145,7 +145,7 @@ func (p *Plan) resolve(req request, in Inputs) hypervisor.Mode {
 		return req.mode
 	}
 	best := in.Caps.RestoreModes[0]
-	p.because("auto picks %s, the best mode %s supports (%s)", best, in.Hypervisor, joinModes(in.Caps.RestoreModes))
+	p.because("auto picks %s, the best mode %s supports (%s)", best, in.Hypervisor, hypervisor.JoinModes(in.Caps.RestoreModes))
 	return best
 }
 
@@ -193,7 +193,7 @@ func (p *Plan) supported(mode hypervisor.Mode, req request, in Inputs) (hypervis
 	if caps.Supports(mode) {
 		return mode, nil
 	}
-	have := joinModes(caps.RestoreModes)
+	have := hypervisor.JoinModes(caps.RestoreModes)
 	if in.Config.Strict {
 		return "", fmt.Errorf("decide restore mode: %s does not support %s (it supports %s) and restore.strict = true",
 			in.Hypervisor, mode, have)
@@ -255,19 +255,11 @@ func parseMode(source, s string, allowAuto bool) (hypervisor.Mode, error) {
 			return m, nil
 		}
 	}
-	valid := joinModes(hypervisor.Modes)
+	valid := hypervisor.JoinModes(hypervisor.Modes)
 	if allowAuto {
 		valid = ModeAuto + ", " + valid
 	}
 	return "", fmt.Errorf("%s = %q: unknown restore mode: want one of %s", source, s, valid)
-}
-
-func joinModes(ms []hypervisor.Mode) string {
-	s := make([]string, len(ms))
-	for i, m := range ms {
-		s[i] = string(m)
-	}
-	return strings.Join(s, ", ")
 }
 
 func (p *Plan) because(format string, args ...any) {

@@ -35,14 +35,26 @@ func init() {
 	})
 }
 
-// capabilities asks the configured driver what it can do. Tests replace it
-// with static capabilities.
+// capabilities asks the configured driver what it can do, and which build
+// it is where the driver leaves that to an explicit probe (QEMU keeps it off
+// the restore path). Tests replace it with static capabilities.
 var capabilities = func(ctx context.Context, cfg config.Config) (hypervisor.Capabilities, error) {
 	d, err := restore.NewDriver(cfg)
 	if err != nil {
 		return hypervisor.Capabilities{}, err
 	}
-	return d.Capabilities(ctx)
+	caps, err := d.Capabilities(ctx)
+	if err != nil {
+		return caps, err
+	}
+	if b, ok := d.(interface {
+		Build(context.Context) (string, error)
+	}); ok && caps.Build == "" {
+		if caps.Build, err = b.Build(ctx); err != nil {
+			return caps, err
+		}
+	}
+	return caps, nil
 }
 
 type explainOptions struct {
@@ -129,7 +141,7 @@ func printPlan(w io.Writer, o explainOptions, l *chain.Link, hv string, caps hyp
 	if caps.Build != "" {
 		build = " (" + caps.Build + ")"
 	}
-	fmt.Fprintf(w, "hypervisor   %s%s, restore modes %s\n", hv, build, modeList(caps.RestoreModes))
+	fmt.Fprintf(w, "hypervisor   %s%s, restore modes %s\n", hv, build, hypervisor.JoinModes(caps.RestoreModes))
 	fmt.Fprintf(w, "config       %s\n", source)
 	if len(o.annotations) > 0 {
 		fmt.Fprintf(w, "annotations  %s\n", o.annotations)
@@ -155,14 +167,6 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
-}
-
-func modeList(ms []hypervisor.Mode) string {
-	s := make([]string, len(ms))
-	for i, m := range ms {
-		s[i] = string(m)
-	}
-	return strings.Join(s, ", ")
 }
 
 // annotations collects repeated --annotation k=v flags.

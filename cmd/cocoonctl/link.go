@@ -13,10 +13,8 @@ import (
 	"strings"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
-
-// linkHypervisors are the hypervisor names a link may carry.
-var linkHypervisors = []string{"qemu", "cloud-hypervisor", "firecracker"}
 
 func init() {
 	register(command{
@@ -45,7 +43,7 @@ func linkCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []s
 		fs.Var(&o.parents, "parent", "parent chain link `dir`, oldest first; repeat for every link of the parent chain, the last is the direct parent (makes a diff link)")
 		fs.StringVar(&o.parentMemory, "parent-memory", "", "the parent chain's flattened memory `file` (default: flatten the --parent links into a temp file)")
 		fs.StringVar(&o.out, "out", "", "output link `dir` (required; created if missing)")
-		fs.StringVar(&o.meta.Hypervisor, "hypervisor", "", "hypervisor `name` that made the snapshot: "+strings.Join(linkHypervisors, ", ")+" (required)")
+		fs.StringVar(&o.meta.Hypervisor, "hypervisor", "", "hypervisor `name` that made the snapshot: "+strings.Join(hypervisor.Names, ", ")+" (required)")
 		fs.StringVar(&o.meta.HypervisorBuild, "hypervisor-build", "", "hypervisor build `version` string")
 		fs.StringVar(&o.meta.GuestOS, "guest-os", "linux", "guest `os`: linux or windows")
 		fs.IntVar(&o.meta.VCPUs, "vcpus", 1, "guest vCPU `count`")
@@ -73,8 +71,8 @@ func (o linkOptions) check() error {
 		return errors.New("--memory is required")
 	case o.out == "":
 		return errors.New("--out is required")
-	case !slices.Contains(linkHypervisors, o.meta.Hypervisor):
-		return fmt.Errorf("--hypervisor %q: want one of %s", o.meta.Hypervisor, strings.Join(linkHypervisors, ", "))
+	case !slices.Contains(hypervisor.Names, o.meta.Hypervisor):
+		return fmt.Errorf("--hypervisor %q: want one of %s", o.meta.Hypervisor, strings.Join(hypervisor.Names, ", "))
 	case o.meta.GuestOS != "linux" && o.meta.GuestOS != "windows":
 		return fmt.Errorf("--guest-os %q: want linux or windows", o.meta.GuestOS)
 	case o.parentMemory != "" && len(o.parents) == 0:

@@ -28,7 +28,7 @@ const (
 )
 
 // Name is the hypervisor's name in chain links.
-const Name = "cloud-hypervisor"
+const Name = hypervisor.CloudHypervisor
 
 // Driver restores Cloud Hypervisor VMs.
 type Driver struct {

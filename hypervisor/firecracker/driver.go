@@ -32,7 +32,7 @@ const (
 )
 
 // Name is the hypervisor's name in chain links.
-const Name = "firecracker"
+const Name = hypervisor.Firecracker
 
 // vmstateFile is the state file of a Firecracker link.
 const vmstateFile = "vmstate"

@@ -21,7 +21,7 @@ import (
 )
 
 // Name is the hypervisor name in chain links.
-const Name = "qemu"
+const Name = hypervisor.QEMU
 
 var _ hypervisor.Driver = (*Driver)(nil)
 

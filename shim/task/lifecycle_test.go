@@ -151,57 +151,6 @@ func TestKill(t *testing.T) {
 	}
 }
 
-// TestKillWhileOutputDrains signals a process that has exited in the guest
-// while its output still drains: the shim must answer NotFound ("already
-// finished", what CRI's StopContainer accepts) and keep the VM.
-func TestKillWhileOutputDrains(t *testing.T) {
-	tests := []struct {
-		name   string
-		execID string
-		sig    syscall.Signal
-	}{
-		{"init SIGTERM", "", syscall.SIGTERM},
-		{"init SIGKILL", "", syscall.SIGKILL},
-		{"exec SIGTERM", "e1", syscall.SIGTERM},
-		{"exec SIGKILL", "e1", syscall.SIGKILL},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
-			guestID := initGuestID
-			if tt.execID == "" {
-				h.create("t1", specFor("detach"), newFifos(t, false, false))
-			} else {
-				h.create("t1", specFor("sleep"), newFifos(t, false, false))
-				h.start("t1", "")
-				req := execSpec(t, "detach")
-				req.ExecID = tt.execID
-				if _, err := h.svc.Exec(h.ctx, req); err != nil {
-					t.Fatal(err)
-				}
-				guestID = "exec-" + tt.execID
-			}
-			h.start("t1", tt.execID)
-			p, err := h.guest.proc(guestID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-p.exited
-			_, err = h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "t1", ExecID: tt.execID, Signal: uint32(tt.sig)})
-			if !errors.Is(errNative(err), errdefs.ErrNotFound) {
-				t.Fatalf("Kill of a process whose output drains: %v, want not found", err)
-			}
-			if h.vm.exited() {
-				t.Fatal("Kill of an exited process killed the VM")
-			}
-			p.outW.Close()
-			if got := h.wait("t1", tt.execID); got != 0 {
-				t.Fatalf("exit %d, want 0", got)
-			}
-		})
-	}
-}
-
 func TestKillAll(t *testing.T) {
 	h := newHarness(t)
 	h.create("t1", specFor("sleep"), newFifos(t, false, false))
@@ -366,37 +315,6 @@ func TestVMDies(t *testing.T) {
 	if got := h.wait("t1", ""); got != 137 {
 		t.Fatalf("exit after the VM died %d, want 137", got)
 	}
-}
-
-// TestVMDiesDuringStart kills the VM while Start is in the guest: the
-// process ends with the VM, and the stdio its Start attached is closed.
-func TestVMDiesDuringStart(t *testing.T) {
-	h := newHarness(t)
-	sio := newFifos(t, false, false)
-	h.create("t1", specFor("sleep"), sio)
-	h.guest.execGate, h.guest.execEntered = make(chan struct{}), make(chan struct{})
-	started := make(chan error, 1)
-	go func() {
-		_, err := h.svc.Start(h.ctx, &taskAPI.StartRequest{ID: "t1"})
-		started <- err
-	}()
-	<-h.guest.execEntered
-	tk, err := h.svc.getTask("t1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.vm.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-tk.vmDone
-	close(h.guest.execGate)
-	if err := <-started; err != nil {
-		t.Fatal(err)
-	}
-	if got := h.wait("t1", ""); got != 137 {
-		t.Fatalf("exit after the VM died %d, want 137", got)
-	}
-	sio.output(t) // fails unless the shim closed its end of stdout
 }
 
 func TestCreateErrors(t *testing.T) {

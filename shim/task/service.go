@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/v2/core/events"
@@ -109,7 +108,8 @@ func (s *Service) forward(publisher events.Publisher) {
 }
 
 // destroyAll kills every VM still held when the shim shuts down, so none
-// outlives it.
+// outlives it. All are killed first, then their init exits are awaited
+// together, within ctx and exitTimeout.
 func (s *Service) destroyAll(ctx context.Context) error {
 	s.mu.Lock()
 	tasks := make([]*task, 0, len(s.tasks))
@@ -119,10 +119,14 @@ func (s *Service) destroyAll(ctx context.Context) error {
 	s.mu.Unlock()
 	for _, t := range tasks {
 		t.killVM("shim shutting down")
+	}
+	wctx, cancel := context.WithTimeout(ctx, exitTimeout)
+	defer cancel()
+	for _, t := range tasks {
 		// Let the init exit reach the task record before the shim exits.
 		select {
 		case <-t.init.done:
-		case <-time.After(exitTimeout):
+		case <-wctx.Done():
 		}
 		if err := t.sb.VM.Close(); err != nil {
 			log.G(ctx).WithError(err).WithField("id", t.id).Warn("close VM at shutdown")

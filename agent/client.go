@@ -29,7 +29,7 @@ type Client struct {
 	api api.AgentService
 
 	mu    sync.Mutex
-	stdio map[string]ExecRequest // how each Exec'd process's stdio is set up
+	stdio map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
 }
 
 // NewClient speaks the agent API over conn, a stream from DialUnix or
@@ -159,7 +159,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete %q in guest: %w", id, native(err))
 	}
 	c.mu.Lock()
-	delete(c.stdio, id)
+	delete(c.stdio, id) // an Exec whose Stdio was never asked for
 	c.mu.Unlock()
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
@@ -19,19 +21,21 @@ const (
 	stdinCloseTimeout = 5 * time.Second
 )
 
-// Stdio returns the streams of process id; call it right after Exec. stdin is
-// nil unless the process was started with Stdin. With a terminal, stdout
-// carries the pty and stderr is nil. stdout and stderr return io.EOF once the
-// process's output has been fully delivered.
+// Stdio returns the streams of process id; call it once, right after this
+// client's Exec of id (else errdefs.ErrNotFound). stdin is nil unless the
+// process was started with Stdin. With a terminal, stdout carries the pty
+// and stderr is nil. stdout and stderr return io.EOF once the process's
+// output has been fully delivered.
 func (c *Client) Stdio(ctx context.Context, id string) (stdin io.WriteCloser, stdout, stderr io.ReadCloser, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, nil, fmt.Errorf("open stdio of %q: %w", id, err)
 	}
 	c.mu.Lock()
 	mode, known := c.stdio[id]
+	delete(c.stdio, id)
 	c.mu.Unlock()
 	if !known {
-		mode = ExecRequest{Stdin: true}
+		return nil, nil, nil, fmt.Errorf("open stdio of %q: no Exec of it on this client awaits its streams: %w", id, errdefs.ErrNotFound)
 	}
 	if mode.Stdin {
 		stdin = newStdinWriter(c, id)

@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,11 +21,16 @@ func TestKillWhileOutputDrains(t *testing.T) {
 		name   string
 		execID string
 		sig    syscall.Signal
+		// agentErr, if set, is what the guest answers instead of
+		// NotFound, as an older agent did.
+		agentErr error
 	}{
-		{"init SIGTERM", "", syscall.SIGTERM},
-		{"init SIGKILL", "", syscall.SIGKILL},
-		{"exec SIGTERM", "e1", syscall.SIGTERM},
-		{"exec SIGKILL", "e1", syscall.SIGKILL},
+		{"init SIGTERM", "", syscall.SIGTERM, nil},
+		{"init SIGKILL", "", syscall.SIGKILL, nil},
+		{"exec SIGTERM", "e1", syscall.SIGTERM, nil},
+		{"exec SIGKILL", "e1", syscall.SIGKILL, nil},
+		{"init SIGKILL, older agent", "", syscall.SIGKILL, fmt.Errorf("process has exited: %w", errdefs.ErrFailedPrecondition)},
+		{"exec SIGTERM, older agent", "e1", syscall.SIGTERM, fmt.Errorf("process has exited: %w", errdefs.ErrFailedPrecondition)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,6 +54,9 @@ func TestKillWhileOutputDrains(t *testing.T) {
 				t.Fatal(err)
 			}
 			<-p.exited
+			h.guest.mu.Lock()
+			h.guest.signalErr = tt.agentErr
+			h.guest.mu.Unlock()
 			_, err = h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "t1", ExecID: tt.execID, Signal: uint32(tt.sig)})
 			if !errors.Is(errNative(err), errdefs.ErrNotFound) {
 				t.Fatalf("Kill of a process whose output drains: %v, want not found", err)

@@ -81,7 +81,8 @@ func (t *task) signal(p *process, sig unix.Signal) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, errdefs.ErrNotFound):
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrFailedPrecondition):
+		// An agent that predates NotFound says FailedPrecondition.
 		return errFinished
 	case initKill:
 		log.G(ctx).WithError(err).WithField("id", t.id).Warn("guest did not take SIGKILL")

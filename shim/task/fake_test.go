@@ -30,11 +30,12 @@ type fakeVM struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 
-	mu        sync.Mutex
-	paused    bool
-	pauseGate chan struct{} // if set, Pause blocks until it closes
-	snapshots []string
-	closed    bool
+	mu           sync.Mutex
+	paused       bool
+	pauseGate    chan struct{} // if set, Pause blocks until it closes, after a send on pauseEntered
+	pauseEntered chan struct{}
+	snapshots    []string
+	closed       bool
 }
 
 func newFakeVM(t *testing.T) *fakeVM {
@@ -53,9 +54,10 @@ func (v *fakeVM) PID() int { return v.cmd.Process.Pid }
 
 func (v *fakeVM) Pause(ctx context.Context) error {
 	v.mu.Lock()
-	gate := v.pauseGate
+	gate, entered := v.pauseGate, v.pauseEntered
 	v.mu.Unlock()
 	if gate != nil {
+		entered <- struct{}{}
 		select {
 		case <-gate:
 		case <-ctx.Done():

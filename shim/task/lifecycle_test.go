@@ -206,13 +206,14 @@ func TestStateDoesNotWaitForVM(t *testing.T) {
 	h.start("t1", "")
 	gate := make(chan struct{})
 	h.vm.mu.Lock()
-	h.vm.pauseGate = gate
+	h.vm.pauseGate, h.vm.pauseEntered = gate, make(chan struct{}, 1)
 	h.vm.mu.Unlock()
 	paused := make(chan error, 1)
 	go func() {
 		_, err := h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "t1"})
 		paused <- err
 	}()
+	<-h.vm.pauseEntered
 	ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
 	defer cancel()
 	state := make(chan tasktypes.Status, 1)

@@ -377,10 +377,34 @@ func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, err
 	return sb, nil
 }
 
+// testWait bounds a test's wait for something the shim does on its own.
+const testWait = 20 * time.Second
+
+// changes lets a test wait for an update without polling; its owner's
+// mutex guards it.
+type changes struct{ ch chan struct{} }
+
+// notify wakes every waiter.
+func (c *changes) notify() {
+	if c.ch != nil {
+		close(c.ch)
+		c.ch = nil
+	}
+}
+
+// next is closed by the next notify.
+func (c *changes) next() <-chan struct{} {
+	if c.ch == nil {
+		c.ch = make(chan struct{})
+	}
+	return c.ch
+}
+
 // recorder is an events.Publisher that keeps the topics in order.
 type recorder struct {
-	mu     sync.Mutex
-	events []any
+	mu      sync.Mutex
+	events  []any
+	changed changes
 }
 
 var _ events.Publisher = (*recorder)(nil)
@@ -389,6 +413,7 @@ func (r *recorder) Publish(_ context.Context, _ string, e events.Event) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
+	r.changed.notify()
 	return nil
 }
 
@@ -416,12 +441,18 @@ func (r *recorder) topics() []string {
 // published asynchronously, in order.
 func (r *recorder) waitTopics(t *testing.T, n int) []string {
 	t.Helper()
-	for range 1000 {
-		if got := r.topics(); len(got) >= n {
-			return got
+	timeout := time.After(testWait)
+	for {
+		r.mu.Lock()
+		enough, changed := len(r.events) >= n, r.changed.next()
+		r.mu.Unlock()
+		if enough {
+			return r.topics()
 		}
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("events %v: want %d", r.topics(), n)
+		}
 	}
-	t.Fatalf("events %v: want %d", r.topics(), n)
-	return nil
 }

@@ -240,7 +240,7 @@ func TestStdinAndCloseIO(t *testing.T) {
 	if _, err := sio.in.Write([]byte("ping\n")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return sio.snapshot() == "ping\n" })
+	sio.waitStdout(t, "ping\n")
 	if _, err := h.svc.CloseIO(h.ctx, &taskAPI.CloseIORequest{ID: "t1", Stdin: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestTerminal(t *testing.T) {
 	if _, err := sio.in.Write([]byte("tty\n")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return sio.snapshot() == "tty\n" })
+	sio.waitStdout(t, "tty\n")
 }
 
 func TestResizeWithoutTerminal(t *testing.T) {
@@ -445,19 +445,21 @@ func TestShutdownWithTasks(t *testing.T) {
 
 func errNative(err error) error { return errgrpc.ToNative(err) }
 
-func (s *stdioFifos) snapshot() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.out.String()
-}
-
-func waitFor(t *testing.T, cond func() bool) {
+// waitStdout waits until the shim has written want to stdout.
+func (s *stdioFifos) waitStdout(t *testing.T, want string) {
 	t.Helper()
-	for range 2000 {
-		if cond() {
+	timeout := time.After(testWait)
+	for {
+		s.mu.Lock()
+		got, changed := s.out.String(), s.changed.next()
+		s.mu.Unlock()
+		if got == want {
 			return
 		}
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("stdout %q, want %q", got, want)
+		}
 	}
-	t.Fatal("condition never held")
 }

@@ -144,6 +144,7 @@ type stdioFifos struct {
 	in                    io.WriteCloser
 	mu                    sync.Mutex
 	out                   bytes.Buffer
+	changed               changes // on every read of stdout
 	outDone               chan struct{}
 }
 
@@ -167,6 +168,7 @@ func newFifos(t *testing.T, withStdin, terminal bool) *stdioFifos {
 			n, err := r.Read(buf)
 			s.mu.Lock()
 			s.out.Write(buf[:n])
+			s.changed.notify()
 			s.mu.Unlock()
 			if err != nil {
 				return

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,16 +23,16 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
+// exitRecorder passes on the ids of TaskExit events.
 type exitRecorder struct {
-	mu    sync.Mutex
-	exits []string
+	exits chan string
 }
+
+func newExitRecorder() *exitRecorder { return &exitRecorder{exits: make(chan string, 16)} }
 
 func (r *exitRecorder) Publish(_ context.Context, _ string, e events.Event) error {
 	if x, ok := e.(*eventstypes.TaskExit); ok {
-		r.mu.Lock()
-		r.exits = append(r.exits, x.ID)
-		r.mu.Unlock()
+		r.exits <- x.ID
 	}
 	return nil
 }
@@ -47,7 +46,7 @@ func TestServiceOverAgent(t *testing.T) {
 	l, _ := newLauncher(t)
 	ctx := namespaces.WithNamespace(context.Background(), "test")
 	ctx, sd := shutdown.WithShutdown(ctx)
-	rec := &exitRecorder{}
+	rec := newExitRecorder()
 	svc := task.NewService(ctx, l, rec, sd)
 	t.Cleanup(func() { sd.Shutdown(); <-sd.Done() })
 
@@ -108,19 +107,14 @@ func TestServiceOverAgent(t *testing.T) {
 
 func waitExit(t *testing.T, r *exitRecorder, id string) {
 	t.Helper()
-	for range 1000 {
-		r.mu.Lock()
-		n := len(r.exits)
-		r.mu.Unlock()
-		if n > 0 {
-			if r.exits[0] != id {
-				t.Fatalf("exit event for %q, want %q", r.exits[0], id)
-			}
-			return
+	select {
+	case got := <-r.exits:
+		if got != id {
+			t.Fatalf("exit event for %q, want %q", got, id)
 		}
-		time.Sleep(5 * time.Millisecond)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no exit event for %s", id)
 	}
-	t.Fatalf("no exit event for %s", id)
 }
 
 func writeBundle(t *testing.T, dir string, spec *specs.Spec) {
@@ -146,7 +140,7 @@ func TestExecPidOverAgent(t *testing.T) {
 	l, _ := newLauncher(t)
 	ctx := namespaces.WithNamespace(context.Background(), "test")
 	ctx, sd := shutdown.WithShutdown(ctx)
-	svc := task.NewService(ctx, l, &exitRecorder{}, sd)
+	svc := task.NewService(ctx, l, newExitRecorder(), sd)
 	t.Cleanup(func() { sd.Shutdown(); <-sd.Done() })
 
 	bundle := filepath.Join(base, "bundle")

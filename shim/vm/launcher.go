@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -20,6 +21,10 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
+
+// PhasePlan is the report's phase for loading the config, reading the
+// staged chain and deciding the plan.
+const PhasePlan = "plan"
 
 // Launcher restores VMs with the driver the config names.
 type Launcher struct {
@@ -34,6 +39,7 @@ var _ task.Launcher = (*Launcher)(nil)
 
 // Launch restores r's staged chain into a running VM with a ready agent.
 func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
+	began := time.Now()
 	cfg, err := config.Load(r.ConfigPath)
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w: %w", err, errdefs.ErrInvalidArgument)
@@ -50,6 +56,9 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err != nil {
 		return nil, err
 	}
+	// The plan phase is the shim's own work before the hypervisor starts
+	// (config, driver, chain, policy), so the report's total misses nothing.
+	planned := restore.Phase{Name: PhasePlan, Duration: time.Since(began)}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
 	var rd hypervisor.Driver = d
@@ -73,7 +82,7 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 		Hypervisor: d.Name(),
 		RunDir:     runDir,
 		Plan:       planRecord(plan),
-		Phases:     phaseRecords(res.Report.Phases),
+		Phases:     phaseRecords(append([]restore.Phase{planned}, res.Report.Phases...)),
 	}, nil
 }
 

@@ -81,8 +81,8 @@ func TestLaunchPlan(t *testing.T) {
 			if d.sys.name() != "web" {
 				t.Fatalf("guest hostname %q, want web", d.sys.name())
 			}
-			if len(sb.Phases) == 0 || sb.Phases[0].Name != "spawn" {
-				t.Fatalf("phases %+v, want the driver's spawn first", sb.Phases)
+			if len(sb.Phases) < 2 || sb.Phases[0].Name != PhasePlan || sb.Phases[0].Duration <= 0 || sb.Phases[1].Name != "spawn" {
+				t.Fatalf("phases %+v, want the shim's plan, then the driver's spawn", sb.Phases)
 			}
 		})
 	}

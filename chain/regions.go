@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-
-	"golang.org/x/sys/unix"
 )
 
 // memFile is an open memory image of a known size.
@@ -57,51 +55,29 @@ func forEachChunk(files []*memFile, start, end int64, bufs [][]byte, fn func(off
 
 // dataRegions calls fn, in order, with page-aligned ranges that cover every
 // byte any of files may hold data at; holes all files share are skipped.
-// File systems without SEEK_DATA yield one range, the whole memory.
+// Every file's extents are listed first (16 bytes each, at most one per
+// page) so that normalizeExtents can merge them.
 func dataRegions(files []*memFile, size, page int64, fn func(start, end int64) error) error {
-	for off := int64(0); off < size; {
-		d := size
-		for _, f := range files {
-			d = min(d, seekData(f, off, size))
-		}
-		if d >= size {
-			return nil
-		}
-		start, end := d&^(page-1), d
-		for end < size {
-			next := end
-			for _, f := range files {
-				next = max(next, seekHole(f, end, size))
+	var all []Extent
+	for _, f := range files {
+		for e, err := range DataRegions(f.File) {
+			if err != nil {
+				return err
 			}
-			next = min((next+page-1)&^(page-1), size)
-			if next == end {
-				break
+			start, end := e.Offset&^(page-1), min((e.End()+page-1)&^(page-1), size)
+			if start < end {
+				all = append(all, Extent{start, end - start})
 			}
-			end = next
 		}
-		if err := fn(start, end); err != nil {
+	}
+	regions, err := normalizeExtents(all, size, page)
+	if err != nil {
+		return err
+	}
+	for _, r := range regions {
+		if err := fn(r.Offset, r.End()); err != nil {
 			return err
 		}
-		off = end
 	}
 	return nil
-}
-
-func seekData(f *memFile, off, size int64) int64 {
-	d, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-	switch {
-	case err == unix.ENXIO:
-		return size
-	case err != nil:
-		return off
-	}
-	return d
-}
-
-func seekHole(f *memFile, off, size int64) int64 {
-	h, err := unix.Seek(int(f.Fd()), off, unix.SEEK_HOLE)
-	if err != nil {
-		return size
-	}
-	return h
 }

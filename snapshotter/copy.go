@@ -9,6 +9,8 @@ import (
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 // linkOrCopy hard links src at dst. On EXDEV it falls back to a reflink
@@ -70,30 +72,19 @@ func sparseCopy(out, in *os.File) error {
 	if err != nil {
 		return err
 	}
-	size := fi.Size()
-	if err := out.Truncate(size); err != nil {
+	if err := out.Truncate(fi.Size()); err != nil {
 		return err
 	}
-	fd := int(in.Fd())
 	buf := make([]byte, 1<<20)
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole is left
-		}
+	for e, err := range chain.DataRegions(in) {
 		if err != nil {
-			return fmt.Errorf("seek data: %w", err)
+			return err
 		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole: %w", err)
-		}
-		r := io.NewSectionReader(in, data, hole-data)
-		w := io.NewOffsetWriter(out, data)
+		r := io.NewSectionReader(in, e.Offset, e.Length)
+		w := io.NewOffsetWriter(out, e.Offset)
 		if _, err := io.CopyBuffer(w, r, buf); err != nil {
 			return err
 		}
-		off = hole
 	}
 	return nil
 }

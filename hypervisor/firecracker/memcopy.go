@@ -7,6 +7,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 // copyMemory makes the VM's private copy of the staged memory. Only the
@@ -28,7 +30,7 @@ func copyMemory(src, dst string) error {
 	}
 	err = out.Truncate(st.Size())
 	if err == nil {
-		err = copyData(in, out, st.Size())
+		err = copyData(in, out)
 	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
@@ -40,23 +42,14 @@ func copyMemory(src, dst string) error {
 }
 
 // copyData copies each data range of in to the same offset of out.
-func copyData(in, out *os.File, size int64) error {
-	for off := int64(0); off < size; {
-		start, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole is left
-		}
+func copyData(in, out *os.File) error {
+	for e, err := range chain.DataRegions(in) {
 		if err != nil {
-			return fmt.Errorf("seek data: %w", err)
-		}
-		end, err := unix.Seek(int(in.Fd()), start, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole: %w", err)
-		}
-		if err := copyRange(in, out, start, end-start); err != nil {
 			return err
 		}
-		off = end
+		if err := copyRange(in, out, e.Offset, e.Length); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -1,12 +1,13 @@
 package qemu
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 // fillMemfd returns a memfd of size bytes holding the file at path. Only
@@ -45,18 +46,13 @@ func copyExtents(dst, src *os.File, size int64) error {
 	if err := dst.Truncate(size); err != nil {
 		return fmt.Errorf("size memfd: %w", err)
 	}
-	for off := int64(0); off < size; {
-		data, hole, err := nextExtent(src, off)
+	for e, err := range chain.DataRegions(src) {
 		if err != nil {
+			return fmt.Errorf("find data in staged memory: %w", err)
+		}
+		if err := sendRange(dst, src, e.Offset, e.End()); err != nil {
 			return err
 		}
-		if data >= size {
-			break
-		}
-		if err := sendRange(dst, src, data, hole); err != nil {
-			return err
-		}
-		off = hole
 	}
 	return nil
 }
@@ -76,19 +72,4 @@ func sendRange(dst, src *os.File, start, end int64) error {
 		}
 	}
 	return nil
-}
-
-// nextExtent finds the data extent at or after off: [data, hole).
-func nextExtent(f *os.File, off int64) (data, hole int64, err error) {
-	data, err = unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-	if errors.Is(err, unix.ENXIO) {
-		return 1<<63 - 1, 0, nil
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("seek data in staged memory: %w", err)
-	}
-	if hole, err = unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE); err != nil {
-		return 0, 0, fmt.Errorf("seek hole in staged memory: %w", err)
-	}
-	return data, hole, nil
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 // sparseMemory writes a size-byte sparse file whose every other 2 MiB
@@ -110,16 +112,14 @@ func benchFill(b *testing.B, path string, size int64, fill func(dst, src *os.Fil
 }
 
 // eachExtent calls fn for every data extent of src.
-func eachExtent(src *os.File, size int64, fn func(data, hole int64) error) error {
-	for off := int64(0); off < size; {
-		data, hole, err := nextExtent(src, off)
-		if err != nil || data >= size {
+func eachExtent(src *os.File, fn func(data, hole int64) error) error {
+	for e, err := range chain.DataRegions(src) {
+		if err != nil {
 			return err
 		}
-		if err := fn(data, hole); err != nil {
+		if err := fn(e.Offset, e.End()); err != nil {
 			return err
 		}
-		off = hole
 	}
 	return nil
 }
@@ -133,7 +133,7 @@ func mmapFill(dst, src *os.File, size int64) error {
 		return err
 	}
 	defer unix.Munmap(mem)
-	return eachExtent(src, size, func(data, hole int64) error {
+	return eachExtent(src, func(data, hole int64) error {
 		_, err := src.ReadAt(mem[data:hole], data)
 		return err
 	})
@@ -144,7 +144,7 @@ func pwriteFill(dst, src *os.File, size int64) error {
 		return err
 	}
 	buf := make([]byte, 4<<20)
-	return eachExtent(src, size, func(data, hole int64) error {
+	return eachExtent(src, func(data, hole int64) error {
 		for p := data; p < hole; {
 			n, err := src.ReadAt(buf[:min(int64(len(buf)), hole-p)], p)
 			if err != nil {

@@ -1,12 +1,13 @@
 package uffd
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 // memFile is the snapshot's guest memory file, mapped read-only and private:
@@ -34,7 +35,7 @@ func openMemFile(path string) (*memFile, error) {
 		return nil, fmt.Errorf("memory file %s is empty", path)
 	}
 	m := &memFile{}
-	if err := m.scanData(int(f.Fd()), st.Size()); err != nil {
+	if err := m.scanData(f); err != nil {
 		return nil, fmt.Errorf("scan memory file %s: %w", path, err)
 	}
 	m.data, err = unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_PRIVATE)
@@ -44,23 +45,14 @@ func openMemFile(path string) (*memFile, error) {
 	return m, nil
 }
 
-// scanData walks the file with SEEK_DATA/SEEK_HOLE. A filesystem without
-// hole support reports the whole file as data, which is still correct.
-func (m *memFile) scanData(fd int, size int64) error {
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil
-		}
+// scanData records the file's data extents. A filesystem without hole
+// support reports the whole file as data, which is still correct.
+func (m *memFile) scanData(f *os.File) error {
+	for e, err := range chain.DataRegions(f) {
 		if err != nil {
-			return fmt.Errorf("seek data at %d: %w", off, err)
+			return err
 		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole at %d: %w", data, err)
-		}
-		m.present.add(uint64(data), uint64(hole))
-		off = hole
+		m.present.add(uint64(e.Offset), uint64(e.End()))
 	}
 	return nil
 }

@@ -3,9 +3,9 @@ package snapshotter
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
+
+	"github.com/containerd/continuity/fs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
@@ -33,33 +33,13 @@ func (s *Snapshotter) stage(ctx context.Context, parent, dir string) error {
 			return fmt.Errorf("link %s: state file name %q: want a plain file name other than %s and %s",
 				topDir, name, chain.StagedMemory, chain.StagedChain)
 		}
-		if err := copyPrivate(filepath.Join(topDir, name), filepath.Join(dir, name)); err != nil {
-			return err
+		// A private copy: the shim patches these files for its VM.
+		if err := fs.CopyFile(filepath.Join(dir, name), filepath.Join(topDir, name)); err != nil {
+			return fmt.Errorf("copy state file %s: %w", name, err)
 		}
 	}
 	if err := chain.WriteStaged(dir, links); err != nil {
 		return fmt.Errorf("write %s: %w", chain.StagedChain, err)
-	}
-	return nil
-}
-
-// copyPrivate copies a small file into a new writable file.
-func copyPrivate(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("copy state file: %w", err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return fmt.Errorf("copy state file: %w", err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("copy state file %s: %w", src, err)
-	}
-	if err := out.Close(); err != nil {
-		return fmt.Errorf("copy state file %s: %w", src, err)
 	}
 	return nil
 }

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/continuity/fs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
@@ -78,8 +78,8 @@ func importLink(ctx context.Context, sn snapshots.Snapshotter, linkDir, name str
 	if err != nil {
 		return nil, err
 	}
-	if err := copyFiles(linkDir, dst); err != nil {
-		return nil, err
+	if err := fs.CopyDir(dst, linkDir); err != nil {
+		return nil, fmt.Errorf("copy link into the import: %w", err)
 	}
 	if err := sn.Commit(ctx, name, key); err != nil {
 		return nil, fmt.Errorf("commit link: %w", err)
@@ -93,19 +93,6 @@ func stagedDir(ms []mount.Mount) (string, error) {
 		return "", fmt.Errorf("snapshot mounts %+v: want one bind mount of a directory", ms)
 	}
 	return ms[0].Source, nil
-}
-
-func copyFiles(src, dst string) error {
-	des, err := os.ReadDir(src)
-	if err != nil {
-		return fmt.Errorf("read link dir: %w", err)
-	}
-	for _, de := range des {
-		if err := copyFile(filepath.Join(src, de.Name()), filepath.Join(dst, de.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func (p *directPath) name() string { return "direct" }

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 
+	cfs "github.com/containerd/continuity/fs"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
@@ -135,32 +137,13 @@ func copyStateFiles(files []string, dir string) ([]string, error) {
 	}
 	for _, src := range files {
 		dst := filepath.Join(dir, filepath.Base(src))
-		if err := copyFile(src, dst); err != nil {
-			return created, err
+		if _, err := os.Lstat(dst); err == nil {
+			return created, fmt.Errorf("state file %s: %s already exists", src, dst)
+		}
+		if err := cfs.CopyFile(dst, src); err != nil {
+			return created, fmt.Errorf("copy state file %s: %w", src, err)
 		}
 		created = append(created, dst)
 	}
 	return created, nil
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("state file: %w", err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return fmt.Errorf("state file: %w", err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		os.Remove(dst)
-		return fmt.Errorf("copy state file %s: %w", src, err)
-	}
-	if err := out.Close(); err != nil {
-		os.Remove(dst)
-		return fmt.Errorf("copy state file %s: %w", src, err)
-	}
-	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/containerd/continuity/fs"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
@@ -36,23 +38,12 @@ func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 		return fmt.Errorf("create link dir: %w", err)
 	}
 	for _, name := range stateFiles {
-		if err := copyFile(filepath.Join(scratch, name), filepath.Join(dir, name)); err != nil {
-			return err
+		if err := fs.CopyFile(filepath.Join(dir, name), filepath.Join(scratch, name)); err != nil {
+			return fmt.Errorf("copy snapshot %s into the link: %w", name, err)
 		}
 	}
 	if _, err := chain.WriteFull(ctx, filepath.Join(scratch, memoryFile), stagedchain.Meta(v.staged, Name, v.build, stateFiles), dir); err != nil {
 		return fmt.Errorf("write snapshot link: %w", err)
-	}
-	return nil
-}
-
-func copyFile(src, dst string) error {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return fmt.Errorf("read snapshot %s: %w", filepath.Base(src), err)
-	}
-	if err := os.WriteFile(dst, b, 0o644); err != nil {
-		return fmt.Errorf("write link %s: %w", filepath.Base(dst), err)
 	}
 	return nil
 }

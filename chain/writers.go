@@ -45,11 +45,7 @@ func WriteFull(ctx context.Context, memPath string, meta Meta, outDir string) (*
 // every page that differs from parentMemPath, the parent chain's flattened
 // memory, including pages that became zero. parentDir is the parent link.
 func WriteDiff(ctx context.Context, memPath, parentMemPath, parentDir string, meta Meta, outDir string) (*Link, error) {
-	parent, err := ReadLink(parentDir)
-	if err != nil {
-		return nil, err
-	}
-	mem, err := openMemory(memPath, meta.pageSize())
+	parent, mem, err := openDiff(memPath, parentDir, meta)
 	if err != nil {
 		return nil, err
 	}
@@ -88,15 +84,24 @@ func WriteDiff(ctx context.Context, memPath, parentMemPath, parentDir string, me
 	return w.finish(l)
 }
 
+// openDiff reads the parent link a diff is made against and opens memPath.
+func openDiff(memPath, parentDir string, meta Meta) (*Link, *memFile, error) {
+	parent, err := ReadLink(parentDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	mem, err := openMemory(memPath, meta.pageSize())
+	if err != nil {
+		return nil, nil, err
+	}
+	return parent, mem, nil
+}
+
 // WriteDiffPages writes into outDir a diff link of memPath holding exactly
 // the pages in dirty (any order; overlaps merged; whole pages in bounds).
 // parentDir is the parent link.
 func WriteDiffPages(ctx context.Context, memPath string, dirty []Extent, parentDir string, meta Meta, outDir string) (*Link, error) {
-	parent, err := ReadLink(parentDir)
-	if err != nil {
-		return nil, err
-	}
-	mem, err := openMemory(memPath, meta.pageSize())
+	parent, mem, err := openDiff(memPath, parentDir, meta)
 	if err != nil {
 		return nil, err
 	}

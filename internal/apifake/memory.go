@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd/uffdpeer"
 )
 
 // guestMemory stands in for a restored VM's RAM: a private copy read
@@ -14,7 +16,7 @@ import (
 type guestMemory struct {
 	data []byte
 	file *os.File
-	anon []byte
+	anon *uffdpeer.Peer
 }
 
 func loadMemory(path string, lazy bool) (*guestMemory, error) {
@@ -56,11 +58,11 @@ func (m *guestMemory) writeTo(path string) error {
 }
 
 // copyAnon writes anonymous guest memory to w a chunk at a time.
-func copyAnon(w io.Writer, mem []byte) error {
+func copyAnon(w io.Writer, mem *uffdpeer.Peer) error {
 	buf := make([]byte, 1<<20)
-	for off := 0; off < len(mem); off += len(buf) {
-		chunk := buf[:min(len(buf), len(mem)-off)]
-		if err := readAnon(mem, off, chunk); err != nil {
+	for off := 0; off < mem.Size(); off += len(buf) {
+		chunk := buf[:min(len(buf), mem.Size()-off)]
+		if err := mem.Read(off, chunk); err != nil {
 			return err
 		}
 		if _, err := w.Write(chunk); err != nil {

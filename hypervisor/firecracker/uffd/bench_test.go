@@ -28,7 +28,7 @@ func BenchmarkFault(b *testing.B) {
 			// No UFFD_FEATURE_EVENT_REMOVE: MADV_DONTNEED then re-arms the
 			// pages silently and they fault from the file again.
 			p := startPeer(b, pages*pageSize, 0)
-			if err := p.send(sock, p.mapping(0, uint64(pages*pageSize), 0)); err != nil {
+			if err := p.Send(sock, p.Mapping(0, uint64(pages*pageSize), 0)); err != nil {
 				b.Fatal(err)
 			}
 			runtime.LockOSThread()
@@ -39,12 +39,12 @@ func BenchmarkFault(b *testing.B) {
 				g := i % pages
 				if g == 0 && i > 0 {
 					b.StopTimer()
-					if err := p.remove(0, pages*pageSize); err != nil {
+					if err := p.Remove(0, pages*pageSize); err != nil {
 						b.Fatal(err)
 					}
 					b.StartTimer()
 				}
-				if err := p.read(g*pageSize, buf); err != nil {
+				if err := p.Read(g*pageSize, buf); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd/uffdpeer"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -66,13 +67,13 @@ func startHandler(t testing.TB, dir, path string) (*Handler, string) {
 	return h, sock
 }
 
-func startPeer(t testing.TB, size int, features uint64) *fcPeer {
+func startPeer(t testing.TB, size int, features uint64) *uffdpeer.Peer {
 	t.Helper()
-	p, err := newPeer(size, features)
+	p, err := uffdpeer.New(size, features)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
 }
 
@@ -98,10 +99,10 @@ func onThread(t *testing.T, fn func() error) {
 
 // checkPages reads each listed guest page (backed by file page fileOf(g))
 // and compares it with want.
-func checkPages(p *fcPeer, guestPages []int, fileOf func(int) int, want []byte) error {
+func checkPages(p *uffdpeer.Peer, guestPages []int, fileOf func(int) int, want []byte) error {
 	buf := make([]byte, pageSize)
 	for _, g := range guestPages {
-		if err := p.read(g*pageSize, buf); err != nil {
+		if err := p.Read(g*pageSize, buf); err != nil {
 			return err
 		}
 		f := fileOf(g) * pageSize
@@ -125,9 +126,9 @@ func TestHandlerServesFaults(t *testing.T) {
 	dir := t.TempDir()
 	path, want := memoryFile(t, dir, pages, [][2]int{{100, 164}, {1000, 1010}, {2040, 2048}})
 	h, sock := startHandler(t, dir, path)
-	p := startPeer(t, pages*pageSize, featureEventRemove)
+	p := startPeer(t, pages*pageSize, uffdpeer.FeatureEventRemove)
 	size := uint64(half * pageSize)
-	if err := p.send(sock, p.mapping(size, size, 0), p.mapping(0, size, size)); err != nil {
+	if err := p.Send(sock, p.Mapping(size, size, 0), p.Mapping(0, size, size)); err != nil {
 		t.Fatal(err)
 	}
 	fileOf := func(g int) int { return (g + half) % pages }
@@ -137,7 +138,7 @@ func TestHandlerServesFaults(t *testing.T) {
 
 	// Balloon: give back 64 pages, then touch them all again.
 	const removeAt, removed = 200, 64
-	if err := p.remove(removeAt*pageSize, removed*pageSize); err != nil {
+	if err := p.Remove(removeAt*pageSize, removed*pageSize); err != nil {
 		t.Fatal(err)
 	}
 	zeros := make([]byte, pages*pageSize)
@@ -187,15 +188,15 @@ func TestHandlerWriteFault(t *testing.T) {
 	dir := t.TempDir()
 	path, want := memoryFile(t, dir, pages, [][2]int{{4, 8}})
 	h, sock := startHandler(t, dir, path)
-	p := startPeer(t, pages*pageSize, featureEventRemove)
-	if err := p.send(sock, p.mapping(0, uint64(pages*pageSize), 0)); err != nil {
+	p := startPeer(t, pages*pageSize, uffdpeer.FeatureEventRemove)
+	if err := p.Send(sock, p.Mapping(0, uint64(pages*pageSize), 0)); err != nil {
 		t.Fatal(err)
 	}
 	data := []byte("written by the guest")
 	for _, g := range []int{1, 5} { // file data, hole
 		off := g*pageSize + 100
 		copy(want[off:], data)
-		onThread(t, func() error { return p.write(off, data) })
+		onThread(t, func() error { return p.Write(off, data) })
 	}
 	onThread(t, func() error { return checkPages(p, []int{1, 5}, func(g int) int { return g }, want) })
 	if err := h.Close(); err != nil {
@@ -215,8 +216,8 @@ func TestHandlerFaultsRaceRemoves(t *testing.T) {
 	dir := t.TempDir()
 	path, want := memoryFile(t, dir, pages, nil)
 	h, sock := startHandler(t, dir, path)
-	p := startPeer(t, pages*pageSize, featureEventRemove)
-	if err := p.send(sock, p.mapping(0, uint64(pages*pageSize), 0)); err != nil {
+	p := startPeer(t, pages*pageSize, uffdpeer.FeatureEventRemove)
+	if err := p.Send(sock, p.Mapping(0, uint64(pages*pageSize), 0)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -229,7 +230,7 @@ func TestHandlerFaultsRaceRemoves(t *testing.T) {
 		rnd := rand.New(rand.NewPCG(3, 4))
 		for range removes {
 			g, n := rnd.IntN(pages-16), 1+rnd.IntN(16)
-			if err := p.remove(g*pageSize, n*pageSize); err != nil {
+			if err := p.Remove(g*pageSize, n*pageSize); err != nil {
 				removeErr <- err
 				return
 			}
@@ -245,7 +246,7 @@ func TestHandlerFaultsRaceRemoves(t *testing.T) {
 			default:
 			}
 			g := rand.IntN(pages)
-			if err := p.read(g*pageSize, buf); err != nil {
+			if err := p.Read(g*pageSize, buf); err != nil {
 				return err
 			}
 			if !isZero(buf) && !bytes.Equal(buf, want[g*pageSize:(g+1)*pageSize]) {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd/uffdpeer"
 )
 
 func TestMappingPageSize(t *testing.T) {
@@ -145,7 +147,7 @@ func TestBadHandshake(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := handshake(sock, tc.payload, fds...); err != nil {
+			if err := uffdpeer.Handshake(sock, tc.payload, fds...); err != nil {
 				t.Fatal(err)
 			}
 			err = waitErr(t, h)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd/uffdpeer"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -44,12 +45,12 @@ func runPeer(sock, memPath, pagesArg string) error {
 		return err
 	}
 	size := uint64(pages * pageSize)
-	p, err := newPeer(int(size), featureEventRemove)
+	p, err := uffdpeer.New(int(size), uffdpeer.FeatureEventRemove)
 	if err != nil {
 		return err
 	}
-	defer p.close()
-	if err := p.send(sock, p.mapping(0, size, 0)); err != nil {
+	defer p.Close()
+	if err := p.Send(sock, p.Mapping(0, size, 0)); err != nil {
 		return err
 	}
 	all := make([]int, pages)
@@ -139,14 +140,14 @@ func TestHandlerRefusesRegionsPastFile(t *testing.T) {
 	path, _ := memoryFile(t, dir, 4, nil)
 	warm, _ := startHandler(t, dir, path)
 	warm.Close()
-	p := startPeer(t, 8*pageSize, featureEventRemove)
+	p := startPeer(t, 8*pageSize, uffdpeer.FeatureEventRemove)
 	before := openFDs(t)
 	sock := filepath.Join(t.TempDir(), "uffd.sock")
 	h, err := Listen(t.Context(), sock, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.send(sock, p.mapping(0, uint64(8*pageSize), 0)); err != nil {
+	if err := p.Send(sock, p.Mapping(0, uint64(8*pageSize), 0)); err != nil {
 		t.Fatal(err)
 	}
 	err = waitErr(t, h)

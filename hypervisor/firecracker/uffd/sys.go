@@ -10,7 +10,7 @@ import (
 // The userfaultfd kernel ABI (linux/userfaultfd.h). golang.org/x/sys has
 // only the syscall number, so the few structs and ioctls used here are
 // declared by hand; sizes are checked in sys_test.go and the
-// side Firecracker plays (UFFDIO_API, UFFDIO_REGISTER) lives in peer_test.go.
+// side Firecracker plays (UFFDIO_API, UFFDIO_REGISTER) lives in uffdpeer.
 
 const (
 	uffdAPI = 0xAA // UFFD_API, also the ioctl type of every UFFDIO_* request

@@ -94,7 +94,7 @@ type Stack struct {
 
 // Start starts cocoon-snapshotter and containerd and waits until both
 // serve. On error nothing it started is left behind.
-func Start(ctx context.Context, opts Options) (s *Stack, err error) {
+func Start(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.BinDir == "" {
 		return nil, errors.New("start devstack: no bin dir: want the directory make build fills")
 	}
@@ -108,14 +108,9 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("create stack dir: %w", err)
 	}
-	s = newStack(dir, opts)
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, s.Close())
-		}
-	}()
+	s := newStack(dir, opts)
 	if err := s.start(ctx, opts); err != nil {
-		return nil, err
+		return nil, errors.Join(err, s.Close())
 	}
 	return s, nil
 }

@@ -182,9 +182,9 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 	if err != nil {
 		return LaunchRequest{}, err
 	}
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = r.ID
+	hostname, err := hostnameOf(spec, r.ID)
+	if err != nil {
+		return LaunchRequest{}, err
 	}
 	return LaunchRequest{
 		ID: r.ID, Namespace: ns, Bundle: r.Bundle, Spec: spec,

@@ -75,6 +75,7 @@ type Sandbox struct {
 	RunDir     string
 	Plan       state.Plan
 	Phases     []state.Phase
+	Memory     MemoryBudget
 }
 
 // Spawn is a VM whose hypervisor process exists but whose guest is not up
@@ -84,10 +85,11 @@ type Spawn struct {
 	Hypervisor string
 	RunDir     string
 	Plan       state.Plan
+	Memory     MemoryBudget
 }
 
 func spawnOf(sb *Sandbox) Spawn {
-	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan}
+	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan, Memory: sb.Memory}
 }
 
 // LaunchRequest is what a Launcher restores a task's VM from.

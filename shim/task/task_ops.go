@@ -207,15 +207,18 @@ func (t *task) stats() (any, error) {
 	return m, nil
 }
 
-// update applies new resources to the hypervisor cgroup.
+// update applies new resources to the hypervisor cgroup: CPU limits as
+// given, a memory limit (which CRI repeats on every update) as the VM's
+// budget makes it.
 func (t *task) update(res *specs.LinuxResources) error {
-	if err := checkUpdate(res); err != nil {
+	vres, err := t.sb.Memory.vmResources(res)
+	if err != nil {
 		return err
 	}
 	if t.cg == nil {
 		return fmt.Errorf("task %s has no cgroup (its spec sets no cgroupsPath): %w", t.id, errdefs.ErrNotFound)
 	}
-	if err := t.cg.Update(res); err != nil {
+	if err := t.cg.Update(vres); err != nil {
 		return fmt.Errorf("update cgroup: %w", err)
 	}
 	return nil

@@ -21,9 +21,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// initGuestID names the init process to the guest agent; execs are
+// InitGuestID names the init process to the guest agent; execs are
 // "exec-" + their exec id, so the two can never collide.
-const initGuestID = "init"
+const InitGuestID = "init"
 
 // Create restores the task's VM from the staged chain; the init process
 // runs only at Start.
@@ -143,7 +143,7 @@ func readSpec(bundle string) (*specs.Spec, error) {
 }
 
 func initProcess(spec *specs.Spec, r *taskAPI.CreateTaskRequest) (*process, error) {
-	ps, err := guestProcess(initGuestID, spec.Process, r.Terminal, r.Stdin != "")
+	ps, err := guestProcess(InitGuestID, spec.Process, r.Terminal, r.Stdin != "")
 	if err != nil {
 		return nil, err
 	}
@@ -174,9 +174,12 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 }
 
 func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (LaunchRequest, error) {
-	staged, err := stagedDir(r.Rootfs, r.Bundle)
-	if err != nil {
-		return LaunchRequest{}, err
+	var staged string
+	if !IsPodSandbox(spec) { // a sandbox uses no image: its pause process is the shim's
+		var err error
+		if staged, err = stagedDir(r.Rootfs, r.Bundle); err != nil {
+			return LaunchRequest{}, err
+		}
 	}
 	configPath, err := configPathOf(r)
 	if err != nil {

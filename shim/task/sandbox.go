@@ -122,3 +122,37 @@ type Launcher interface {
 type Warmer interface {
 	Warm(ctx context.Context)
 }
+
+// CRI's annotations that tell a pod's sandbox container from its app
+// containers (containerd's internal/cri/annotations, which other runtimes
+// read by these names too).
+const (
+	containerTypeAnnotation = "io.kubernetes.cri.container-type"
+	containerTypeSandbox    = "sandbox"
+)
+
+// IsPodSandbox reports whether spec is a CRI pod sandbox's container.
+func IsPodSandbox(spec *specs.Spec) bool {
+	return spec != nil && spec.Annotations[containerTypeAnnotation] == containerTypeSandbox
+}
+
+// PodLauncher launches pod sandboxes with Sandbox and every other task with
+// VM: a sandbox needs no VM of its own.
+type PodLauncher struct {
+	VM, Sandbox Launcher
+}
+
+// Launch picks the launcher for r.
+func (l PodLauncher) Launch(ctx context.Context, r LaunchRequest) (*Sandbox, error) {
+	if IsPodSandbox(r.Spec) {
+		return l.Sandbox.Launch(ctx, r)
+	}
+	return l.VM.Launch(ctx, r)
+}
+
+// Warm warms the VM launcher, if it can be.
+func (l PodLauncher) Warm(ctx context.Context) {
+	if w, ok := l.VM.(Warmer); ok {
+		w.Warm(ctx)
+	}
+}

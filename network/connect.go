@@ -94,7 +94,7 @@ func takeOver(h *netlink.Handle, link netlink.Link, own int) error {
 			return err
 		}
 		if other != nil {
-			return fmt.Errorf("%s redirects to %s (index %d): %w", link.Attrs().Name, other.Attrs().Name, target, ErrInUse)
+			return fmt.Errorf("%s already redirects to %s (index %d): %w", link.Attrs().Name, other.Attrs().Name, target, ErrInUse)
 		}
 		stale = append(stale, f)
 	}

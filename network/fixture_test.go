@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -174,15 +173,4 @@ func nsInode(t testing.TB, path string) uint64 {
 		t.Fatal(err)
 	}
 	return st.Ino
-}
-
-// currentNS is the namespace of the calling thread, closed at cleanup.
-func currentNS(t testing.TB) netns.NsHandle {
-	t.Helper()
-	h, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
-	return h
 }

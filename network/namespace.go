@@ -56,10 +56,8 @@ func New() (*Namespace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("duplicate network namespace descriptor: %w", err)
 	}
-	n := &Namespace{
-		f:    os.NewFile(uintptr(fd), "netns"),
-		path: fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd),
-	}
+	path := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
+	n := &Namespace{f: os.NewFile(uintptr(fd), path), path: path}
 	if err := n.loopbackUp(); err != nil {
 		n.Close()
 		return nil, err

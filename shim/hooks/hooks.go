@@ -127,10 +127,11 @@ func run(ctx context.Context, h specs.Hook, stdin []byte) error {
 		// output open, which runc tolerates too.
 		return nil
 	}
-	if cmd.Process != nil {
-		// Whatever it started dies with it, on every way of failing.
-		_ = killGroup(cmd.Process.Pid)
+	if cmd.Process == nil {
+		return fmt.Errorf("start: %w", err)
 	}
+	// Whatever it started dies with it, on every way of failing.
+	_ = killGroup(cmd.Process.Pid)
 	return fmt.Errorf("%w; stdout: %q; stderr: %q", ended(ctx, hctx, h, err), stdout, stderr)
 }
 
@@ -165,7 +166,7 @@ func ended(ctx, hctx context.Context, h specs.Hook, err error) error {
 		}
 		return fmt.Errorf("exited with status %d", exit.ExitCode())
 	default:
-		return fmt.Errorf("run: %w", err)
+		return fmt.Errorf("wait: %w", err)
 	}
 }
 

@@ -139,7 +139,7 @@ func TestRunFailures(t *testing.T) {
 	}, {
 		name: "missing program",
 		hook: specs.Hook{Path: "/nonexistent/hook"},
-		want: []string{"/nonexistent/hook", "no such file or directory"},
+		want: []string{"start: fork/exec /nonexistent/hook: no such file or directory"},
 	}, {
 		name: "long output keeps the end",
 		hook: specs.Hook{Path: script(t, "head -c 100000 /dev/zero | tr '\\0' x; echo; echo last-line; exit 1")},
@@ -331,5 +331,20 @@ func waitDead(t *testing.T, pid int) {
 			t.Fatalf("process %d still runs: %s", pid, stat)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRunCanceledBefore: with ctx already done no hook starts.
+func TestRunCanceledBefore(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := Run(ctx, Poststop, []specs.Hook{{Path: script(t, `touch "$1"`), Args: []string{"hook", marker}}}, testState)
+	checkErr(t, err, "poststop hook 0")
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("error %v does not wrap context.Canceled", err)
+	}
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the hook ran with ctx done (%v)", err)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strings"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -154,14 +153,23 @@ func (n *Namespace) loopbackUp() error {
 	return nil
 }
 
-// checkNetNS fails unless f is a network namespace file (nsfs names it
-// "net:[INODE]").
+// checkNetNS fails unless f is a network namespace file: an nsfs inode of
+// type CLONE_NEWNET. The kernel is asked, not the file's name: a bind mount
+// (/run/netns/NAME, as CNI and CRI pin namespaces) reads back as its
+// mount point, not as "net:[INODE]".
 func checkNetNS(f *os.File) error {
-	target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
-	if err != nil {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil {
 		return err
 	}
-	if !strings.HasPrefix(target, "net:[") {
+	if fs.Type != unix.NSFS_MAGIC {
+		return errNotNetNS
+	}
+	typ, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
+	if err != nil {
+		return fmt.Errorf("ask namespace type: %w", err)
+	}
+	if typ != unix.CLONE_NEWNET {
 		return errNotNetNS
 	}
 	return nil

@@ -9,9 +9,9 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/network"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
@@ -73,13 +73,12 @@ func startIn(path string, cmd *exec.Cmd) error {
 		}
 		return nil
 	}
-	netns, err := ns.GetNS(path)
+	netns, err := network.Open(path)
 	if err != nil {
-		return fmt.Errorf("open pod network namespace %s: %w", path, err)
+		return fmt.Errorf("open pod network namespace: %w", err)
 	}
 	defer netns.Close()
-	err = netns.Do(func(ns.NetNS) error { return cmd.Start() })
-	if err != nil {
+	if err := netns.Do(cmd.Start); err != nil {
 		return fmt.Errorf("start pause process in %s: %w", path, err)
 	}
 	return nil

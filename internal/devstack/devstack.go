@@ -84,7 +84,7 @@ type Stack struct {
 
 // Start starts cocoon-snapshotter and containerd and waits until both
 // serve. On error nothing it started is left behind.
-func Start(ctx context.Context, opts Options) (s *Stack, err error) {
+func Start(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.BinDir == "" {
 		return nil, errors.New("start devstack: no bin dir: want the directory make build fills")
 	}
@@ -100,16 +100,11 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("create stack dir: %w", err)
 	}
-	s = newStack(dir, opts)
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, s.Close())
-		}
-	}()
-	if err := s.start(ctx, opts); err != nil {
-		return nil, err
+	st := newStack(dir, opts)
+	if err := st.start(ctx, opts); err != nil {
+		return nil, errors.Join(err, st.Close())
 	}
-	return s, nil
+	return st, nil
 }
 
 func newStack(dir string, opts Options) *Stack {

@@ -61,6 +61,11 @@ func (Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox
 	if r.Spawned != nil {
 		r.Spawned(task.Spawn{PID: p.PID(), Hypervisor: Hypervisor, Plan: sb.Plan})
 	}
+	if r.Created != nil {
+		if err := r.Created(ctx, p.PID()); err != nil {
+			return nil, errors.Join(err, p.Close())
+		}
+	}
 	return sb, nil
 }
 

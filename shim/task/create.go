@@ -55,10 +55,16 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
+	h, err := newOCIHooks(r.ID, r.Bundle, spec)
+	if err != nil {
+		return 0, err
+	}
+	req.Created = h.created
 	t, err := s.launch(ctx, req, spec, init)
 	if err != nil {
 		return 0, err
 	}
+	t.hooks = h
 	s.mu.Lock()
 	s.tasks[r.ID] = t
 	s.mu.Unlock()

@@ -108,6 +108,12 @@ type LaunchRequest struct {
 	// and place it in its cgroup meanwhile. It does not block. Launch
 	// calls it at most once, and before it returns.
 	Spawned func(Spawn)
+	// Created, when set, is called with the hypervisor's pid once the VM
+	// exists and is loaded but before its guest runs (for a sandbox, once
+	// its pause process runs): the service runs the OCI createRuntime
+	// hooks there, which may set up the namespace's network. An error
+	// fails the launch. Launch calls it at most once.
+	Created func(ctx context.Context, pid int) error
 }
 
 // Launcher restores the VM of a new task. On error nothing it started is

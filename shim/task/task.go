@@ -35,6 +35,7 @@ type task struct {
 	// created is when Create began, the restore report's origin.
 	created   time.Time
 	namespace string
+	hooks     *ociHooks
 
 	ctx    context.Context // ends when the hypervisor process exits
 	cancel context.CancelFunc

@@ -93,6 +93,22 @@ func (t *task) signal(p *process, sig unix.Signal) error {
 	}
 }
 
+// poststart runs the poststart hooks; as runc does, a failing one kills
+// the init process it followed and fails the start.
+func (t *task) poststart(ctx context.Context) error {
+	if t.hooks == nil {
+		return nil
+	}
+	err := t.hooks.started(ctx, t.pid())
+	if err == nil {
+		return nil
+	}
+	if kerr := t.kill(t.init, unix.SIGKILL, true); kerr != nil && !errors.Is(kerr, errdefs.ErrNotFound) {
+		err = errors.Join(err, fmt.Errorf("kill init after the failed hook: %w", kerr))
+	}
+	return err
+}
+
 // pause pauses the VM.
 func (t *task) pause(ctx context.Context) error {
 	t.opMu.Lock()
@@ -243,6 +259,9 @@ func (t *task) destroy(ctx context.Context) error {
 	case <-t.vmDone:
 	case <-time.After(exitTimeout):
 		log.G(ctx).WithField("id", t.id).Error("hypervisor still runs after kill")
+	}
+	if t.hooks != nil {
+		t.hooks.stopped(ctx, t.pid())
 	}
 	var errs []error
 	if err := t.sb.Guest.Close(); err != nil {

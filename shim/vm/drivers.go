@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -69,19 +70,28 @@ func (l *Launcher) Warm(ctx context.Context) {
 }
 
 // spawnReporter hands a restored, still paused VM to the task service's
-// Spawned hook before restore.Run brings its guest up.
+// Spawned and Created hooks before restore.Run brings its guest up.
 type spawnReporter struct {
 	hypervisor.Driver
 	spawned func(task.Spawn)
+	created func(ctx context.Context, pid int) error
 	spawn   task.Spawn // all but the pid
 }
 
 func (d spawnReporter) Restore(ctx context.Context, req hypervisor.RestoreRequest) (hypervisor.VM, error) {
 	vm, err := d.Driver.Restore(ctx, req)
-	if err == nil {
+	if err != nil {
+		return nil, err
+	}
+	if d.spawned != nil {
 		sp := d.spawn
 		sp.PID = vm.PID()
 		d.spawned(sp)
 	}
-	return vm, err
+	if d.created != nil {
+		if err := d.created(ctx, vm.PID()); err != nil {
+			return nil, errors.Join(err, vm.Close())
+		}
+	}
+	return vm, nil
 }

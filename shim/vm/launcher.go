@@ -67,8 +67,8 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
 	var rd hypervisor.Driver = d
-	if r.Spawned != nil {
-		rd = spawnReporter{Driver: d, spawned: r.Spawned,
+	if r.Spawned != nil || r.Created != nil {
+		rd = spawnReporter{Driver: d, spawned: r.Spawned, created: r.Created,
 			spawn: task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan), Memory: budget}}
 	}
 	res, err := restore.Run(ctx, rd, restore.Request{

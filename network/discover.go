@@ -1,6 +1,7 @@
 package network
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -34,6 +35,10 @@ type Route struct {
 	Scope  uint8 // unix.RT_SCOPE_UNIVERSE or unix.RT_SCOPE_LINK
 	MTU    int   // a per-route MTU, 0 when unset
 }
+
+// ErrNoInterface is Discover's error for a namespace with nothing to take
+// over: only loopback, or interfaces without addresses.
+var ErrNoInterface = errors.New("no interface to take over")
 
 // Discover finds the interface of n that the VM takes over: the one
 // carrying the default route, else the only non-loopback one with a global
@@ -100,7 +105,7 @@ func pick(links []netlink.Link, routes []netlink.Route, addrs map[int][]net.IPNe
 	case 1:
 		return withAddr[0], nil
 	case 0:
-		return nil, fmt.Errorf("no default route and no interface with a global address (links: %s)", describe(links, addrs))
+		return nil, fmt.Errorf("%w: no default route and no interface with a global address (links: %s)", ErrNoInterface, describe(links, addrs))
 	default:
 		return nil, fmt.Errorf("no default route and several interfaces with addresses (%s); want exactly one", describe(withAddr, addrs))
 	}

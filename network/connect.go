@@ -300,8 +300,12 @@ func existingLink(h *netlink.Handle, index int) (netlink.Link, error) {
 	return l, nil
 }
 
-// existingLinkByName is the link name, or nil if there is none.
+// existingLinkByName is the link name, or nil if there is none (or no
+// name: a tap that was never connected has no interface to release).
 func existingLinkByName(h *netlink.Handle, name string) (netlink.Link, error) {
+	if name == "" {
+		return nil, nil
+	}
 	l, err := h.LinkByName(name)
 	if isNotFound(err) {
 		return nil, nil

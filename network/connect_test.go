@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -212,6 +213,15 @@ func TestRelease(t *testing.T) {
 		{name: "tap gone", path: p.ns.Path(), iface: "eth0", tap: "ctapgone"},
 		{name: "not a tap", path: p.ns.Path(), iface: "lo", tap: "eth0", err: "link eth0 is a veth, not a tap"},
 	}
+	unconnected, err := CreateTap(p.ns, "ctapunconn", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unconnected.File.Close()
+	tests = append(tests, struct {
+		name, path, iface, tap string
+		err                    string
+	}{name: "a tap never connected (no interface)", path: p.ns.Path(), tap: unconnected.Name})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			err := Release(tc.path, tc.iface, tc.tap)
@@ -224,6 +234,9 @@ func TestRelease(t *testing.T) {
 		})
 	}
 	inNS(t, p.ns, func(h *netlink.Handle) error {
+		if _, err := h.LinkByName(unconnected.Name); err == nil {
+			return fmt.Errorf("tap %s still exists after its release", unconnected.Name)
+		}
 		_, err := h.LinkByName("eth0")
 		return err
 	})

@@ -127,10 +127,11 @@ func redirect(h *netlink.Handle, from, to netlink.Link) error {
 	return nil
 }
 
-// Release undoes Connect for the tap tapName and deletes the tap. It is
-// idempotent and tolerant of anything already gone: the namespace (or a
-// path that no longer names one), the interface, the tap, the filters. It
-// needs only names, so it works from what a crashed shim left on disk.
+// Release deletes the tap tapName and undoes Connect: the redirects to it
+// on ifaceName, or on any link when ifaceName is "". It is idempotent and
+// tolerant of anything already gone: the namespace (or a path that no
+// longer names one), the interface, the tap, the filters. It needs only
+// names, so it works from what a crashed shim left on disk.
 func Release(nsPath, ifaceName, tapName string) error {
 	n, err := Open(nsPath)
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, errNotNetNS) {
@@ -164,26 +165,41 @@ func release(h *netlink.Handle, ifaceName, tapName string) error {
 	if tap != nil && tap.Type() != "tuntap" {
 		return fmt.Errorf("link %s is a %s, not a tap: not deleting it", tapName, tap.Type())
 	}
-	link, err := existingLinkByName(h, ifaceName)
+	// Deleted first, the tap leaves redirects to a gone link behind, which
+	// unredirect removes wherever they are.
+	if tap != nil {
+		if err := h.LinkDel(tap); err != nil && !isNotFound(err) {
+			return fmt.Errorf("delete tap: %w", err)
+		}
+	}
+	links, err := sweep(h, ifaceName)
 	if err != nil {
 		return err
 	}
-	if link != nil {
-		tapIndex := 0
-		if tap != nil {
-			tapIndex = tap.Attrs().Index
-		}
-		if err := unredirect(h, link, tapIndex); err != nil {
+	for _, l := range links {
+		if err := unredirect(h, l, 0); err != nil {
 			return err
 		}
 	}
-	if tap == nil {
-		return nil
-	}
-	if err := h.LinkDel(tap); err != nil && !isNotFound(err) {
-		return fmt.Errorf("delete tap: %w", err)
-	}
 	return nil
+}
+
+// sweep lists the links whose redirects release checks: the named
+// interface, or every link when the name is unknown (a crashed shim
+// records only the tap).
+func sweep(h *netlink.Handle, ifaceName string) ([]netlink.Link, error) {
+	if ifaceName == "" {
+		links, err := h.LinkList()
+		if err != nil {
+			return nil, fmt.Errorf("list links: %w", err)
+		}
+		return links, nil
+	}
+	l, err := existingLinkByName(h, ifaceName)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	return []netlink.Link{l}, nil
 }
 
 // unredirect removes link's redirects to tapIndex and to links that are
@@ -203,6 +219,9 @@ func unredirect(h *netlink.Handle, link netlink.Link, tapIndex int) error {
 		if (tapIndex != 0 && target == tapIndex) || other == nil {
 			ours = append(ours, f)
 		}
+	}
+	if len(ours) == 0 {
+		return nil // not ours to touch, nor its qdisc
 	}
 	if err := deleteFilters(h, ours); err != nil {
 		return err
@@ -300,12 +319,8 @@ func existingLink(h *netlink.Handle, index int) (netlink.Link, error) {
 	return l, nil
 }
 
-// existingLinkByName is the link name, or nil if there is none (or no
-// name: a tap that was never connected has no interface to release).
+// existingLinkByName is the link name, or nil if there is none.
 func existingLinkByName(h *netlink.Handle, name string) (netlink.Link, error) {
-	if name == "" {
-		return nil, nil
-	}
 	l, err := h.LinkByName(name)
 	if isNotFound(err) {
 		return nil, nil

@@ -324,3 +324,27 @@ func checksum(b []byte) uint16 {
 	}
 	return ^uint16(sum)
 }
+
+// TestReleaseByTapOnly: a crashed shim records only the namespace and the
+// tap; Release then finds the interface's redirects to that tap itself.
+func TestReleaseByTapOnly(t *testing.T) {
+	p, iface, tap := connected(t)
+	if err := Release(p.ns.Path(), "", tap.Name); err != nil {
+		t.Fatal(err)
+	}
+	if got := redirectsOf(t, p.ns, iface.Name); len(got) != 0 {
+		t.Fatalf("%s still redirects to %v after the tap's release", iface.Name, got)
+	}
+	inNS(t, p.ns, func(h *netlink.Handle) error {
+		if _, err := h.LinkByName(tap.Name); err == nil {
+			return fmt.Errorf("tap %s still exists", tap.Name)
+		}
+		qdiscs, err := h.QdiscList(p.eth0)
+		for _, q := range qdiscs {
+			if q.Type() == "ingress" {
+				return fmt.Errorf("%s keeps an ingress qdisc", iface.Name)
+			}
+		}
+		return err
+	})
+}

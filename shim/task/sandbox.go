@@ -76,6 +76,16 @@ type Sandbox struct {
 	Plan       state.Plan
 	Phases     []state.Phase
 	Memory     MemoryBudget
+	// Network, when set, is released when the init process exits (so the
+	// next container of a pod can take the pod's interface) and at delete.
+	Network Releaser
+	// NetworkRecord names it in the task record.
+	NetworkRecord *state.Network
+}
+
+// Releaser lets go of something a VM holds; Release is idempotent.
+type Releaser interface {
+	Release() error
 }
 
 // Spawn is a VM whose hypervisor process exists but whose guest is not up
@@ -86,10 +96,11 @@ type Spawn struct {
 	RunDir     string
 	Plan       state.Plan
 	Memory     MemoryBudget
+	Network    *state.Network
 }
 
 func spawnOf(sb *Sandbox) Spawn {
-	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan, Memory: sb.Memory}
+	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan, Memory: sb.Memory, Network: sb.NetworkRecord}
 }
 
 // LaunchRequest is what a Launcher restores a task's VM from.

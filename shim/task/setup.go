@@ -91,6 +91,7 @@ func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
 		PIDStart:   start,
 		RunDir:     sp.RunDir,
 		StagedDir:  req.StagedDir,
+		Network:    sp.Network,
 		Plan:       sp.Plan,
 	}, nil
 }

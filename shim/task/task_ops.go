@@ -260,6 +260,7 @@ func (t *task) destroy(ctx context.Context) error {
 	case <-time.After(exitTimeout):
 		log.G(ctx).WithField("id", t.id).Error("hypervisor still runs after kill")
 	}
+	t.releaseNetwork()
 	if t.hooks != nil {
 		t.hooks.stopped(ctx, t.pid())
 	}

@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -12,7 +11,6 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
 // driver returns the driver for cfg's hypervisor, one per distinct driver
@@ -67,31 +65,4 @@ func (l *Launcher) Warm(ctx context.Context) {
 			log.G(ctx).WithError(err).WithField("hypervisor", d.Name()).Debug("warm hypervisor probe")
 		}
 	}()
-}
-
-// spawnReporter hands a restored, still paused VM to the task service's
-// Spawned and Created hooks before restore.Run brings its guest up.
-type spawnReporter struct {
-	hypervisor.Driver
-	spawned func(task.Spawn)
-	created func(ctx context.Context, pid int) error
-	spawn   task.Spawn // all but the pid
-}
-
-func (d spawnReporter) Restore(ctx context.Context, req hypervisor.RestoreRequest) (hypervisor.VM, error) {
-	vm, err := d.Driver.Restore(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	if d.spawned != nil {
-		sp := d.spawn
-		sp.PID = vm.PID()
-		d.spawned(sp)
-	}
-	if d.created != nil {
-		if err := d.created(ctx, vm.PID()); err != nil {
-			return nil, errors.Join(err, vm.Close())
-		}
-	}
-	return vm, nil
 }

@@ -5,6 +5,7 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -66,29 +67,34 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	planned := restore.Phase{Name: PhasePlan, Duration: time.Since(began)}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
-	var rd hypervisor.Driver = d
-	if r.Spawned != nil || r.Created != nil {
-		rd = spawnReporter{Driver: d, spawned: r.Spawned, created: r.Created,
-			spawn: task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan), Memory: budget}}
+	vnet, err := openNetwork(r.Spec, r.ID)
+	if err != nil {
+		return nil, err
 	}
-	res, err := restore.Run(ctx, rd, restore.Request{
+	netns, nic := vnet.attach()
+	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan), Memory: budget, Network: vnet.record()}
+	res, err := restore.Run(ctx, loadedDriver{Driver: d, req: r, spawn: spawn, net: vnet}, restore.Request{
 		StagedDir:    r.StagedDir,
 		RunDir:       runDir,
 		Plan:         plan,
 		Hostname:     r.Hostname,
 		AgentTimeout: cfg.Agent.ConnectTimeout.D(),
+		NetNS:        netns,
+		NIC:          nic,
 	})
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, vnet.Release())
 	}
 	return &task.Sandbox{
-		VM:         res.VM,
-		Guest:      NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
-		Hypervisor: d.Name(),
-		RunDir:     runDir,
-		Plan:       planRecord(plan),
-		Phases:     phaseRecords(append([]restore.Phase{planned}, res.Report.Phases...)),
-		Memory:     budget,
+		VM:            res.VM,
+		Guest:         NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
+		Hypervisor:    d.Name(),
+		RunDir:        runDir,
+		Plan:          planRecord(plan),
+		Phases:        phaseRecords(append([]restore.Phase{planned}, res.Report.Phases...)),
+		Memory:        budget,
+		Network:       vnet,
+		NetworkRecord: spawn.Network,
 	}, nil
 }
 

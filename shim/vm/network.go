@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -19,6 +20,7 @@ import (
 // run (nerdctl sets up CNI there), the namespace's interface the guest
 // takes over.
 type vmNetwork struct {
+	mu    sync.Mutex // Release may come from an init exit and a delete at once
 	id    string
 	ns    *network.Namespace
 	path  string // the spec's namespace path; "" for one the shim made
@@ -115,7 +117,12 @@ func (n *vmNetwork) closeTap() {
 // Release disconnects and deletes the tap and lets go of the namespace.
 // It is idempotent.
 func (n *vmNetwork) Release() error {
-	if n == nil || n.ns == nil {
+	if n == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ns == nil {
 		return nil
 	}
 	n.closeTap()

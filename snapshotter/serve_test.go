@@ -108,7 +108,12 @@ func dial(t *testing.T, address string) snapshots.Snapshotter {
 // serveInProcess serves a new snapshotter on a socket until the test ends.
 func serveInProcess(t *testing.T) snapshots.Snapshotter {
 	t.Helper()
-	sn := newSnapshotter(t, t.TempDir())
+	return serve(t, newSnapshotter(t, t.TempDir()))
+}
+
+// serve serves sn on a socket until the test ends and returns a client.
+func serve(t *testing.T, sn *Snapshotter) snapshots.Snapshotter {
+	t.Helper()
 	address := filepath.Join(t.TempDir(), "sn.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -138,12 +143,14 @@ func TestCommitRejectsBadLink(t *testing.T) {
 		parent string
 		files  func(t *testing.T, dir string)
 	}{
-		{"no link.json", "", func(t *testing.T, dir string) {
-			copyDir(t, fx.dirs[0], dir)
-			os.Remove(filepath.Join(dir, chain.LinkFile))
-		}},
 		{"diff without a parent", "", func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }},
 		{"diff on the wrong parent", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }},
+		{"ordinary files on a link", base, func(t *testing.T, dir string) {
+			if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("hi"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"a full link on a link", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[0], dir) }},
 		{"memory.data one page short", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			p := filepath.Join(dir, chain.DataFile)

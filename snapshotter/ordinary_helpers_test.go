@@ -194,9 +194,9 @@ type node struct {
 	mode     fs.FileMode
 	uid, gid uint32
 	size     int64
-	mtime    int64 // regular files and symlinks, ns
-	sum      [32]byte  // regular files
-	link     string    // symlinks
+	mtime    int64    // regular files and symlinks, ns
+	sum      [32]byte // regular files
+	link     string   // symlinks
 	xattrs   string
 	hardlink string // first path (in walk order) of the same inode
 }

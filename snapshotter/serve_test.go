@@ -59,10 +59,11 @@ type daemon struct {
 	done    chan error
 }
 
-func startDaemon(t *testing.T, root, address string) *daemon {
+// startDaemon starts the daemon with env added to its environment.
+func startDaemon(t *testing.T, root, address string, env ...string) *daemon {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envServeRoot+"="+root, envServeAddress+"="+address)
+	cmd.Env = append(append(os.Environ(), envServeRoot+"="+root, envServeAddress+"="+address), env...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start daemon: %v", err)

@@ -76,7 +76,7 @@ func (s *Snapshotter) commitLink(ctx context.Context, name, key string, a active
 		// The cause goes in the message only: a second %w would reach gRPC
 		// clients as an extra error detail and print "invalid argument" twice.
 		why := "not a valid snapshot link"
-		if parent != nil {
+		if held, _ := holdsLink(dir); parent != nil && !held {
 			why += " (every layer on a link must be one)"
 		}
 		return fmt.Errorf("commit %s as %s: %s: %v: %w", key, name, why, err, errdefs.ErrInvalidArgument)

@@ -143,15 +143,16 @@ func TestCommitRejectsBadLink(t *testing.T) {
 		name   string
 		parent string
 		files  func(t *testing.T, dir string)
+		why    string // in the error besides "not a valid snapshot link"
 	}{
-		{"diff without a parent", "", func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }},
-		{"diff on the wrong parent", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }},
+		{"diff without a parent", "", func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }, ""},
+		{"diff on the wrong parent", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }, ""},
 		{"ordinary files on a link", base, func(t *testing.T, dir string) {
 			if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("hi"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-		}},
-		{"a full link on a link", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[0], dir) }},
+		}, "every layer on a link must be one"},
+		{"a full link on a link", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[0], dir) }, ""},
 		{"memory.data one page short", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			p := filepath.Join(dir, chain.DataFile)
@@ -159,7 +160,7 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			if err := os.Truncate(p, fi.Size()-page); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, ""},
 		{"memory.data corrupted", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			f, err := os.OpenFile(filepath.Join(dir, chain.DataFile), os.O_RDWR, 0)
@@ -170,11 +171,11 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			if _, err := f.WriteAt([]byte{0xff, 0x00, 0xff}, page+100); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, ""},
 		{"state file missing", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			os.Remove(filepath.Join(dir, "qemu.state"))
-		}},
+		}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -186,7 +187,7 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			}
 			tc.files(t, mountDir(t, ms))
 			err = sn.Commit(ctx, "bad", key)
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "not a valid snapshot link") {
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "not a valid snapshot link") || !strings.Contains(err.Error(), tc.why) {
 				t.Fatalf("commit of a bad link: %v, want an invalid-argument error naming the bad link", err)
 			}
 			t.Logf("commit error: %v", err)

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 
@@ -34,6 +35,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/continuity/fs"
+	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
@@ -101,6 +103,9 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 	if s.buildImage == nil {
 		b := imageBuilder{mntDir: filepath.Join(root, "mnt"), layerDir: filepath.Join(root, "snapshots"), options: s.overlayOpts}
 		s.buildImage = b.build
+		if _, err := exec.LookPath(mkfsErofs); err != nil {
+			log.L.WithError(err).Warn("containers on ordinary image layers cannot be prepared without " + mkfsErofs + " (Debian: erofs-utils)")
+		}
 	}
 	s.flat, err = openFlatCache(filepath.Join(root, "flat"), cfg.flatCacheSize, cfg.remove)
 	if err == nil {

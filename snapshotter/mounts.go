@@ -33,10 +33,9 @@ func overlayOptions(root string) []string {
 	return opts
 }
 
-// snapState is a snapshot with what its mounts depend on.
+// snapState is an active or view snapshot with what its mounts depend on.
 type snapState struct {
 	snap storage.Snapshot
-	info snapshots.Info
 	// overlay: the parent is an ordinary layer, so the snapshot is an
 	// overlay on the parent chain (unpack or container alike).
 	overlay bool
@@ -51,11 +50,12 @@ func getState(ctx context.Context, key string) (snapState, error) {
 	if st.snap, err = storage.GetSnapshot(ctx, key); err != nil {
 		return st, err
 	}
-	if _, st.info, _, err = storage.GetInfo(ctx, key); err != nil {
+	_, info, _, err := storage.GetInfo(ctx, key)
+	if err != nil {
 		return st, err
 	}
-	if st.info.Parent != "" {
-		_, pinfo, _, err := storage.GetInfo(ctx, st.info.Parent)
+	if info.Parent != "" {
+		_, pinfo, _, err := storage.GetInfo(ctx, info.Parent)
 		if err != nil {
 			return st, fmt.Errorf("parent of %s: %w", key, err)
 		}

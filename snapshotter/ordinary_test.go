@@ -73,6 +73,18 @@ func TestOrdinaryLayers(t *testing.T) {
 	sameTree(t, "a second container's mount", mountAll(t, other), want)
 	sameTree(t, "the staged image after a container write", mountImage(t, stagedDir(t, other)), want)
 
+	t.Run("usage", func(t *testing.T) {
+		for _, key := range []string{"layer-0", top, "ctr"} {
+			u, err := sn.Usage(ctx, key)
+			if err != nil || u.Size <= 0 || u.Inodes <= 0 {
+				t.Errorf("Usage(%s) = %+v, %v; want its files counted", key, u, err)
+			}
+		}
+		// The image alone is over 64 KiB (app.log is 70000 bytes).
+		if u, err := sn.Usage(ctx, "ctr"); err != nil || u.Size > 64<<10 {
+			t.Errorf("Usage(ctr) = %+v, %v; want its upper dir only (one small file), not the layers or the image", u, err)
+		}
+	})
 	t.Run("views", func(t *testing.T) {
 		for _, tc := range []struct {
 			parent, typ string

@@ -173,20 +173,21 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, error) {
 	var (
 		st    snapState
+		info  snapshots.Info
 		usage snapshots.Usage
 	)
 	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
 		var err error
-		if st, err = getState(ctx, key); err != nil {
+		if _, info, usage, err = storage.GetInfo(ctx, key); err != nil || info.Kind != snapshots.KindActive {
 			return err
 		}
-		_, _, usage, err = storage.GetInfo(ctx, key)
+		st, err = getState(ctx, key)
 		return err
 	})
 	if err != nil {
 		return snapshots.Usage{}, err
 	}
-	if st.snap.Kind == snapshots.KindActive {
+	if info.Kind == snapshots.KindActive {
 		dir := s.dir(st.snap.ID)
 		if st.overlay {
 			dir = filepath.Join(dir, upperDirName)

@@ -104,7 +104,7 @@ func (s *Snapshotter) dropOrphans(ctx context.Context) error {
 			continue
 		}
 		if isOrdinary(r.info) {
-			live[rootfsCacheName(r.id)] = true
+			live[rootfsCacheName(r.id, r.info.Created)] = true
 		} else if l, err := chain.ReadLink(s.dir(r.id)); err == nil {
 			live[l.ID().Encoded()] = true
 		}

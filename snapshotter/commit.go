@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
@@ -170,13 +171,14 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 		kind              snapshots.Kind
 		id, path, renamed string
 		ordinary          bool
+		created           time.Time
 	)
 	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
 		_, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
 			return fmt.Errorf("remove %s: %w", key, err)
 		}
-		ordinary = isOrdinary(info)
+		ordinary, created = isOrdinary(info), info.Created
 		if id, kind, err = storage.Remove(ctx, key); err != nil {
 			return fmt.Errorf("remove %s: %w", key, err)
 		}
@@ -204,7 +206,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	switch {
 	case kind != snapshots.KindCommitted:
 	case ordinary:
-		s.flat.drop(rootfsCacheName(id))
+		s.flat.drop(rootfsCacheName(id, created))
 	default:
 		if link, err := chain.ReadLink(renamed); err == nil {
 			s.flat.drop(link.ID().Encoded())

@@ -45,7 +45,7 @@ type flatCache struct {
 type flatEntry struct {
 	size   int64 // allocated bytes
 	used   time.Time
-	orphan bool // its top link is gone: remove once unpinned, whatever the budget
+	orphan bool // its top snapshot is gone: remove once unpinned, whatever the budget
 }
 
 // openFlatCache removes temp files a crashed build left and indexes the
@@ -65,7 +65,7 @@ func openFlatCache(dir string, budget int64, remove removeFunc) (*flatCache, err
 		if chain.IsTemp(de.Name()) {
 			log.G(ctx).WithField("path", p).Info("removing half-built flat file")
 			if err := os.Remove(p); err != nil {
-				return nil, fmt.Errorf("remove half-written flat file: %w", err)
+				return nil, fmt.Errorf("remove half-built flat file: %w", err)
 			}
 			continue
 		}

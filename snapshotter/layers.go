@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
@@ -38,15 +39,22 @@ const (
 )
 
 // rootfsCacheName names, in the flat cache, the filesystem image of the
-// ordinary layer chain whose top is the committed snapshot id. Snapshot IDs
-// are never reused, so the name never comes to mean another chain.
-func rootfsCacheName(id string) string { return "erofs-" + id }
+// ordinary layer chain whose top is the snapshot id, committed at time
+// committed. A metadata store never reuses an ID; the time keeps the name
+// from meaning another chain even if the store is deleted and made anew.
+func rootfsCacheName(id string, committed time.Time) string {
+	return fmt.Sprintf("erofs-%s-%d", id, committed.UnixNano())
+}
 
 // layerChain is a committed snapshot and its ancestors.
 type layerChain struct {
 	ordinary bool
-	ids      []string // snapshot IDs, newest first (as storage.Snapshot.ParentIDs)
+	ids      []string  // snapshot IDs, newest first (as storage.Snapshot.ParentIDs)
+	created  time.Time // when the top was committed
 }
+
+// rootfsName is the flat cache name of the chain's rootfs image.
+func (lc layerChain) rootfsName() string { return rootfsCacheName(lc.ids[0], lc.created) }
 
 // isOrdinary tells an ordinary layer from a link by its committed info.
 func isOrdinary(info snapshots.Info) bool {
@@ -68,7 +76,7 @@ func (s *Snapshotter) resolveChain(ctx context.Context, name string) (layerChain
 				return fmt.Errorf("parent %s is %s, want a committed snapshot: %w", n, info.Kind, errdefs.ErrFailedPrecondition)
 			}
 			if len(lc.ids) == 0 {
-				lc.ordinary = isOrdinary(info)
+				lc.ordinary, lc.created = isOrdinary(info), info.Created
 			} else if isOrdinary(info) != lc.ordinary {
 				return fmt.Errorf("parent chain of %s mixes links and ordinary layers at %s: %w", name, n, errdefs.ErrFailedPrecondition)
 			}

@@ -106,7 +106,7 @@ func TestRestartCleansAndKeepsKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := stagedDir(t, ms)
-	img := filepath.Join(root, "flat", rootfsCacheName(snapshotID(t, sn, top)))
+	img := filepath.Join(root, "flat", imageName(t, sn, top))
 	sn.Close()
 
 	half := filepath.Join(root, "flat", ".tmp-erofs-99-123")

@@ -47,7 +47,7 @@ func TestOrdinaryLayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Layers != 3 || r.Key != rootfsCacheName(snapshotID(t, local, top)) {
+	if r.Layers != 3 || r.Key != imageName(t, local, top) {
 		t.Errorf("descriptor %+v: want 3 layers keyed by the top layer", r)
 	}
 	img := filepath.Join(local.root, "flat", r.Key)
@@ -162,7 +162,7 @@ func TestConcurrentOrdinaryPreparesBuildOnce(t *testing.T) {
 	if n := builds.Load(); n != 1 {
 		t.Fatalf("%d concurrent prepares built %d images, want 1", clones, n)
 	}
-	img := filepath.Join(root, "flat", rootfsCacheName(snapshotID(t, local, top)))
+	img := filepath.Join(root, "flat", imageName(t, local, top))
 	want := stat(t, img)
 	if want.Nlink != clones+1 {
 		t.Errorf("image nlink = %d, want %d", want.Nlink, clones+1)
@@ -282,4 +282,15 @@ func copyFile(t testing.TB, src, dst string) {
 	if err := os.WriteFile(dst, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// imageName is the flat cache name of the rootfs image of the ordinary
+// layers topped by the committed snapshot name.
+func imageName(t *testing.T, sn *Snapshotter, name string) string {
+	t.Helper()
+	info, err := sn.Stat(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rootfsCacheName(snapshotID(t, sn, name), info.Created)
 }

@@ -9,17 +9,18 @@
 //
 // Layout under root:
 //
-//	metadata.db        containerd's snapshot metastore (bbolt)
-//	snapshots/<id>/    one dir per snapshot: a link (unpack, then committed
-//	                   read-only), a staging dir (memory, state files,
-//	                   chain.json), an ordinary layer without a parent (its
-//	                   files), or an overlay snapshot on ordinary layers
-//	                   (fs/ upper, work/, and for a container rootfs.img and
-//	                   rootfs.json)
-//	flat/<link id>     flattened chain memory, 0444, keyed by the top link's ID
-//	flat/erofs-<id>    rootfs image of the ordinary layers topped by snapshot id, 0444
-//	mnt/               private mount points of image builds
-//	boot_id            the boot the snapshotter last started in
+//	metadata.db          containerd's snapshot metastore (bbolt)
+//	snapshots/<id>/      one dir per snapshot: a link (unpack, then committed
+//	                     read-only), a staging dir (memory, state files,
+//	                     chain.json), an ordinary layer without a parent (its
+//	                     files), or an overlay snapshot on ordinary layers
+//	                     (fs/ upper, work/, and for a container rootfs.img and
+//	                     rootfs.json)
+//	flat/<link id>       flattened chain memory, 0444, keyed by the top link's ID
+//	flat/erofs-<id>-<t>  rootfs image of the ordinary layers topped by snapshot
+//	                     id (committed at t, in ns), 0444
+//	mnt/                 private mount points of image builds
+//	boot_id              the boot the snapshotter last started in
 package snapshotter
 
 import (

@@ -55,7 +55,7 @@ func (s *Snapshotter) stageLinks(ctx context.Context, lc layerChain, dir string)
 // the chain's filesystem image, a hard link, and its descriptor. It returns
 // the image's name in the flat cache, even on error.
 func (s *Snapshotter) stageRootfs(ctx context.Context, lc layerChain, dir string) (string, error) {
-	name := rootfsCacheName(lc.ids[0])
+	name := lc.rootfsName()
 	layers := s.layerDirs(lc.ids)
 	build := func(ctx context.Context, out string) error { return s.buildImage(ctx, layers, out) }
 	img := filepath.Join(dir, chain.StagedRootfsImage)

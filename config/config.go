@@ -62,6 +62,9 @@ type Shim struct {
 	RunDir string `toml:"run_dir"`
 	// RestoreTimeout bounds a whole restore, spawn to agent ready.
 	RestoreTimeout Duration `toml:"restore_timeout"`
+	// MemoryHeadroom is added to a container's memory limit for the
+	// hypervisor's own memory when the limit becomes the VM's cgroup limit.
+	MemoryHeadroom Size `toml:"memory_headroom"`
 }
 
 // QEMU configures the QEMU driver.
@@ -107,6 +110,7 @@ func Default() Config {
 		Shim: Shim{
 			RunDir:         "/run/cocoon",
 			RestoreTimeout: Duration(60 * time.Second),
+			MemoryHeadroom: Size(256 << 20),
 		},
 		QEMU:            QEMU{Binary: "qemu-system-x86_64", Accel: "auto"},
 		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},

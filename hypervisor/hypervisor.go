@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 )
@@ -103,6 +104,25 @@ type RestoreRequest struct {
 	Mode Mode
 	// OnPhase, if set, is told how long each restore phase took.
 	OnPhase func(phase string, d time.Duration)
+	// NetNS, if set, is the network namespace (an open nsfs file, e.g. /proc/PID/ns/net or
+	// /run/netns/X) the hypervisor process runs in; nil keeps the caller's namespace.
+	NetNS *os.File
+	// NIC, if set, backs the snapshot's network device with a tap in NetNS; nil leaves the
+	// device without a backend (the guest keeps its NIC down).
+	NIC *NIC
+	// Disk, if set, is a read-only filesystem image backing the snapshot's rootfs block
+	// slot; "" leaves the slot empty.
+	Disk string
+}
+
+// NIC is a tap device in the VM's network namespace. The tap is persistent (created with
+// TUNSETPERSIST, IFF_TAP|IFF_NO_PI, no vnet header) and owned by the caller, who deletes it.
+type NIC struct {
+	// TapName names the tap in NetNS, for VMMs that open it themselves.
+	TapName string
+	// TapFile is an open queue of the tap, for VMMs that take an fd (QEMU). The driver hands
+	// it to the VMM; the caller closes its own copy after Restore returns.
+	TapFile *os.File
 }
 
 // Phase reports d for phase to r.OnPhase, if set.

@@ -42,6 +42,11 @@ type Request struct {
 	// AgentTimeout bounds waiting for the guest agent after resume, and
 	// then the identity call.
 	AgentTimeout time.Duration
+	// NetNS, NIC and Disk go to the driver as they are (see
+	// hypervisor.RestoreRequest).
+	NetNS *os.File
+	NIC   *hypervisor.NIC
+	Disk  string
 }
 
 // Phase is how long one step of a restore took.
@@ -81,6 +86,9 @@ func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 		RunDir:    r.RunDir,
 		Mode:      r.Plan.Mode,
 		OnPhase:   rec.add,
+		NetNS:     r.NetNS,
+		NIC:       r.NIC,
+		Disk:      r.Disk,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("restore %s vm in %s mode: %w", d.Name(), r.Plan.Mode, err)

@@ -91,8 +91,8 @@ func (s *Snapshotter) snapshots(ctx context.Context) ([]snapRecord, error) {
 	return recs, nil
 }
 
-// dropOrphans drops the flat files whose top link is no longer committed,
-// which a restart between a link's Remove and the eviction pass leaves.
+// dropOrphans drops the flat files whose top snapshot is no longer
+// committed, which a restart between its Remove and the eviction pass leaves.
 func (s *Snapshotter) dropOrphans(ctx context.Context) error {
 	recs, err := s.snapshots(ctx)
 	if err != nil {
@@ -103,7 +103,9 @@ func (s *Snapshotter) dropOrphans(ctx context.Context) error {
 		if r.info.Kind != snapshots.KindCommitted {
 			continue
 		}
-		if l, err := chain.ReadLink(s.dir(r.id)); err == nil {
+		if isOrdinary(r.info) {
+			live[rootfsCacheName(r.id, r.info.Created)] = true
+		} else if l, err := chain.ReadLink(s.dir(r.id)); err == nil {
 			live[l.ID().Encoded()] = true
 		}
 	}

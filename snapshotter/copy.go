@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
@@ -15,23 +16,23 @@ import (
 
 // linkOrCopy hard links src at dst. On EXDEV it falls back to a reflink
 // (link(2) fails across mounts even of one filesystem, where FICLONE works),
-// then to an exact sparse copy: the staged memory is still correct, but
-// clones no longer share its page cache. Never a symlink: the flat file may
-// be evicted once nothing pins it.
+// then to an exact sparse copy: the staged memory (or rootfs image) is still
+// correct, but VMs no longer share its page cache. Never a symlink: the flat
+// file may be evicted once nothing pins it.
 func linkOrCopy(ctx context.Context, src, dst string) error {
 	err := os.Link(src, dst)
 	if err == nil || !errors.Is(err, unix.EXDEV) {
 		if err != nil {
-			return fmt.Errorf("stage memory: %w", err)
+			return fmt.Errorf("stage %s: %w", filepath.Base(dst), err)
 		}
 		return nil
 	}
 	how, err := cloneFile(src, dst)
 	if err != nil {
-		return fmt.Errorf("stage memory across filesystems: %w", err)
+		return fmt.Errorf("stage %s across filesystems: %w", filepath.Base(dst), err)
 	}
 	log.G(ctx).WithFields(log.Fields{"src": src, "dst": dst, "method": how}).
-		Warn("staging dir is on another filesystem than the flat cache: memory copied, page-cache sharing between clones is lost")
+		Warn("staging dir is on another filesystem than the flat cache: file copied, page-cache sharing between VMs is lost")
 	return nil
 }
 

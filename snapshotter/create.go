@@ -14,15 +14,16 @@ import (
 )
 
 // Prepare creates an active snapshot. With the snapshot.ref label (or an
-// unpack key) or no parent it is an empty dir for containerd's applier to
-// unpack a link into; on a committed parent it is a staged chain for a
-// container.
+// unpack key) or no parent it is a dir for containerd's applier to unpack a
+// layer into: an empty dir, or an overlay on an ordinary parent layer. On a
+// committed parent it is a container's: a staged chain on links, an overlay
+// with the layers' staged filesystem image on ordinary layers.
 func (s *Snapshotter) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
 	return s.create(ctx, snapshots.KindActive, key, parent, opts)
 }
 
-// View creates a read-only staged chain of parent (an empty dir when parent
-// is empty).
+// View creates a read-only snapshot of parent: a staged chain on links, the
+// layers' read-only mount on ordinary layers, an empty dir on nothing.
 func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
 	return s.create(ctx, snapshots.KindView, key, parent, opts)
 }
@@ -30,7 +31,7 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 // create fills a temp dir first and renames it into place inside the
 // metadata transaction, so a crash leaves either nothing or a temp dir that
 // the next start removes.
-func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) ([]mount.Mount, error) {
+func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, err error) {
 	unpack, err := isUnpack(kind, key, opts)
 	if err != nil {
 		return nil, err
@@ -38,18 +39,28 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	if err := s.checkNew(ctx, key); err != nil {
 		return nil, err
 	}
+	var lc layerChain
+	if parent != "" {
+		if lc, err = s.resolveChain(ctx, parent); err != nil {
+			return nil, fmt.Errorf("create snapshot %s: %w", key, err)
+		}
+	}
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, "snapshots"), tempDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("create snapshot dir: %w", err)
 	}
-	defer removeDir(ctx, tmp)
+	var cached string
+	defer func() {
+		removeDir(ctx, tmp)
+		if err != nil && cached != "" {
+			s.unpinned(ctx, parent, cached)
+		}
+	}()
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return nil, fmt.Errorf("chmod snapshot dir: %w", err)
 	}
-	if parent != "" && !unpack {
-		if err := s.stage(ctx, parent, tmp); err != nil {
-			return nil, fmt.Errorf("stage %s on %s: %w", key, parent, err)
-		}
+	if cached, err = s.fill(ctx, kind, unpack, lc, tmp); err != nil {
+		return nil, fmt.Errorf("stage %s on %s: %w", key, parent, err)
 	}
 
 	s.dirs.RLock()
@@ -75,7 +86,45 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		}
 		return nil, err
 	}
-	return s.mounts(snap), nil
+	return s.mounts(snapState{snap: snap, overlay: lc.ordinary}), nil
+}
+
+// fill makes dir what a new snapshot on the chain lc needs and returns the
+// name of the flat cache file it staged, if any (even on error).
+func (s *Snapshotter) fill(ctx context.Context, kind snapshots.Kind, unpack bool, lc layerChain, dir string) (string, error) {
+	switch {
+	case len(lc.ids) == 0:
+		return "", nil // an empty dir
+	case lc.ordinary:
+		if err := makeOverlayDirs(dir, kind, s.filesDir(lc.ids[0], len(lc.ids) > 1)); err != nil {
+			return "", err
+		}
+		if kind != snapshots.KindActive || unpack {
+			return "", nil
+		}
+		return s.stageRootfs(ctx, lc, dir)
+	case unpack:
+		return "", nil // a link on a link: an empty dir
+	default:
+		return s.stageLinks(ctx, lc, dir)
+	}
+}
+
+// unpinned follows a failed create that staged the flat file name from the
+// chain topped by parent. If parent is gone, its Remove ran while the file
+// was being built or staged and may have found nothing to drop: drop it
+// now, or it would outlive its chain. Either way the failed create's hard
+// link is gone, which may let eviction remove the file.
+func (s *Snapshotter) unpinned(ctx context.Context, parent, name string) {
+	err := s.ms.WithTransaction(context.WithoutCancel(ctx), false, func(ctx context.Context) error {
+		_, _, _, err := storage.GetInfo(ctx, parent)
+		return err
+	})
+	if errdefs.IsNotFound(err) {
+		s.flat.drop(name)
+		return
+	}
+	s.flat.requestEvict()
 }
 
 // checkNew fails with ErrAlreadyExists if key names a snapshot, before any
@@ -116,31 +165,4 @@ func unpackInfo(info snapshots.Info) bool {
 		return true
 	}
 	return strings.HasPrefix(info.Name, snapshots.UnpackKeyPrefix+"-")
-}
-
-// chainDirs returns the link dirs of the committed snapshot name and its
-// ancestors, oldest first.
-func (s *Snapshotter) chainDirs(ctx context.Context, name string) ([]string, error) {
-	var dirs []string
-	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
-		for name != "" {
-			id, info, _, err := storage.GetInfo(ctx, name)
-			if err != nil {
-				return fmt.Errorf("resolve chain: %w", err)
-			}
-			if info.Kind != snapshots.KindCommitted {
-				return fmt.Errorf("parent %s is %s, want a committed link: %w", name, info.Kind, errdefs.ErrFailedPrecondition)
-			}
-			dirs = append(dirs, s.dir(id))
-			name = info.Parent
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i, j := 0, len(dirs)-1; i < j; i, j = i+1, j-1 {
-		dirs[i], dirs[j] = dirs[j], dirs[i]
-	}
-	return dirs, nil
 }

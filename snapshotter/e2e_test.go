@@ -129,3 +129,63 @@ func importAndStage(t *testing.T, ref, archive string, fx fixture) {
 		t.Errorf("teardown left:\n%s", strings.Join(left, "\n"))
 	}
 }
+
+// TestContainerdImportOrdinaryImage imports an ordinary three-layer image
+// with whiteouts into a private containerd v2.4.2 unpacking with
+// cocoon-snapshotter (containerd's own applier writes the overlay
+// whiteouts), then checks a container snapshot's mounts and staged image
+// against the layers applied to a plain dir.
+func TestContainerdImportOrdinaryImage(t *testing.T) {
+	const ref = "docker.io/cocoon/e2e:ordinary"
+	requireOrdinary(t)
+	layers := testLayers(t)
+	archive := filepath.Join(t.TempDir(), "image.tar")
+	writeImageArchive(t, archive, ref, layers)
+	c := ctrdtest.Start(t, ctrdtest.Options{})
+	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	img, err := c.Client().GetImage(ctx, ref)
+	if err != nil {
+		t.Fatalf("imported image: %v", err)
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := identity.ChainID(diffIDs).String()
+	ss := c.Client().SnapshotService(ctrdtest.Snapshotter)
+	if info, err := ss.Stat(ctx, top); err != nil || info.Labels[labelKind] != kindOrdinary {
+		t.Errorf("top layer labels %v, %v; want %s=%s", info.Labels, err, labelKind, kindOrdinary)
+	}
+	ms, err := ss.Prepare(ctx, "e2e-ctr", top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := expectedTree(t, layers)
+	sameTree(t, "the container's mount", mountAll(t, ms), want)
+	dir := stagedDir(t, ms)
+	sameTree(t, "the staged image", mountImage(t, dir), want)
+	r, err := chain.OpenStagedRootfs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := filepath.Join(c.SnapshotterRoot, "flat", r.Key)
+	fi, err := os.Stat(cached)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := stat(t, cached); fi.Mode().Perm() != 0o444 || st.Nlink != 2 || st.Ino != stat(t, r.ImagePath()).Ino {
+		t.Errorf("cached image mode %v nlink %d: want 0444 with nlink 2, staged by hard link", fi.Mode(), st.Nlink)
+	}
+
+	if _, err := c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "rm", "e2e-ctr"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); stat(t, cached).Nlink != 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("image nlink %d 30s after removing the container snapshot, want 1", stat(t, cached).Nlink)
+		}
+	}
+}

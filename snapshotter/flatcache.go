@@ -13,7 +13,6 @@ import (
 
 	"github.com/containerd/log"
 	"github.com/moby/locker"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
@@ -22,18 +21,21 @@ type flattenFunc func(ctx context.Context, linkDirs []string, outPath string) er
 
 type removeFunc func(path string) error
 
-// flatCache holds one flattened memory file per chain, named by the top
-// link's ID (which pins every ancestor through the parent digests). Files
-// are immutable once published; a staged hard link pins one (nlink > 1).
-// Nothing here drops their page cache (POSIX_FADV_DONTNEED): it is shared by
-// every clone restored from the file.
-type flatCache struct {
-	dir     string
-	budget  int64 // allocated bytes; 0 = unlimited
-	flatten flattenFunc
-	remove  removeFunc
+// buildFunc publishes a cache file at out: a temp file, fsync, 0444, rename.
+type buildFunc func(ctx context.Context, out string) error
 
-	locks   *locker.Locker // per file: flatten, stage and remove
+// flatCache holds the files staged by hard link: one flattened memory file
+// per chain of links, named by the top link's ID (which pins every ancestor
+// through the parent digests), and one filesystem image per chain of
+// ordinary layers (rootfsCacheName). Files are immutable once published; a
+// staged hard link pins one (nlink > 1). Nothing here drops their page
+// cache (POSIX_FADV_DONTNEED): it is shared by every VM using the file.
+type flatCache struct {
+	dir    string
+	budget int64 // allocated bytes; 0 = unlimited
+	remove removeFunc
+
+	locks   *locker.Locker // per file: build, stage and remove
 	evictor evictor
 
 	mu      sync.Mutex
@@ -43,14 +45,14 @@ type flatCache struct {
 type flatEntry struct {
 	size   int64 // allocated bytes
 	used   time.Time
-	orphan bool // its top link is gone: remove once unpinned, whatever the budget
+	orphan bool // its top snapshot is gone: remove once unpinned, whatever the budget
 }
 
-// openFlatCache removes temp files a crashed flatten left and indexes the
+// openFlatCache removes temp files a crashed build left and indexes the
 // published files, least recently used first by their mtime (touched on use).
-func openFlatCache(dir string, budget int64, flatten flattenFunc, remove removeFunc) (*flatCache, error) {
+func openFlatCache(dir string, budget int64, remove removeFunc) (*flatCache, error) {
 	c := &flatCache{
-		dir: dir, budget: budget, flatten: flatten, remove: remove,
+		dir: dir, budget: budget, remove: remove,
 		locks: locker.New(), evictor: newEvictor(), entries: map[string]*flatEntry{},
 	}
 	des, err := os.ReadDir(dir)
@@ -61,9 +63,9 @@ func openFlatCache(dir string, budget int64, flatten flattenFunc, remove removeF
 	for _, de := range des {
 		p := filepath.Join(dir, de.Name())
 		if chain.IsTemp(de.Name()) {
-			log.G(ctx).WithField("path", p).Info("removing half-written flat file")
+			log.G(ctx).WithField("path", p).Info("removing half-built flat file")
 			if err := os.Remove(p); err != nil {
-				return nil, fmt.Errorf("remove half-written flat file: %w", err)
+				return nil, fmt.Errorf("remove half-built flat file: %w", err)
 			}
 			continue
 		}
@@ -80,17 +82,16 @@ func openFlatCache(dir string, budget int64, flatten flattenFunc, remove removeF
 	return c, nil
 }
 
-// stage makes dst the chain's flat memory, flattening it first if no file
-// exists. The per-chain lock makes concurrent stages of one chain flatten
-// once, and keeps eviction off the file until dst pins it. Eviction runs
-// later, in the background: dst is usable before any file is unlinked.
-func (c *flatCache) stage(ctx context.Context, linkDirs []string, id digest.Digest, dst string) error {
-	name := id.Encoded()
+// stage makes dst a hard link of the cache file name, building it first if
+// no file exists. The per-file lock makes concurrent stages of one chain
+// build once, and keeps eviction off the file until dst pins it. Eviction
+// runs later, in the background: dst is usable before any file is unlinked.
+func (c *flatCache) stage(ctx context.Context, name string, build buildFunc, dst string) error {
 	path := filepath.Join(c.dir, name)
 	c.locks.Lock(name)
 	fi, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		fi, err = c.build(ctx, linkDirs, path)
+		fi, err = c.build(ctx, build, path)
 	}
 	if err == nil {
 		err = linkOrCopy(ctx, path, dst)
@@ -106,35 +107,38 @@ func (c *flatCache) stage(ctx context.Context, linkDirs []string, id digest.Dige
 	return nil
 }
 
-func (c *flatCache) build(ctx context.Context, linkDirs []string, path string) (os.FileInfo, error) {
+func (c *flatCache) build(ctx context.Context, build buildFunc, path string) (os.FileInfo, error) {
 	start := time.Now()
-	// Waiters on the lock share this flatten: one cancelled request must
+	// Waiters on the lock share this build: one cancelled request must
 	// not throw away work the others wait for.
-	if err := c.flatten(context.WithoutCancel(ctx), linkDirs, path); err != nil {
-		return nil, fmt.Errorf("flatten chain: %w", err)
+	if err := build(context.WithoutCancel(ctx), path); err != nil {
+		return nil, err
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("flatten chain: %w", err)
+		return nil, fmt.Errorf("stat built file: %w", err)
 	}
 	log.G(ctx).WithFields(log.Fields{
-		"path": path, "links": len(linkDirs), "bytes": fi.Size(), "allocated": allocated(fi),
-		"duration": time.Since(start),
-	}).Info("flattened chain")
+		"path": path, "bytes": fi.Size(), "allocated": allocated(fi), "duration": time.Since(start),
+	}).Info("built flat file")
 	return fi, nil
 }
 
 // touch records a use, in memory and as the file's times so that the LRU
 // order survives a restart. Times are metadata: the bytes stay immutable.
+// A use never revives an orphan: a stage racing the removal of its chain's
+// top snapshot must not keep the file past the eviction pass.
 func (c *flatCache) touch(path string, fi os.FileInfo) {
 	now := time.Now()
 	_ = os.Chtimes(path, now, now)
+	name := filepath.Base(path)
 	c.mu.Lock()
-	c.entries[filepath.Base(path)] = &flatEntry{size: allocated(fi), used: now}
+	orphan := c.entries[name] != nil && c.entries[name].orphan
+	c.entries[name] = &flatEntry{size: allocated(fi), used: now, orphan: orphan}
 	c.mu.Unlock()
 }
 
-// drop marks the flat file of a chain whose top link is gone for removal
+// drop marks the flat file of a chain whose top snapshot is gone for removal
 // by the next eviction pass, once no staged dir pins it: unlinking a large
 // file can take seconds, which Remove should not wait for.
 func (c *flatCache) drop(names ...string) {

@@ -313,3 +313,62 @@ func allocatedOf(t testing.TB, path string) int64 {
 	t.Helper()
 	return stat(t, path).Blocks * 512
 }
+
+// TestRemoveTopWhileStaging removes the top of a chain (issue 13, row 9)
+// while a container Prepare builds its flat file: the Prepare fails, and
+// the file it built must not outlive the chain.
+func TestRemoveTopWhileStaging(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ordinary bool
+	}{{"flat memory", false}, {"rootfs image", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.ordinary {
+				requireOrdinary(t)
+			}
+			ctx := context.Background()
+			root := t.TempDir()
+			built, release := make(chan struct{}), make(chan struct{})
+			// Each hook builds for real, then waits for the test.
+			hook := withFlatten(func(ctx context.Context, dirs []string, out string) error {
+				defer func() { close(built); <-release }()
+				return chain.Flatten(ctx, dirs, out)
+			})
+			if tc.ordinary {
+				b := imageBuilder{mntDir: filepath.Join(root, "mnt"), layerDir: filepath.Join(root, "snapshots"), options: overlayOptions(root)}
+				hook = withBuildImage(func(ctx context.Context, layers []string, out string) error {
+					defer func() { close(built); <-release }()
+					return b.build(ctx, layers, out)
+				})
+			}
+			local := newSnapshotter(t, root, hook)
+			sn := serve(t, local)
+			var top string
+			if tc.ordinary {
+				top = importLayers(t, sn, testLayers(t), "layer")
+			} else {
+				top = importChain(t, sn, makeChain(t, t.TempDir(), 53, 64, 2), "layer")
+			}
+
+			errc := make(chan error, 1)
+			go func() {
+				_, err := sn.Prepare(ctx, "ctr", top)
+				errc <- err
+			}()
+			<-built
+			if err := sn.Remove(ctx, top); err != nil {
+				t.Fatalf("remove the top while a prepare stages it: %v", err)
+			}
+			close(release)
+			// It fails reading the removed link's state file, or creating
+			// the snapshot on a parent that is gone.
+			if err := <-errc; err == nil {
+				t.Fatal("prepare on a parent removed meanwhile succeeded")
+			}
+			local.flat.evictNow()
+			if files := flatFiles(t, root); len(files) != 0 {
+				t.Errorf("flat files %v outlive the removed chain, want none", files)
+			}
+		})
+	}
+}

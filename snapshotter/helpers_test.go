@@ -24,6 +24,11 @@ func withFlatten(f flattenFunc) Opt {
 	return func(c *config) { c.flatten = f }
 }
 
+// withBuildImage replaces the rootfs image builder, e.g. to count builds.
+func withBuildImage(f imageFunc) Opt {
+	return func(c *config) { c.buildImage = f }
+}
+
 // withRemove replaces os.Remove for unlinking flat files, e.g. to block it.
 func withRemove(f removeFunc) Opt {
 	return func(c *config) { c.remove = f }

@@ -58,6 +58,7 @@ func (s *Snapshotter) restageAfterReboot(ctx context.Context, bootID func() (str
 // stagedSnap is a container snapshot: a staged chain on parent.
 type stagedSnap struct {
 	id, key, parent string
+	kind            snapshots.Kind
 }
 
 // restageAll rebuilds every staged dir from its parent chain. A snapshot
@@ -78,8 +79,24 @@ func (s *Snapshotter) restageAll(ctx context.Context) {
 	}
 }
 
+// restage rebuilds what sn's dir staged. A container on ordinary layers
+// keeps its upper and work dirs, which hold the container's writes.
 func (s *Snapshotter) restage(ctx context.Context, sn stagedSnap) error {
+	lc, err := s.resolveChain(ctx, sn.parent)
+	if err != nil {
+		return err
+	}
 	dir := s.dir(sn.id)
+	if lc.ordinary {
+		if sn.kind != snapshots.KindActive {
+			return nil
+		}
+		if err := unstageRootfs(dir); err != nil {
+			return err
+		}
+		_, err := s.stageRootfs(ctx, lc, dir)
+		return err
+	}
 	removeDir(ctx, dir)
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return fmt.Errorf("create snapshot dir: %w", err)
@@ -87,7 +104,8 @@ func (s *Snapshotter) restage(ctx context.Context, sn stagedSnap) error {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return fmt.Errorf("chmod snapshot dir: %w", err)
 	}
-	return s.stage(ctx, sn.parent, dir)
+	_, err = s.stageLinks(ctx, lc, dir)
+	return err
 }
 
 // stagedSnapshots lists the active and view snapshots that are staged
@@ -100,7 +118,7 @@ func (s *Snapshotter) stagedSnapshots(ctx context.Context) ([]stagedSnap, error)
 	var snaps []stagedSnap
 	for _, r := range all {
 		if r.info.Kind != snapshots.KindCommitted && r.info.Parent != "" && !unpackInfo(r.info) {
-			snaps = append(snaps, stagedSnap{id: r.id, key: r.info.Name, parent: r.info.Parent})
+			snaps = append(snaps, stagedSnap{id: r.id, key: r.info.Name, parent: r.info.Parent, kind: r.info.Kind})
 		}
 	}
 	return snaps, nil

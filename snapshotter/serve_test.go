@@ -59,10 +59,11 @@ type daemon struct {
 	done    chan error
 }
 
-func startDaemon(t *testing.T, root, address string) *daemon {
+// startDaemon starts the daemon with env added to its environment.
+func startDaemon(t *testing.T, root, address string, env ...string) *daemon {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envServeRoot+"="+root, envServeAddress+"="+address)
+	cmd.Env = append(append(os.Environ(), envServeRoot+"="+root, envServeAddress+"="+address), env...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start daemon: %v", err)
@@ -108,7 +109,12 @@ func dial(t *testing.T, address string) snapshots.Snapshotter {
 // serveInProcess serves a new snapshotter on a socket until the test ends.
 func serveInProcess(t *testing.T) snapshots.Snapshotter {
 	t.Helper()
-	sn := newSnapshotter(t, t.TempDir())
+	return serve(t, newSnapshotter(t, t.TempDir()))
+}
+
+// serve serves sn on a socket until the test ends and returns a client.
+func serve(t *testing.T, sn *Snapshotter) snapshots.Snapshotter {
+	t.Helper()
 	address := filepath.Join(t.TempDir(), "sn.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -137,13 +143,16 @@ func TestCommitRejectsBadLink(t *testing.T) {
 		name   string
 		parent string
 		files  func(t *testing.T, dir string)
+		why    string // in the error besides "not a valid snapshot link"
 	}{
-		{"no link.json", "", func(t *testing.T, dir string) {
-			copyDir(t, fx.dirs[0], dir)
-			os.Remove(filepath.Join(dir, chain.LinkFile))
-		}},
-		{"diff without a parent", "", func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }},
-		{"diff on the wrong parent", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }},
+		{"diff without a parent", "", func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }, ""},
+		{"diff on the wrong parent", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[1], dir) }, ""},
+		{"ordinary files on a link", base, func(t *testing.T, dir string) {
+			if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("hi"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "every layer on a link must be one"},
+		{"a full link on a link", base, func(t *testing.T, dir string) { copyDir(t, fx.dirs[0], dir) }, ""},
 		{"memory.data one page short", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			p := filepath.Join(dir, chain.DataFile)
@@ -151,7 +160,7 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			if err := os.Truncate(p, fi.Size()-page); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, ""},
 		{"memory.data corrupted", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			f, err := os.OpenFile(filepath.Join(dir, chain.DataFile), os.O_RDWR, 0)
@@ -162,11 +171,11 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			if _, err := f.WriteAt([]byte{0xff, 0x00, 0xff}, page+100); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, ""},
 		{"state file missing", "", func(t *testing.T, dir string) {
 			copyDir(t, fx.dirs[0], dir)
 			os.Remove(filepath.Join(dir, "qemu.state"))
-		}},
+		}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -178,7 +187,7 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			}
 			tc.files(t, mountDir(t, ms))
 			err = sn.Commit(ctx, "bad", key)
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "not a valid snapshot link") {
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "not a valid snapshot link") || !strings.Contains(err.Error(), tc.why) {
 				t.Fatalf("commit of a bad link: %v, want an invalid-argument error naming the bad link", err)
 			}
 			t.Logf("commit error: %v", err)

@@ -1,21 +1,34 @@
 // Package snapshotter is cocoon's containerd snapshotter. It stores snapshot
 // chain links unpacked from OCI layers, flattens each chain's memory once per
 // node, and stages that flat file into container snapshots by hard link so
-// that every clone of a chain shares one inode and its page cache.
+// that every clone of a chain shares one inode and its page cache. Ordinary
+// OCI layers (pause, busybox, any image) are stored and mounted as
+// containerd's overlay snapshotter does; a container on them also gets the
+// layers merged into one read-only erofs image, built once per layer chain
+// and staged by hard link under the same rules.
 //
 // Layout under root:
 //
-//	metadata.db        containerd's snapshot metastore (bbolt)
-//	snapshots/<id>/    one dir per snapshot: a link (unpack, then committed
-//	                   read-only) or a staging dir (memory, state files, chain.json)
-//	flat/<link id>     flattened chain memory, 0444, keyed by the top link's ID
-//	boot_id            the boot the snapshotter last started in
+//	metadata.db          containerd's snapshot metastore (bbolt)
+//	snapshots/<id>/      one dir per snapshot: a link (unpack, then committed
+//	                     read-only), a staging dir (memory, state files,
+//	                     chain.json), an ordinary layer without a parent (its
+//	                     files), or an overlay snapshot on ordinary layers
+//	                     (fs/ upper, work/, and for a container rootfs.img and
+//	                     rootfs.json)
+//	flat/<link id>       flattened chain memory, 0444, keyed by the top link's ID
+//	flat/erofs-<id>-<t>  rootfs image of the ordinary layers topped by snapshot
+//	                     id (committed at t, in ns), 0444
+//	mnt/                 private mount points of image builds
+//	boot_id              the boot the snapshotter last started in
 package snapshotter
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 
@@ -23,6 +36,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
 	"github.com/containerd/continuity/fs"
+	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
@@ -33,21 +47,25 @@ type Opt func(*config)
 type config struct {
 	flatCacheSize int64
 	flatten       flattenFunc
+	buildImage    imageFunc // nil: mkfs.erofs
 	remove        removeFunc
 	bootID        func() (string, error)
 }
 
 // WithFlatCacheSize sets the byte budget (allocated bytes on disk) for
-// flattened memory files; 0 means unlimited.
+// flattened memory files and rootfs images; 0 means unlimited.
 func WithFlatCacheSize(n int64) Opt {
 	return func(c *config) { c.flatCacheSize = n }
 }
 
 // Snapshotter implements snapshots.Snapshotter and snapshots.Cleaner.
 type Snapshotter struct {
-	root string
-	ms   *storage.MetaStore
-	flat *flatCache
+	root        string
+	ms          *storage.MetaStore
+	flat        *flatCache
+	flatten     flattenFunc
+	buildImage  imageFunc
+	overlayOpts []string // containerd overlay's default mount options
 
 	// dirs orders reconcile (write) against creates and removes (read),
 	// which rename dirs inside metadata transactions reconcile cannot see.
@@ -60,8 +78,8 @@ var (
 )
 
 // New opens (or creates) a snapshotter rooted at root. It removes temp
-// files a crash left behind and staging dirs the metadata does not know,
-// and re-stages the staged snapshots after a reboot.
+// files and build mounts a crash left behind and staging dirs the metadata
+// does not know, and re-stages the staged snapshots after a reboot.
 func New(root string, opts ...Opt) (*Snapshotter, error) {
 	cfg := config{flatten: chain.Flatten, remove: os.Remove, bootID: readBootID}
 	for _, o := range opts {
@@ -70,17 +88,27 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 	if cfg.flatCacheSize < 0 {
 		return nil, fmt.Errorf("flat cache size %d: want 0 (unlimited) or a positive byte count", cfg.flatCacheSize)
 	}
-	for _, d := range []string{root, filepath.Join(root, "snapshots"), filepath.Join(root, "flat")} {
+	for _, d := range []string{root, filepath.Join(root, "snapshots"), filepath.Join(root, "flat"), filepath.Join(root, "mnt")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
+	}
+	if err := cleanBuildMounts(context.Background(), filepath.Join(root, "mnt")); err != nil {
+		return nil, err
 	}
 	ms, err := storage.NewMetaStore(filepath.Join(root, "metadata.db"))
 	if err != nil {
 		return nil, fmt.Errorf("open metadata: %w", err)
 	}
-	s := &Snapshotter{root: root, ms: ms}
-	s.flat, err = openFlatCache(filepath.Join(root, "flat"), cfg.flatCacheSize, cfg.flatten, cfg.remove)
+	s := &Snapshotter{root: root, ms: ms, flatten: cfg.flatten, buildImage: cfg.buildImage, overlayOpts: overlayOptions(root)}
+	if s.buildImage == nil {
+		b := imageBuilder{mntDir: filepath.Join(root, "mnt"), layerDir: filepath.Join(root, "snapshots"), options: s.overlayOpts}
+		s.buildImage = b.build
+		if _, err := exec.LookPath(mkfsErofs); err != nil {
+			log.L.WithError(err).Warn("containers on ordinary image layers cannot be prepared without " + mkfsErofs + " (Debian: erofs-utils)")
+		}
+	}
+	s.flat, err = openFlatCache(filepath.Join(root, "flat"), cfg.flatCacheSize, cfg.remove)
 	if err == nil {
 		err = s.reconcile(context.Background(), true)
 	}
@@ -109,10 +137,31 @@ func (s *Snapshotter) Stat(ctx context.Context, key string) (info snapshots.Info
 	return info, err
 }
 
-// Update changes the labels of a snapshot.
+// Update changes the labels of a snapshot, except labelKind, which keeps
+// its value: containerd replaces all of a snapshot's labels with its own
+// when a client sets them.
 func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (out snapshots.Info, err error) {
 	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-		out, err = storage.UpdateInfo(ctx, info, fieldpaths...)
+		_, old, _, err := storage.GetInfo(ctx, info.Name)
+		if err != nil {
+			return err
+		}
+		if out, err = storage.UpdateInfo(ctx, info, fieldpaths...); err != nil {
+			return err
+		}
+		was, had := old.Labels[labelKind]
+		if is, has := out.Labels[labelKind]; is == was && has == had {
+			return nil
+		}
+		labels := maps.Clone(out.Labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		delete(labels, labelKind)
+		if had {
+			labels[labelKind] = was
+		}
+		out, err = storage.UpdateInfo(ctx, snapshots.Info{Name: info.Name, Labels: labels}, "labels")
 		return err
 	})
 	return out, err
@@ -120,23 +169,31 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 
 // Usage reports the disk usage of a snapshot; for an active one it is
 // measured now, for a committed one it was recorded at Commit. A staged
-// memory hard link counts in full, as du would count it.
+// memory hard link counts in full, as du would count it; an overlay on
+// ordinary layers counts its upper dir, as containerd's overlay does.
 func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, error) {
 	var (
-		id    string
+		st    snapState
 		info  snapshots.Info
 		usage snapshots.Usage
 	)
 	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
 		var err error
-		id, info, usage, err = storage.GetInfo(ctx, key)
+		if _, info, usage, err = storage.GetInfo(ctx, key); err != nil || info.Kind != snapshots.KindActive {
+			return err
+		}
+		st, err = getState(ctx, key)
 		return err
 	})
 	if err != nil {
 		return snapshots.Usage{}, err
 	}
 	if info.Kind == snapshots.KindActive {
-		du, err := fs.DiskUsage(ctx, s.dir(id))
+		dir := s.dir(st.snap.ID)
+		if st.overlay {
+			dir = filepath.Join(dir, upperDirName)
+		}
+		du, err := fs.DiskUsage(ctx, dir)
 		if err != nil {
 			return snapshots.Usage{}, fmt.Errorf("measure snapshot %s: %w", key, err)
 		}
@@ -145,18 +202,18 @@ func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, e
 	return usage, nil
 }
 
-// Mounts returns the bind mount of an active or view snapshot's dir.
+// Mounts returns the mounts of an active or view snapshot.
 func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
-	var snap storage.Snapshot
+	var st snapState
 	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
 		var err error
-		snap, err = storage.GetSnapshot(ctx, key)
+		st, err = getState(ctx, key)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("get mounts of %s: %w", key, err)
 	}
-	return s.mounts(snap), nil
+	return s.mounts(st), nil
 }
 
 // Walk calls fn for every snapshot matching the filters.
@@ -175,16 +232,4 @@ func (s *Snapshotter) Close() error {
 
 func (s *Snapshotter) dir(id string) string {
 	return filepath.Join(s.root, "snapshots", id)
-}
-
-func (s *Snapshotter) mounts(snap storage.Snapshot) []mount.Mount {
-	mode := "rw"
-	if snap.Kind == snapshots.KindView {
-		mode = "ro"
-	}
-	return []mount.Mount{{
-		Type:    "bind",
-		Source:  s.dir(snap.ID),
-		Options: []string{"rbind", mode},
-	}}
 }

@@ -22,8 +22,9 @@ import (
 
 // bake cold-boots the guest on QEMU, waits for its agent, optionally runs a
 // warm-up command in it (so the snapshot captures a started service), and
-// writes a full chain link of the running guest. With --image and
-// --archive it also packs the link as an OCI image archive for
+// writes a full chain link of the running guest. The snapshot's NIC has no
+// backend and its rootfs slot is empty: every restore chooses both. With
+// --image and --archive it also packs the link as an OCI image archive for
 // `ctr images import`.
 func init() {
 	register(command{

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,15 @@ func TestBake(t *testing.T) {
 	}
 	if link.Hypervisor != "qemu" || link.MemoryBytes != 256<<20 || link.Kind != chain.KindFull {
 		t.Fatalf("link %+v", link)
+	}
+	// Every baked snapshot has a NIC and a rootfs slot, their backends
+	// chosen at restore.
+	shape, err := qemu.ReadShape(filepath.Join(o.out, qemu.ShapeFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shape.Version != 2 || !slices.Contains(shape.Devices, "virtio-net-device:net0") || !slices.Contains(shape.Devices, "virtio-blk-device:rootfs") {
+		t.Errorf("qemu.json version %d, devices %v: want version 2 with the NIC and the rootfs slot", shape.Version, shape.Devices)
 	}
 	if st, err := os.Stat(o.archive); err != nil || st.Size() == 0 {
 		t.Fatalf("archive: %v", err)

@@ -59,3 +59,26 @@ func cpuModel(configured, accel string) string {
 	}
 	return "max"
 }
+
+// hostMachine is the accelerator and CPU model this host runs: the
+// config's, else the probe's.
+func (d *Driver) hostMachine() (accel, cpu, reason string, err error) {
+	accel, reason, err = d.Accel()
+	if err != nil {
+		return "", "", "", err
+	}
+	return accel, cpuModel(d.cfg.CPU, accel), reason, nil
+}
+
+// checkBakedOn refuses a snapshot baked with another accelerator or CPU
+// model than this host runs: its CPU state would not load, or would load
+// into a CPU the guest never saw. The image's strings are only compared,
+// never passed to QEMU.
+func checkBakedOn(s Shape, accel, cpu, reason string) error {
+	if s.Accel == accel && s.CPU == cpu {
+		return nil
+	}
+	return fmt.Errorf("snapshot baked with accel %q and cpu %q, but this host runs accel %q (%s) and cpu %q: "+
+		"restore it on a host like the one that baked it, set [qemu] accel and cpu to match, or re-bake it here",
+		s.Accel, s.CPU, accel, reason, cpu)
+}

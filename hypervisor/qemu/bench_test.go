@@ -10,18 +10,30 @@ import (
 )
 
 // BenchmarkRestore restores the baked guest to a responding agent, one VM
-// at a time, alternating copy and mmap so both see the same host load (the
-// machine is shared and noisy), and reports each mode's phase medians in ms:
+// at a time, in copy and mmap, each bare and with a NIC (a tap in a network
+// namespace) and a rootfs disk, interleaved so every variant sees the same
+// host load (the machine is shared and noisy), and reports each variant's
+// phase medians in ms:
 //
 //	go test -run '^$' -bench Restore -benchtime 9x ./hypervisor/qemu
 func BenchmarkRestore(b *testing.B) {
 	d := newTestDriver(b)
 	s := newStager(b, b.TempDir(), bakedLink(b, d))
-	modes := []hypervisor.Mode{hypervisor.ModeCopy, hypervisor.ModeMmap}
+	n := newTestNet(b)
+	img, _ := erofsImage(b, 8<<20)
+	variants := []struct {
+		name string
+		req  hypervisor.RestoreRequest
+	}{
+		{"copy", hypervisor.RestoreRequest{Mode: hypervisor.ModeCopy}},
+		{"copy+net+disk", hypervisor.RestoreRequest{Mode: hypervisor.ModeCopy, NetNS: n.ns, NIC: n.nic(), Disk: img}},
+		{"mmap", hypervisor.RestoreRequest{Mode: hypervisor.ModeMmap}},
+		{"mmap+net+disk", hypervisor.RestoreRequest{Mode: hypervisor.ModeMmap, NetNS: n.ns, NIC: n.nic(), Disk: img}},
+	}
 	phases := map[string][]time.Duration{}
 	for b.Loop() {
-		for _, mode := range modes {
-			restoreOnce(b, d, s, mode, phases)
+		for _, v := range variants {
+			restoreOnce(b, d, s, v.name, v.req, phases)
 		}
 	}
 	for name, ds := range phases {
@@ -30,11 +42,11 @@ func BenchmarkRestore(b *testing.B) {
 	}
 }
 
-func restoreOnce(b *testing.B, d *Driver, s *stager, mode hypervisor.Mode, phases map[string][]time.Duration) {
+func restoreOnce(b *testing.B, d *Driver, s *stager, name string, req hypervisor.RestoreRequest, phases map[string][]time.Duration) {
 	ctx := testContext(b, time.Minute)
 	start := time.Now()
-	req := hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: mode,
-		OnPhase: func(p string, d time.Duration) { phases[string(mode)+"-"+p] = append(phases[string(mode)+"-"+p], d) }}
+	req.StagedDir, req.RunDir = s.stage(), s.runDir()
+	req.OnPhase = func(p string, d time.Duration) { phases[name+"-"+p] = append(phases[name+"-"+p], d) }
 	v, err := d.Restore(ctx, req)
 	if err != nil {
 		b.Fatal(err)
@@ -49,6 +61,6 @@ func restoreOnce(b *testing.B, d *Driver, s *stager, mode hypervisor.Mode, phase
 		b.Fatal(err)
 	}
 	c.Close()
-	phases[string(mode)+"-agent"] = append(phases[string(mode)+"-agent"], time.Since(t))
-	phases[string(mode)+"-total"] = append(phases[string(mode)+"-total"], time.Since(start))
+	phases[name+"-agent"] = append(phases[name+"-agent"], time.Since(t))
+	phases[name+"-total"] = append(phases[name+"-total"], time.Since(start))
 }

@@ -2,23 +2,9 @@ package qemu
 
 import (
 	"encoding/json"
-	"fmt"
-	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 )
-
-// ShapeFile is the state file that records the machine shape of a snapshot.
-const ShapeFile = "qemu.json"
-
-// StateFile is the state file holding the device-state migration stream.
-const StateFile = "qemu.state"
-
-// shapeVersion changes whenever the command line this driver builds from a
-// Shape changes in a way a migration stream would notice.
-const shapeVersion = 1
 
 // machineType is the only machine this driver builds: the RAM backend id
 // must equal its default RAM id, and option ROMs are off so a restore needs
@@ -32,72 +18,21 @@ const (
 // agentPort is the virtio-serial port name the guest agent looks for.
 const agentPort = "agent"
 
-// devices is the device set every VM gets, in command-line order. A
-// snapshot records it so a restore with a different set fails clearly
-// instead of inside the migration stream.
-var devices = []string{"virtio-serial-device", "virtserialport:" + agentPort}
+// The NIC every VM has. Its backend is chosen at each start: a tap, or
+// none (the guest keeps it down). Its MAC is the same in every snapshot;
+// the guest takes its task's MAC after a restore.
+const (
+	nicID       = "net0"
+	snapshotMAC = "02:c0:c0:00:00:01"
+)
 
-// Shape is qemu.json: everything a restore needs to rebuild the command
-// line of the VM a snapshot came from. JSON keys are lowerCamel.
-type Shape struct {
-	Version     int      `json:"version"`
-	Machine     string   `json:"machine"`
-	Accel       string   `json:"accel"`
-	CPU         string   `json:"cpu"`
-	VCPUs       int      `json:"vcpus"`
-	MemoryBytes int64    `json:"memoryBytes"`
-	Devices     []string `json:"devices"`
-	// Cmdline is the guest kernel command line at cold boot; kept for
-	// inspection, a restore does not use it.
-	Cmdline string `json:"cmdline"`
-}
-
-// Validate rejects a shape this driver cannot rebuild.
-func (s Shape) Validate() error {
-	switch {
-	case s.Version != shapeVersion:
-		return fmt.Errorf("qemu.json version %d: this driver reads version %d", s.Version, shapeVersion)
-	case s.Machine != machineType:
-		return fmt.Errorf("qemu.json machine %q: this driver builds %q", s.Machine, machineType)
-	case s.VCPUs < 1:
-		return fmt.Errorf("qemu.json vcpus %d: want at least 1", s.VCPUs)
-	case s.MemoryBytes <= 0 || s.MemoryBytes%(1<<20) != 0:
-		return fmt.Errorf("qemu.json memoryBytes %d: want a positive multiple of 1 MiB", s.MemoryBytes)
-	case s.CPU == "" || s.Accel == "":
-		return fmt.Errorf("qemu.json: cpu and accel must be set")
-	case !slices.Equal(s.Devices, devices):
-		return fmt.Errorf("qemu.json devices %v: this driver builds %v", s.Devices, devices)
-	}
-	return nil
-}
-
-// ReadShape reads and validates path.
-func ReadShape(path string) (Shape, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Shape{}, fmt.Errorf("read machine shape: %w", err)
-	}
-	var s Shape
-	if err := json.Unmarshal(data, &s); err != nil {
-		return Shape{}, fmt.Errorf("decode %s: %w", path, err)
-	}
-	if err := s.Validate(); err != nil {
-		return Shape{}, err
-	}
-	return s, nil
-}
-
-// WriteShape writes s as dir/qemu.json.
-func WriteShape(dir string, s Shape) error {
-	data, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode machine shape: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, ShapeFile), append(data, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write machine shape: %w", err)
-	}
-	return nil
-}
+// The rootfs block slot every VM has. Its backend is chosen at each start:
+// a read-only image, or an empty null-co node. The guest finds the slot by
+// its serial.
+const (
+	rootfsID     = "rootfs"
+	rootfsSerial = "cocoon-rootfs"
+)
 
 // memory is the guest RAM backend: a file QEMU maps shared (writes reach
 // the file, and x-ignore-shared leaves it out of the migration stream) or
@@ -109,12 +44,21 @@ type memory struct {
 
 // launch is one QEMU command line.
 type launch struct {
-	Shape  Shape
-	Memory memory
+	Shape Shape
+	// Accel and CPU are the host's: the driver's config or probe, never
+	// the strings a snapshot recorded.
+	Accel, CPU string
+	Memory     memory
 	// Kernel, Initrd are set for a cold boot and empty for a restore.
 	Kernel, Initrd string
 	// QMPFD is the child's fd number of the QMP listening socket.
-	QMPFD     int
+	QMPFD int
+	// TapFD is the child's fd number of the NIC's tap queue; 0 leaves the
+	// NIC without a backend.
+	TapFD int
+	// Disk is the read-only image backing the rootfs slot; "" leaves the
+	// slot an empty null-co node.
+	Disk      string
 	AgentSock string
 	SerialLog string
 	// Incoming starts the VM paused, waiting for migrate-incoming.
@@ -128,8 +72,8 @@ func (l launch) args() []string {
 	a := []string{
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-machine", s.Machine + "," + machineOpts + ",memory-backend=" + ramID,
-		"-accel", s.Accel,
-		"-cpu", s.CPU,
+		"-accel", l.Accel,
+		"-cpu", l.CPU,
 		"-smp", strconv.Itoa(s.VCPUs),
 		"-m", mem,
 		"-object", "memory-backend-file,id=" + ramID + ",size=" + mem +
@@ -142,6 +86,8 @@ func (l launch) args() []string {
 		"-chardev", "socket,id=agent,path=" + chardevEscape(l.AgentSock) + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + agentPort,
 	}
+	a = append(a, l.nicArgs()...)
+	a = append(a, l.rootfsArgs()...)
 	if l.Kernel != "" {
 		a = append(a, "-kernel", l.Kernel, "-append", s.Cmdline)
 		if l.Initrd != "" {
@@ -152,6 +98,38 @@ func (l launch) args() []string {
 		a = append(a, "-S", "-incoming", "defer")
 	}
 	return a
+}
+
+// nicArgs is the NIC, with its tap backend when there is one. QEMU learns
+// from the tap (TUNGETIFF) that it has no vnet header; it refuses
+// vnet_hdr= next to fd=.
+func (l launch) nicArgs() []string {
+	dev := "virtio-net-device,id=" + nicID + ",mac=" + snapshotMAC
+	if l.TapFD == 0 {
+		return []string{"-device", dev}
+	}
+	return []string{
+		"-netdev", "tap,id=" + nicID + ",fd=" + strconv.Itoa(l.TapFD),
+		"-device", dev + ",netdev=" + nicID,
+	}
+}
+
+// rootfsArgs is the rootfs slot and its read-only backend. The node is
+// given as JSON, so no path needs QEMU's comma escaping.
+func (l launch) rootfsArgs() []string {
+	node := map[string]any{"node-name": rootfsID, "read-only": true}
+	if l.Disk == "" {
+		node["driver"] = "null-co"
+		node["size"] = 0
+	} else {
+		node["driver"] = "raw"
+		node["file"] = map[string]any{"driver": "file", "filename": l.Disk}
+	}
+	b, _ := json.Marshal(node)
+	return []string{
+		"-blockdev", string(b),
+		"-device", "virtio-blk-device,id=" + rootfsID + ",drive=" + rootfsID + ",serial=" + rootfsSerial,
+	}
 }
 
 // chardevEscape doubles commas, QEMU's escape inside option values.

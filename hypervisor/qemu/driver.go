@@ -97,9 +97,10 @@ func (d *Driver) Accel() (accel, reason string, err error) {
 }
 
 // Boot cold-boots a VM with its RAM in a shared file, running. It is the
-// source a snapshot is baked from.
+// source a snapshot is baked from: its NIC has no backend and its rootfs
+// slot is empty, so every restore chooses both.
 func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
-	accel, reason, err := d.Accel()
+	accel, cpu, reason, err := d.hostMachine()
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +110,7 @@ func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
 	}
 	shape := Shape{
 		Version: shapeVersion, Machine: machineType, Accel: accel,
-		CPU: cpuModel(d.cfg.CPU, accel), VCPUs: spec.VCPUs, MemoryBytes: spec.MemoryBytes,
+		CPU: cpu, VCPUs: spec.VCPUs, MemoryBytes: spec.MemoryBytes,
 		Devices: devices, Cmdline: spec.Cmdline,
 	}
 	if err := shape.Validate(); err != nil {
@@ -119,10 +120,10 @@ func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
 		spec.MemPath = filepath.Join(spec.RunDir, "memory")
 	}
 	l := launch{
-		Shape: shape, Memory: memory{Path: spec.MemPath, Share: true},
+		Shape: shape, Accel: accel, CPU: cpu, Memory: memory{Path: spec.MemPath, Share: true},
 		Kernel: spec.Kernel, Initrd: spec.Initrd,
 	}
-	v, err := d.spawnVM(ctx, spec.RunDir, l, nil, false)
+	v, err := d.spawnVM(ctx, spec.RunDir, l, attach{}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -134,31 +135,27 @@ func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
 	return v, nil
 }
 
-// spawnVM creates runDir, starts QEMU on l and returns once QMP answers.
-// memfd, if set, is the guest RAM (QEMU's fd 4); the VM owns it from here,
-// so a snapshot can read it. On error QEMU is gone, memfd closed and
-// runDir removed.
-func (d *Driver) spawnVM(ctx context.Context, runDir string, l launch, memfd *os.File, detach bool) (*VM, error) {
-	v, err := d.startVM(ctx, runDir, l, memfd, detach)
+// spawnVM creates runDir, starts QEMU on l with a's files and returns once
+// QMP answers. The VM owns a.memfd from here, so a snapshot can read it.
+// On error QEMU is gone, a.memfd closed and runDir removed.
+func (d *Driver) spawnVM(ctx context.Context, runDir string, l launch, a attach, detach bool) (*VM, error) {
+	v, err := d.startVM(ctx, runDir, l, a, detach)
 	if err != nil {
-		if memfd != nil {
-			memfd.Close()
+		if a.memfd != nil {
+			a.memfd.Close()
 		}
 		return nil, err
 	}
-	if memfd != nil {
-		v.memfd = memfd
-		v.memPath = fmt.Sprintf("/proc/self/fd/%d", memfd.Fd())
+	if a.memfd != nil {
+		v.memfd = a.memfd
+		v.memPath = fmt.Sprintf("/proc/self/fd/%d", a.memfd.Fd())
 	}
 	return v, nil
 }
 
-func (d *Driver) startVM(ctx context.Context, runDir string, l launch, memfd *os.File, detach bool) (*VM, error) {
-	var extra []*os.File
-	if memfd != nil {
-		extra = []*os.File{memfd}
-	}
-	l.QMPFD = qmpChildFD
+func (d *Driver) startVM(ctx context.Context, runDir string, l launch, a attach, detach bool) (*VM, error) {
+	extra, tapFD := a.files()
+	l.QMPFD, l.TapFD = qmpChildFD, tapFD
 	l.AgentSock = filepath.Join(runDir, agentSock)
 	l.SerialLog = filepath.Join(runDir, serialLog)
 	// agent.sock is the longest socket name in the run dir.
@@ -170,7 +167,7 @@ func (d *Driver) startVM(ctx context.Context, runDir string, l launch, memfd *os
 	}
 	sctx, cancel := vmmproc.WithDefaultTimeout(ctx, startTimeout)
 	defer cancel()
-	proc, q, err := start(sctx, spawn{binary: d.cfg.Binary, args: l.args(), runDir: runDir, extra: extra, detach: detach})
+	proc, q, err := start(sctx, spawn{binary: d.cfg.Binary, args: l.args(), runDir: runDir, extra: extra, netns: a.netns, detach: detach})
 	if err != nil {
 		os.RemoveAll(runDir)
 		return nil, fmt.Errorf("start qemu: %w", err)

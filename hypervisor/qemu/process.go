@@ -45,6 +45,8 @@ type spawn struct {
 	runDir string
 	// extra are inherited after the QMP listener: fd 4, 5, ...
 	extra []*os.File
+	// netns, if set, is the network namespace QEMU starts in.
+	netns *os.File
 	// detach keeps QEMU alive when its parent dies: restored VMs must
 	// outlive a crashed shim; a bake's throwaway VM must not outlive bake.
 	detach bool
@@ -105,7 +107,7 @@ func (s spawn) exec(qmpListener *os.File) (*process, error) {
 	} else {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startIn(s.netns, cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.binary, err)
 	}
 	p := &process{cmd: cmd, runDir: s.runDir, done: make(chan struct{})}

@@ -15,12 +15,16 @@ const memfdChildPath = "/proc/self/fd/4"
 
 // Restore starts QEMU on the chain staged in req.StagedDir and loads it,
 // leaving the VM paused. The command line comes from the top link's
-// qemu.json; the device state is loaded with migrate-incoming while guest
-// RAM comes from the staged memory file:
+// qemu.json, with the host's accelerator and CPU model; the device state is
+// loaded with migrate-incoming while guest RAM comes from the staged
+// memory file:
 //   - mmap: mapped private (share=off) over the staged hard link, so
 //     clones share its page cache and guest writes never reach the file;
 //   - copy: the file's data extents copied into a memfd QEMU maps shared,
 //     so nothing reads the staged file after the copy.
+//
+// QEMU starts in req.NetNS when set, with req.NIC's tap behind the
+// snapshot's NIC and req.Disk behind its rootfs slot.
 func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (hypervisor.VM, error) {
 	v, err := d.restore(ctx, req)
 	if err != nil {
@@ -34,14 +38,16 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	if err != nil {
 		return nil, err
 	}
-	l := launch{Shape: shape, Incoming: true}
-	var memfd *os.File
+	l, a, err := d.restoreLaunch(shape, req)
+	if err != nil {
+		return nil, err
+	}
 	switch req.Mode {
 	case hypervisor.ModeMmap:
 		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
 	case hypervisor.ModeCopy:
 		t := time.Now()
-		if memfd, err = fillMemfd(staged.MemoryPath(), shape.MemoryBytes); err != nil {
+		if a.memfd, err = fillMemfd(staged.MemoryPath(), shape.MemoryBytes); err != nil {
 			return nil, err
 		}
 		req.Phase("fill", time.Since(t))
@@ -50,7 +56,7 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		return nil, fmt.Errorf("qemu restore mode %q: want %s or %s (QEMU cannot restore lazily from a file)", req.Mode, hypervisor.ModeMmap, hypervisor.ModeCopy)
 	}
 	t := time.Now()
-	v, err := d.spawnVM(ctx, req.RunDir, l, memfd, true)
+	v, err := d.spawnVM(ctx, req.RunDir, l, a, true)
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +69,25 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	}
 	req.Phase("load", time.Since(t))
 	return v, nil
+}
+
+// restoreLaunch is the command line and files of a restore of shape, but
+// for the guest RAM: the host's accelerator and CPU model (a snapshot baked
+// with others is refused), and the request's network namespace, NIC and
+// disk, each checked before anything starts.
+func (d *Driver) restoreLaunch(shape Shape, req hypervisor.RestoreRequest) (launch, attach, error) {
+	accel, cpu, reason, err := d.hostMachine()
+	if err != nil {
+		return launch{}, attach{}, err
+	}
+	if err := checkBakedOn(shape, accel, cpu, reason); err != nil {
+		return launch{}, attach{}, err
+	}
+	a, err := attachFor(req)
+	if err != nil {
+		return launch{}, attach{}, err
+	}
+	return launch{Shape: shape, Accel: accel, CPU: cpu, Disk: req.Disk, Incoming: true}, a, nil
 }
 
 // openStaged reads the staged chain and the top link's machine shape, and
@@ -96,6 +121,9 @@ func (v *VM) load(ctx context.Context, statePath string) error {
 		return fmt.Errorf("open device state: %w", err)
 	}
 	defer f.Close()
+	if err := v.noAnnounce(ctx); err != nil {
+		return fmt.Errorf("load device state: %w", err)
+	}
 	err = v.migrate(ctx, "migrate-incoming", f)
 	if err != nil && v.proc.exitedWithin(exitGrace) {
 		return fmt.Errorf("load device state: %w", v.proc.exitError())
@@ -104,4 +132,12 @@ func (v *VM) load(ctx context.Context, statePath string) error {
 		return fmt.Errorf("load device state: %w", err)
 	}
 	return nil
+}
+
+// noAnnounce stops QEMU announcing the NIC once the load completes: it
+// would send RARP frames from the snapshot's MAC, which every clone of the
+// snapshot shares, out of the task's tap. The guest announces itself once
+// it has its own MAC and address.
+func (v *VM) noAnnounce(ctx context.Context) error {
+	return v.command(ctx, "migrate-set-parameters", map[string]any{"announce-rounds": 0})
 }

@@ -108,11 +108,11 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create stack dir: %w", err)
 	}
-	s := newStack(dir, opts)
-	if err := s.start(ctx, opts); err != nil {
-		return nil, errors.Join(err, s.Close())
+	st := newStack(dir, opts)
+	if err := st.start(ctx, opts); err != nil {
+		return nil, errors.Join(err, st.Close())
 	}
-	return s, nil
+	return st, nil
 }
 
 // checkBinaries checks that the stack's binaries are built and, for CRI,

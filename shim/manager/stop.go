@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/network"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -89,6 +90,11 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 	}
 	if t.Cgroup != "" {
 		if err := deleteCgroup(t.Cgroup); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if n := t.Network; n != nil {
+		if err := network.Release(n.NetNS, "", n.Tap); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -40,9 +40,19 @@ type Task struct {
 	StagedDir string `json:"stagedDir"`
 	// Cgroup is the cgroups path the hypervisor was moved into, if any.
 	Cgroup string `json:"cgroup,omitempty"`
-	Plan   Plan   `json:"plan"`
+	// Network is the tap the VM's NIC uses in a namespace that outlives
+	// the VM, if any.
+	Network *Network `json:"network,omitempty"`
+	Plan    Plan     `json:"plan"`
 	// Exit is the init process's exit, once known.
 	Exit *Exit `json:"exit,omitempty"`
+}
+
+// Network names a VM's tap and the namespace it is in, so `shim delete`
+// can remove it (and the redirects to it) after a crash.
+type Network struct {
+	NetNS string `json:"netns"`
+	Tap   string `json:"tap"`
 }
 
 // Plan is the restore plan the policy chose, with its reasons.

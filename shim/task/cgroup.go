@@ -7,14 +7,11 @@ import (
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
-	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // vmCgroup is the cgroup the hypervisor process runs in, at the OCI spec's
-// cgroupsPath: Stats reports it, Update sets its CPU limits. Memory limits
-// are not applied: a restored VM's memory is fixed by its snapshot, and a
-// limit below it would only get the hypervisor OOM-killed.
+// cgroupsPath: Stats reports it, Update sets its limits.
 type vmCgroup interface {
 	Add(pid int) error
 	Stats() (any, error)
@@ -22,41 +19,23 @@ type vmCgroup interface {
 	Delete() error
 }
 
-// newCgroup creates the cgroup at path with the CPU part of res.
+// newCgroup creates the cgroup at path with res, which vmResources made.
 func newCgroup(path string, res *specs.LinuxResources) (vmCgroup, error) {
 	if strings.Contains(path, ":") {
 		return nil, fmt.Errorf("cgroups path %q: systemd slice paths are not supported, want a cgroupfs path", path)
 	}
 	if cgroups.Mode() == cgroups.Unified {
-		m, err := cgroup2.NewManager("/sys/fs/cgroup", path, cgroup2.ToResources(cpuOnly(res)))
+		m, err := cgroup2.NewManager("/sys/fs/cgroup", path, cgroup2.ToResources(res))
 		if err != nil {
 			return nil, fmt.Errorf("create cgroup %s: %w", path, err)
 		}
 		return cgroupV2{m}, nil
 	}
-	cg, err := cgroup1.New(cgroup1.StaticPath(path), cpuOnly(res))
+	cg, err := cgroup1.New(cgroup1.StaticPath(path), res)
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup %s: %w", path, err)
 	}
 	return cgroupV1{cg}, nil
-}
-
-// cpuOnly keeps the CPU resources of res.
-func cpuOnly(res *specs.LinuxResources) *specs.LinuxResources {
-	out := &specs.LinuxResources{}
-	if res != nil && res.CPU != nil {
-		cpu := *res.CPU
-		out.CPU = &cpu
-	}
-	return out
-}
-
-// checkUpdate rejects what a running VM cannot change.
-func checkUpdate(res *specs.LinuxResources) error {
-	if res.Memory != nil && (res.Memory.Limit != nil || res.Memory.Reservation != nil || res.Memory.Swap != nil) {
-		return fmt.Errorf("update memory of a restored VM: its memory size is fixed by the snapshot; only CPU limits can change: %w", errdefs.ErrNotImplemented)
-	}
-	return nil
 }
 
 type cgroupV1 struct{ cg cgroup1.Cgroup }
@@ -65,7 +44,7 @@ func (c cgroupV1) Add(pid int) error { return c.cg.AddProc(uint64(pid)) }
 func (c cgroupV1) Stats() (any, error) {
 	return c.cg.Stat(cgroup1.IgnoreNotExist)
 }
-func (c cgroupV1) Update(res *specs.LinuxResources) error { return c.cg.Update(cpuOnly(res)) }
+func (c cgroupV1) Update(res *specs.LinuxResources) error { return c.cg.Update(res) }
 func (c cgroupV1) Delete() error                          { return c.cg.Delete() }
 
 type cgroupV2 struct{ m *cgroup2.Manager }
@@ -73,6 +52,6 @@ type cgroupV2 struct{ m *cgroup2.Manager }
 func (c cgroupV2) Add(pid int) error   { return c.m.AddProc(uint64(pid)) }
 func (c cgroupV2) Stats() (any, error) { return c.m.Stat() }
 func (c cgroupV2) Update(res *specs.LinuxResources) error {
-	return c.m.Update(cgroup2.ToResources(cpuOnly(res)))
+	return c.m.Update(cgroup2.ToResources(res))
 }
 func (c cgroupV2) Delete() error { return c.m.Delete() }

@@ -21,9 +21,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// initGuestID names the init process to the guest agent; execs are
+// InitGuestID names the init process to the guest agent; execs are
 // "exec-" + their exec id, so the two can never collide.
-const initGuestID = "init"
+const InitGuestID = "init"
 
 // Create restores the task's VM from the staged chain; the init process
 // runs only at Start.
@@ -55,10 +55,16 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
+	h, err := newOCIHooks(r.ID, r.Bundle, spec)
+	if err != nil {
+		return 0, err
+	}
+	req.Created = h.created
 	t, err := s.launch(ctx, req, spec, init)
 	if err != nil {
 		return 0, err
 	}
+	t.hooks = h
 	s.mu.Lock()
 	s.tasks[r.ID] = t
 	s.mu.Unlock()
@@ -143,7 +149,7 @@ func readSpec(bundle string) (*specs.Spec, error) {
 }
 
 func initProcess(spec *specs.Spec, r *taskAPI.CreateTaskRequest) (*process, error) {
-	ps, err := guestProcess(initGuestID, spec.Process, r.Terminal, r.Stdin != "")
+	ps, err := guestProcess(InitGuestID, spec.Process, r.Terminal, r.Stdin != "")
 	if err != nil {
 		return nil, err
 	}
@@ -174,17 +180,20 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 }
 
 func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (LaunchRequest, error) {
-	staged, err := stagedDir(r.Rootfs, r.Bundle)
-	if err != nil {
-		return LaunchRequest{}, err
+	var staged string
+	if !IsPodSandbox(spec) { // a sandbox uses no image: its pause process is the shim's
+		var err error
+		if staged, err = stagedDir(r.Rootfs, r.Bundle); err != nil {
+			return LaunchRequest{}, err
+		}
 	}
 	configPath, err := configPathOf(r)
 	if err != nil {
 		return LaunchRequest{}, err
 	}
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = r.ID
+	hostname, err := hostnameOf(spec, r.ID)
+	if err != nil {
+		return LaunchRequest{}, err
 	}
 	return LaunchRequest{
 		ID: r.ID, Namespace: ns, Bundle: r.Bundle, Spec: spec,

@@ -2,7 +2,10 @@ package task
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -85,5 +88,47 @@ func TestGuestProcess(t *testing.T) {
 	}
 	if _, err := guestProcess("init", &specs.Process{}, false, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("process without args: %v, want invalid argument", err)
+	}
+}
+
+func TestHostnameOf(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pod := write("hostname", "web-0\n")
+	empty := write("empty", "")
+	long := write("long", strings.Repeat("x", 65))
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(pod, link); err != nil {
+		t.Fatal(err)
+	}
+	mountAt := func(src string) []specs.Mount {
+		return []specs.Mount{{Destination: "/etc/hosts", Source: long}, {Destination: "/etc/hostname", Type: "bind", Source: src}}
+	}
+	for _, c := range []struct {
+		name    string
+		spec    specs.Spec
+		want    string
+		wantErr bool
+	}{
+		{"spec hostname wins", specs.Spec{Hostname: "h", Mounts: mountAt(pod)}, "h", false},
+		{"mounted /etc/hostname", specs.Spec{Mounts: mountAt(pod)}, "web-0", false},
+		{"empty file falls back to the id", specs.Spec{Mounts: mountAt(empty)}, "ctr-1", false},
+		{"no mount: the id", specs.Spec{}, "ctr-1", false},
+		{"too long", specs.Spec{Mounts: mountAt(long)}, "", true},
+		{"symlink refused", specs.Spec{Mounts: mountAt(link)}, "", true},
+		{"missing file", specs.Spec{Mounts: mountAt(filepath.Join(dir, "nope"))}, "", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := hostnameOf(&c.spec, "ctr-1")
+			if (err != nil) != c.wantErr || got != c.want {
+				t.Fatalf("hostnameOf = %q, %v; want %q, error %v", got, err, c.want, c.wantErr)
+			}
+		})
 	}
 }

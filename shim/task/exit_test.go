@@ -35,7 +35,7 @@ func TestKillWhileOutputDrains(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t)
-			guestID := initGuestID
+			guestID := InitGuestID
 			if tt.execID == "" {
 				h.create("t1", specFor("detach"), newFifos(t, false, false))
 			} else {

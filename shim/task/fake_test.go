@@ -348,6 +348,7 @@ type fakeLauncher struct {
 	// coming up would.
 	upGate chan struct{}
 	silent bool // never call Spawned
+	memory MemoryBudget
 	got    []LaunchRequest
 }
 
@@ -367,6 +368,7 @@ func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, err
 		RunDir:     "/run/cocoon/fake",
 		Plan:       state.Plan{Mode: "mmap", Reasons: []string{"best mode the fake offers"}},
 		Phases:     []state.Phase{{Name: "spawn", Duration: state.Duration(time.Millisecond)}},
+		Memory:     l.memory,
 	}
 	if r.Spawned != nil && !l.silent {
 		r.Spawned(spawnOf(sb))

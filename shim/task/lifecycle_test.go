@@ -260,7 +260,7 @@ func TestTerminal(t *testing.T) {
 	if _, err := h.svc.ResizePty(h.ctx, &taskAPI.ResizePtyRequest{ID: "t1", Width: 120, Height: 40}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := h.guest.proc(initGuestID)
+	p, err := h.guest.proc(InitGuestID)
 	if err != nil {
 		t.Fatal(err)
 	}

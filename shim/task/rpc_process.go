@@ -33,6 +33,9 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	}
 	if r.ExecID == "" {
 		t.recordPhase(ctx, startedPhase, time.Since(began))
+		if err := t.poststart(ctx); err != nil {
+			return nil, toGRPC(err)
+		}
 	}
 	return &taskAPI.StartResponse{Pid: t.pidOf(p)}, nil
 }

@@ -75,6 +75,17 @@ type Sandbox struct {
 	RunDir     string
 	Plan       state.Plan
 	Phases     []state.Phase
+	Memory     MemoryBudget
+	// Network, when set, is released when the init process exits (so the
+	// next container of a pod can take the pod's interface) and at delete.
+	Network Releaser
+	// NetworkRecord names it in the task record.
+	NetworkRecord *state.Network
+}
+
+// Releaser lets go of something a VM holds; Release is idempotent.
+type Releaser interface {
+	Release() error
 }
 
 // Spawn is a VM whose hypervisor process exists but whose guest is not up
@@ -84,10 +95,12 @@ type Spawn struct {
 	Hypervisor string
 	RunDir     string
 	Plan       state.Plan
+	Memory     MemoryBudget
+	Network    *state.Network
 }
 
 func spawnOf(sb *Sandbox) Spawn {
-	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan}
+	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan, Memory: sb.Memory, Network: sb.NetworkRecord}
 }
 
 // LaunchRequest is what a Launcher restores a task's VM from.
@@ -106,6 +119,12 @@ type LaunchRequest struct {
 	// and place it in its cgroup meanwhile. It does not block. Launch
 	// calls it at most once, and before it returns.
 	Spawned func(Spawn)
+	// Created, when set, is called with the hypervisor's pid once the VM
+	// exists and is loaded but before its guest runs (for a sandbox, once
+	// its pause process runs): the service runs the OCI createRuntime
+	// hooks there, which may set up the namespace's network. An error
+	// fails the launch. Launch calls it at most once.
+	Created func(ctx context.Context, pid int) error
 }
 
 // Launcher restores the VM of a new task. On error nothing it started is
@@ -119,4 +138,38 @@ type Launcher interface {
 // starts. Warm does not block.
 type Warmer interface {
 	Warm(ctx context.Context)
+}
+
+// CRI's annotations that tell a pod's sandbox container from its app
+// containers (containerd's internal/cri/annotations, which other runtimes
+// read by these names too).
+const (
+	containerTypeAnnotation = "io.kubernetes.cri.container-type"
+	containerTypeSandbox    = "sandbox"
+)
+
+// IsPodSandbox reports whether spec is a CRI pod sandbox's container.
+func IsPodSandbox(spec *specs.Spec) bool {
+	return spec != nil && spec.Annotations[containerTypeAnnotation] == containerTypeSandbox
+}
+
+// PodLauncher launches pod sandboxes with Sandbox and every other task with
+// VM: a sandbox needs no VM of its own.
+type PodLauncher struct {
+	VM, Sandbox Launcher
+}
+
+// Launch picks the launcher for r.
+func (l PodLauncher) Launch(ctx context.Context, r LaunchRequest) (*Sandbox, error) {
+	if IsPodSandbox(r.Spec) {
+		return l.Sandbox.Launch(ctx, r)
+	}
+	return l.VM.Launch(ctx, r)
+}
+
+// Warm warms the VM launcher, if it can be.
+func (l PodLauncher) Warm(ctx context.Context) {
+	if w, ok := l.VM.(Warmer); ok {
+		w.Warm(ctx)
+	}
 }

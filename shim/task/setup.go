@@ -76,7 +76,7 @@ func (s *vmSetup) run(sp Spawn) {
 	if s.err = state.WriteTask(s.req.Bundle, s.rec); s.err != nil || s.path == "" {
 		return
 	}
-	s.cg, s.err = joinCgroup(s.path, s.res, sp.PID)
+	s.cg, s.err = joinCgroup(s.path, s.res, sp)
 }
 
 func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
@@ -91,17 +91,23 @@ func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
 		PIDStart:   start,
 		RunDir:     sp.RunDir,
 		StagedDir:  req.StagedDir,
+		Network:    sp.Network,
 		Plan:       sp.Plan,
 	}, nil
 }
 
-// joinCgroup creates the cgroup at path and moves pid into it.
-func joinCgroup(path string, res *specs.LinuxResources, pid int) (vmCgroup, error) {
-	cg, err := newCgroup(path, res)
+// joinCgroup creates the cgroup at path with the VM's share of res and
+// moves the hypervisor into it.
+func joinCgroup(path string, res *specs.LinuxResources, sp Spawn) (vmCgroup, error) {
+	vres, err := sp.Memory.vmResources(res)
 	if err != nil {
 		return nil, err
 	}
-	if err := cg.Add(pid); err != nil {
+	cg, err := newCgroup(path, vres)
+	if err != nil {
+		return nil, err
+	}
+	if err := cg.Add(sp.PID); err != nil {
 		return nil, errors.Join(fmt.Errorf("move hypervisor into cgroup %s: %w", path, err), cg.Delete())
 	}
 	return cg, nil

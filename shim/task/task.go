@@ -35,6 +35,7 @@ type task struct {
 	// created is when Create began, the restore report's origin.
 	created   time.Time
 	namespace string
+	hooks     *ociHooks
 
 	ctx    context.Context // ends when the hypervisor process exits
 	cancel context.CancelFunc
@@ -218,6 +219,7 @@ func (t *task) watch(p *process) {
 	if p.execID == "" {
 		t.endExecs()
 		t.recordExit(exit)
+		t.releaseNetwork()
 	}
 	p.setExited(exit)
 	t.send(&eventstypes.TaskExit{
@@ -286,6 +288,18 @@ func (t *task) endExecs() {
 	case <-time.After(execDrainTimeout):
 		t.killVM("execs did not exit after their init")
 		<-drained
+	}
+}
+
+// releaseNetwork gives the VM's network back once its init has exited: a
+// pod's next container (an init container's successor) takes the pod's
+// interface, and nothing the guest still sends can reach it.
+func (t *task) releaseNetwork() {
+	if t.sb.Network == nil {
+		return
+	}
+	if err := t.sb.Network.Release(); err != nil {
+		log.G(t.ctx).WithError(err).WithField("id", t.id).Warn("release VM network")
 	}
 }
 

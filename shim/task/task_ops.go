@@ -93,6 +93,22 @@ func (t *task) signal(p *process, sig unix.Signal) error {
 	}
 }
 
+// poststart runs the poststart hooks; as runc does, a failing one kills
+// the init process it followed and fails the start.
+func (t *task) poststart(ctx context.Context) error {
+	if t.hooks == nil {
+		return nil
+	}
+	err := t.hooks.started(ctx, t.pid())
+	if err == nil {
+		return nil
+	}
+	if kerr := t.kill(t.init, unix.SIGKILL, true); kerr != nil && !errors.Is(kerr, errdefs.ErrNotFound) {
+		err = errors.Join(err, fmt.Errorf("kill init after the failed hook: %w", kerr))
+	}
+	return err
+}
+
 // pause pauses the VM.
 func (t *task) pause(ctx context.Context) error {
 	t.opMu.Lock()
@@ -207,15 +223,18 @@ func (t *task) stats() (any, error) {
 	return m, nil
 }
 
-// update applies new resources to the hypervisor cgroup.
+// update applies new resources to the hypervisor cgroup: CPU limits as
+// given, a memory limit (which CRI repeats on every update) as the VM's
+// budget makes it.
 func (t *task) update(res *specs.LinuxResources) error {
-	if err := checkUpdate(res); err != nil {
+	vres, err := t.sb.Memory.vmResources(res)
+	if err != nil {
 		return err
 	}
 	if t.cg == nil {
 		return fmt.Errorf("task %s has no cgroup (its spec sets no cgroupsPath): %w", t.id, errdefs.ErrNotFound)
 	}
-	if err := t.cg.Update(res); err != nil {
+	if err := t.cg.Update(vres); err != nil {
 		return fmt.Errorf("update cgroup: %w", err)
 	}
 	return nil
@@ -240,6 +259,10 @@ func (t *task) destroy(ctx context.Context) error {
 	case <-t.vmDone:
 	case <-time.After(exitTimeout):
 		log.G(ctx).WithField("id", t.id).Error("hypervisor still runs after kill")
+	}
+	t.releaseNetwork()
+	if t.hooks != nil {
+		t.hooks.stopped(ctx, t.pid())
 	}
 	var errs []error
 	if err := t.sb.Guest.Close(); err != nil {

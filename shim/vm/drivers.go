@@ -11,7 +11,6 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
 // driver returns the driver for cfg's hypervisor, one per distinct driver
@@ -66,22 +65,4 @@ func (l *Launcher) Warm(ctx context.Context) {
 			log.G(ctx).WithError(err).WithField("hypervisor", d.Name()).Debug("warm hypervisor probe")
 		}
 	}()
-}
-
-// spawnReporter hands a restored, still paused VM to the task service's
-// Spawned hook before restore.Run brings its guest up.
-type spawnReporter struct {
-	hypervisor.Driver
-	spawned func(task.Spawn)
-	spawn   task.Spawn // all but the pid
-}
-
-func (d spawnReporter) Restore(ctx context.Context, req hypervisor.RestoreRequest) (hypervisor.VM, error) {
-	vm, err := d.Driver.Restore(ctx, req)
-	if err == nil {
-		sp := d.spawn
-		sp.PID = vm.PID()
-		d.spawned(sp)
-	}
-	return vm, err
 }

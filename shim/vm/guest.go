@@ -46,12 +46,15 @@ func (g *guest) Stdio(ctx context.Context, id string) (io.WriteCloser, io.ReadCl
 	return g.c.Stdio(ctx, id)
 }
 
+// Wait reports the exit with the host's time of learning it: the guest's
+// clock is only as right as its last Init made it, and containerd compares
+// exit times with its own.
 func (g *guest) Wait(ctx context.Context, id string) (task.Exit, error) {
 	st, err := g.c.Wait(ctx, id)
 	if err != nil {
 		return task.Exit{}, err
 	}
-	return task.Exit{Status: uint32(st.Code), At: st.ExitedAt}, nil
+	return task.Exit{Status: uint32(st.Code), At: time.Now()}, nil
 }
 
 func (g *guest) Signal(ctx context.Context, id string, sig syscall.Signal) error {

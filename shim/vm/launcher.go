@@ -5,6 +5,7 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
@@ -48,8 +50,12 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err != nil {
 		return nil, err
 	}
-	plan, err := decide(ctx, d, cfg, r)
+	plan, top, err := decide(ctx, d, cfg, r)
 	if err != nil {
+		return nil, err
+	}
+	budget := task.MemoryBudget{Guest: top.MemoryBytes, Headroom: int64(cfg.Shim.MemoryHeadroom)}
+	if err := budget.Check(resourcesOf(r.Spec)); err != nil {
 		return nil, err
 	}
 	runDir, err := runDirOf(cfg, r)
@@ -61,41 +67,55 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	planned := restore.Phase{Name: PhasePlan, Duration: time.Since(began)}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
-	var rd hypervisor.Driver = d
-	if r.Spawned != nil {
-		rd = spawnReporter{Driver: d, spawned: r.Spawned,
-			spawn: task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan)}}
+	vnet, err := openNetwork(r.Spec, r.ID)
+	if err != nil {
+		return nil, err
 	}
-	res, err := restore.Run(ctx, rd, restore.Request{
+	netns, nic := vnet.attach()
+	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan), Memory: budget, Network: vnet.record()}
+	res, err := restore.Run(ctx, loadedDriver{Driver: d, req: r, spawn: spawn, net: vnet}, restore.Request{
 		StagedDir:    r.StagedDir,
 		RunDir:       runDir,
 		Plan:         plan,
 		Hostname:     r.Hostname,
 		AgentTimeout: cfg.Agent.ConnectTimeout.D(),
+		NetNS:        netns,
+		NIC:          nic,
 	})
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, vnet.Release())
 	}
 	return &task.Sandbox{
-		VM:         res.VM,
-		Guest:      NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
-		Hypervisor: d.Name(),
-		RunDir:     runDir,
-		Plan:       planRecord(plan),
-		Phases:     phaseRecords(append([]restore.Phase{planned}, res.Report.Phases...)),
+		VM:            res.VM,
+		Guest:         NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
+		Hypervisor:    d.Name(),
+		RunDir:        runDir,
+		Plan:          planRecord(plan),
+		Phases:        phaseRecords(append([]restore.Phase{planned}, res.Report.Phases...)),
+		Memory:        budget,
+		Network:       vnet,
+		NetworkRecord: spawn.Network,
 	}, nil
 }
 
+// resourcesOf is the spec's Linux resources, nil when it has none.
+func resourcesOf(spec *specs.Spec) *specs.LinuxResources {
+	if spec == nil || spec.Linux == nil {
+		return nil
+	}
+	return spec.Linux.Resources
+}
+
 // decide reads the staged chain's top link and asks the policy for a plan.
-func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest) (restore.Plan, error) {
+func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest) (restore.Plan, *chain.Link, error) {
 	staged, err := chain.OpenStaged(r.StagedDir)
 	if err != nil {
-		return restore.Plan{}, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
+		return restore.Plan{}, nil, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
 			r.StagedDir, err, errdefs.ErrInvalidArgument)
 	}
 	caps, err := d.Capabilities(ctx)
 	if err != nil {
-		return restore.Plan{}, fmt.Errorf("%s capabilities: %w", d.Name(), err)
+		return restore.Plan{}, nil, fmt.Errorf("%s capabilities: %w", d.Name(), err)
 	}
 	var annotations map[string]string
 	if r.Spec != nil {
@@ -109,7 +129,7 @@ func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.
 		Annotations: annotations,
 	})
 	if err != nil {
-		return restore.Plan{}, fmt.Errorf("restore plan: %w: %w", err, errdefs.ErrInvalidArgument)
+		return restore.Plan{}, nil, fmt.Errorf("restore plan: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	entry := log.G(ctx).WithFields(log.Fields{"id": r.ID, "hypervisor": d.Name(), "mode": plan.Mode, "reasons": plan.Reasons})
 	if len(plan.Warnings) > 0 {
@@ -117,7 +137,7 @@ func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.
 	} else {
 		entry.Info("restore plan")
 	}
-	return plan, nil
+	return plan, staged.Top(), nil
 }
 
 // runDirOf is the VM's private directory, <shim.run_dir>/<namespace>/<id>;

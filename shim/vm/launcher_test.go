@@ -97,6 +97,40 @@ func TestLaunchRejectsUnstagedRootfs(t *testing.T) {
 	}
 }
 
+// TestLaunchMemoryLimit: a memory limit below the snapshot's guest memory
+// fails before any VM exists; one that fits becomes the VM's budget.
+func TestLaunchMemoryLimit(t *testing.T) {
+	cfgPath, _ := writeConfig(t, false)
+	staged := stageChain(t)
+	for _, c := range []struct {
+		name  string
+		limit int64
+		ok    bool
+	}{
+		{"below the guest", 32 << 10, false},
+		{"above the guest", 1 << 40, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, d := newLauncher(t)
+			spec := &specs.Spec{Linux: &specs.Linux{Resources: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &c.limit}}}}
+			sb, err := l.Launch(context.Background(), task.LaunchRequest{ID: "t1", Namespace: "ns", StagedDir: staged, ConfigPath: cfgPath, Spec: spec})
+			if !c.ok {
+				if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "guest memory") || len(d.restores) != 0 {
+					t.Fatalf("Launch with limit %d: %v after %d restores, want an invalid argument naming the guest memory and no restore", c.limit, err, len(d.restores))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sb.Guest.Close(); _ = sb.VM.Close() })
+			if sb.Memory.Guest <= 0 || sb.Memory.Headroom != 256<<20 {
+				t.Fatalf("memory budget %+v, want the link's guest memory and the default headroom", sb.Memory)
+			}
+		})
+	}
+}
+
 func TestLaunchBadConfig(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(path, []byte("[restore]\nmood = \"happy\"\n"), 0o600); err != nil {

@@ -6,11 +6,13 @@ package drivertest
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,6 +100,40 @@ func BenchRestore(b *testing.B, newDriver func(testing.TB) hypervisor.Driver, st
 			}
 			for p, d := range phases {
 				b.ReportMetric(float64(d.Microseconds())/float64(b.N), p+"-µs/op")
+			}
+		})
+	}
+}
+
+// RefusesAttachments restores a staged chain with each of a network
+// namespace, a NIC and a disk, and expects d to refuse every one by name
+// ("... not supported by the <driver> driver yet") and leave no run dir.
+// The caller checks that no VMM process was started.
+func RefusesAttachments(t *testing.T, d hypervisor.Driver, staged string) {
+	t.Helper()
+	netns, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer netns.Close()
+	tests := map[string]hypervisor.RestoreRequest{
+		"netns": {NetNS: netns},
+		"nic":   {NIC: &hypervisor.NIC{TapName: "tap0"}},
+		"disk":  {Disk: "/images/rootfs.erofs"},
+	}
+	for name, req := range tests {
+		t.Run(name, func(t *testing.T) {
+			req.StagedDir, req.RunDir, req.Mode = staged, RunDir(t), hypervisor.ModeCopy
+			v, err := d.Restore(context.Background(), req)
+			if err == nil {
+				v.Close()
+				t.Fatal("restore with an attachment the driver cannot honour succeeded")
+			}
+			if want := "not supported by the " + d.Name() + " driver yet"; !strings.Contains(err.Error(), want) {
+				t.Errorf("err = %v, want one containing %q", err, want)
+			}
+			if _, err := os.Stat(req.RunDir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("run dir left behind: %v", err)
 			}
 		})
 	}

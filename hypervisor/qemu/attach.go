@@ -1,0 +1,124 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// attach is what a QEMU inherits beyond its QMP listener.
+type attach struct {
+	// memfd is the guest RAM of a copy restore (fd 4, memfdChildPath);
+	// the VM owns it once spawned.
+	memfd *os.File
+	// tap is the NIC's tap queue; the caller keeps and closes its copy.
+	tap *os.File
+	// netns is the network namespace QEMU runs in; nil keeps ours.
+	netns *os.File
+}
+
+// attachFor checks the network namespace, NIC and disk req asks for, so a
+// wrong one fails before anything starts rather than in QEMU's log, and
+// returns what QEMU inherits for them. The disk goes on the command line.
+func attachFor(req hypervisor.RestoreRequest) (attach, error) {
+	if req.NetNS != nil {
+		if err := checkNetNS(req.NetNS); err != nil {
+			return attach{}, err
+		}
+	}
+	a := attach{netns: req.NetNS}
+	if req.NIC != nil {
+		if req.NIC.TapFile == nil {
+			return attach{}, fmt.Errorf("nic %q has no tap file: QEMU takes the tap as an open fd", req.NIC.TapName)
+		}
+		if err := checkTap(req.NIC.TapFile); err != nil {
+			return attach{}, err
+		}
+		a.tap = req.NIC.TapFile
+	}
+	if req.Disk != "" {
+		if err := checkDisk(req.Disk); err != nil {
+			return attach{}, err
+		}
+	}
+	return a, nil
+}
+
+// files lists the fds QEMU inherits after the QMP listener, and the
+// child's fd number of the tap (0 without one).
+func (a attach) files() (extra []*os.File, tapFD int) {
+	if a.memfd != nil {
+		extra = append(extra, a.memfd)
+	}
+	if a.tap != nil {
+		extra = append(extra, a.tap)
+		tapFD = qmpChildFD + len(extra)
+	}
+	return extra, tapFD
+}
+
+// checkTap refuses a tap the snapshot's NIC cannot use: a tun device, a
+// tap with packet info, or one with a vnet header (QEMU would offer the
+// guest offloads the snapshot's NIC never had, and the NIC would no
+// longer match the migration stream).
+func checkTap(f *os.File) error {
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(int(f.Fd()), unix.TUNGETIFF, ifr); err != nil {
+		return fmt.Errorf("nic tap file %s: TUNGETIFF: %w (want an open tap queue)", f.Name(), err)
+	}
+	flags := ifr.Uint16()
+	if flags&unix.IFF_TAP == 0 || flags&unix.IFF_NO_PI == 0 || flags&unix.IFF_VNET_HDR != 0 {
+		return fmt.Errorf("nic tap %s has flags %#x: want IFF_TAP|IFF_NO_PI without IFF_VNET_HDR", ifr.Name(), flags)
+	}
+	return nil
+}
+
+// checkNetNS wants f to be a network namespace.
+func checkNetNS(f *os.File) error {
+	t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w (want an nsfs file such as /proc/PID/ns/net)", f.Name(), err)
+	}
+	if t != unix.CLONE_NEWNET {
+		return fmt.Errorf("network namespace %s is a namespace of another type (%#x)", f.Name(), t)
+	}
+	return nil
+}
+
+// startIn starts cmd in the network namespace netns, or in ours when netns
+// is nil: the fork happens on an OS thread switched into netns, so QEMU is
+// born there and everything it opens by name is the namespace's.
+func startIn(netns *os.File, cmd *exec.Cmd) error {
+	if netns == nil {
+		return cmd.Start()
+	}
+	target, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", netns.Fd()))
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", netns.Name(), err)
+	}
+	defer target.Close()
+	if err := target.Do(func(ns.NetNS) error { return cmd.Start() }); err != nil {
+		return fmt.Errorf("in network namespace %s: %w", netns.Name(), err)
+	}
+	return nil
+}
+
+// checkDisk wants a regular file for the rootfs slot: a filesystem image.
+func checkDisk(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("rootfs disk: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("rootfs disk %s is not a regular file (mode %s): want a filesystem image", path, st.Mode())
+	}
+	return nil
+}

@@ -1,0 +1,137 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/network"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// vmNetwork is a task VM's network: the namespace its hypervisor runs in,
+// the tap behind the snapshot's NIC and, once the createRuntime hooks have
+// run (nerdctl sets up CNI there), the namespace's interface the guest
+// takes over.
+type vmNetwork struct {
+	mu    sync.Mutex // Release may come from an init exit and a delete at once
+	id    string
+	ns    *network.Namespace
+	path  string // the spec's namespace path; "" for one the shim made
+	tap   *network.Tap
+	iface *network.Interface // nil until connected, or with nothing to take over
+}
+
+// openNetwork prepares the network of task id's VM from its spec: none
+// when the spec shares the runtime's network namespace (no network entry),
+// else the namespace it names, or a new one the shim owns when it names
+// none, with a tap in it.
+func openNetwork(spec *specs.Spec, id string) (*vmNetwork, error) {
+	entry, ok := networkEntry(spec)
+	if !ok {
+		return nil, nil
+	}
+	n := &vmNetwork{id: id, path: entry.Path}
+	var err error
+	if entry.Path != "" {
+		n.ns, err = network.Open(entry.Path)
+	} else {
+		n.ns, err = network.New()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("task network namespace: %w", err)
+	}
+	if n.tap, err = network.CreateTap(n.ns, network.TapName(id), 0); err != nil {
+		return nil, errors.Join(err, n.ns.Close())
+	}
+	return n, nil
+}
+
+func networkEntry(spec *specs.Spec) (specs.LinuxNamespace, bool) {
+	if spec == nil || spec.Linux == nil {
+		return specs.LinuxNamespace{}, false
+	}
+	for _, e := range spec.Linux.Namespaces {
+		if e.Type == specs.NetworkNamespace {
+			return e, true
+		}
+	}
+	return specs.LinuxNamespace{}, false
+}
+
+// attach is what the hypervisor gets: its namespace and the tap.
+func (n *vmNetwork) attach() (*os.File, *hypervisor.NIC) {
+	if n == nil {
+		return nil, nil
+	}
+	return n.ns.File(), &hypervisor.NIC{TapName: n.tap.Name, TapFile: n.tap.File}
+}
+
+// connect joins the tap to the namespace's interface and returns that
+// interface for the guest to impersonate; nil when the namespace has none
+// (a new namespace no hook configured): the guest's NIC then stays down.
+func (n *vmNetwork) connect(ctx context.Context) (*network.Interface, error) {
+	if n == nil {
+		return nil, nil
+	}
+	iface, err := network.Discover(n.ns)
+	if errors.Is(err, network.ErrNoInterface) {
+		log.G(ctx).WithField("id", n.id).WithError(err).Info("no interface in the task's network namespace: the guest's NIC stays down")
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := network.Connect(n.ns, iface, n.tap); err != nil {
+		return nil, err
+	}
+	n.iface = &iface
+	return &iface, nil
+}
+
+// record is what `shim delete` needs to release the network after a crash:
+// names only. A namespace the shim made dies with the hypervisor, taking
+// the tap with it, so it is not recorded.
+func (n *vmNetwork) record() *state.Network {
+	if n == nil || n.path == "" {
+		return nil
+	}
+	return &state.Network{NetNS: n.path, Tap: n.tap.Name}
+}
+
+// closeTap drops the shim's copy of the tap queue once the hypervisor has
+// its own.
+func (n *vmNetwork) closeTap() {
+	if n != nil && n.tap.File != nil {
+		n.tap.File.Close()
+		n.tap.File = nil
+	}
+}
+
+// Release disconnects and deletes the tap and lets go of the namespace.
+// It is idempotent.
+func (n *vmNetwork) Release() error {
+	if n == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ns == nil {
+		return nil
+	}
+	n.closeTap()
+	var ifaceName string
+	if n.iface != nil {
+		ifaceName = n.iface.Name
+	}
+	err := network.Release(n.ns.Path(), ifaceName, n.tap.Name)
+	err = errors.Join(err, n.ns.Close())
+	n.ns = nil
+	return err
+}

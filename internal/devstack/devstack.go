@@ -1,9 +1,12 @@
 // Package devstack starts a private containerd v2.4.2 with cocoon-snapshotter
 // registered as the proxy snapshotter "cocoon" and the cocoon shim on PATH,
-// for the demo, the benchmark and the end-to-end tests. Everything lives
-// under one short temp dir; Close stops only the processes it started (and
-// the shims and VMs they started, found by that dir) and removes every
-// mount, socket and file it made.
+// for the demo, the benchmark and the end-to-end tests; with Options.CRI
+// also its CRI plugin (runc and cocoon runtime handlers, CNI), running
+// inside a network namespace the caller made, driven by crictl. Everything
+// lives under one short temp dir; Close stops only the processes it started
+// (and the shims, VMs and pods they started, found by that dir and the
+// cgroup parent named after it) and removes every mount, socket and file
+// it made.
 //
 //	s, err := devstack.Start(ctx, devstack.Options{BinDir: "bin"})
 //	if err != nil { ... }
@@ -158,7 +161,7 @@ func newStack(dir string, opts Options) *Stack {
 		CgroupParent:       "/" + filepath.Base(dir),
 		PodLogDir:          filepath.Join(dir, "pods"),
 		cri:                opts.CRI,
-		cgroups:            append(absentCgroups(ns), absentCgroups(filepath.Base(dir))...),
+		cgroups:            absentCgroups(ns),
 	}
 }
 

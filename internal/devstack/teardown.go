@@ -71,14 +71,14 @@ func Destroy(dir string) error {
 }
 
 // sweep kills what still refers to dir, unmounts everything under it and
-// removes it.
+// removes it, and removes the CRI pods' cgroup parent named after it.
 func sweep(dir string) error {
 	killAll(processesUsing(dir))
 	err := unmountAll(dir)
 	if rerr := os.RemoveAll(dir); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("remove %s: %w", dir, rerr))
 	}
-	return err
+	return errors.Join(err, removeEmptyCgroups(hierarchyDirs(filepath.Base(dir))))
 }
 
 // deleteContainers deletes every task and container of the containerd at

@@ -157,11 +157,8 @@ func (n *node) checkAddress(t *testing.T, id string, p *pod) {
 	}
 }
 
-// usage is one container's CPU and memory figures in crictl's stats.
+// usage is the CPU and memory figures in crictl's stats.
 type usage struct {
-	Attributes struct {
-		ID string `json:"id"`
-	} `json:"attributes"`
 	CPU struct {
 		UsageCoreNanoSeconds struct {
 			Value string `json:"value"`
@@ -174,30 +171,35 @@ type usage struct {
 	} `json:"memory"`
 }
 
-// check says what is missing from u, the stats of container id.
-func (u usage) check(id string) error {
-	if u.Attributes.ID != id {
-		return fmt.Errorf("stats for %q, want %s", u.Attributes.ID, id)
-	}
+// check says what is missing from u, the stats of what.
+func (u usage) check(what string) error {
 	cpu, _ := strconv.ParseUint(u.CPU.UsageCoreNanoSeconds.Value, 10, 64)
 	mem, _ := strconv.ParseUint(u.Memory.WorkingSetBytes.Value, 10, 64)
 	if cpu == 0 || mem == 0 {
-		return fmt.Errorf("stats of %s: cpu %q ns, memory %q bytes; want both non-zero", id, u.CPU.UsageCoreNanoSeconds.Value, u.Memory.WorkingSetBytes.Value)
+		return fmt.Errorf("stats of %s: cpu %q ns, memory %q bytes; want both non-zero", what, u.CPU.UsageCoreNanoSeconds.Value, u.Memory.WorkingSetBytes.Value)
 	}
 	return nil
+}
+
+// ctrUsage is one container's stats.
+type ctrUsage struct {
+	Attributes struct {
+		ID string `json:"id"`
+	} `json:"attributes"`
+	usage
 }
 
 // checkStats checks crictl stats of container id: its own, non-zero.
 func (n *node) checkStats(t *testing.T, id string) {
 	t.Helper()
 	var out struct {
-		Stats []usage `json:"stats"`
+		Stats []ctrUsage `json:"stats"`
 	}
 	decode(t, n.crictl(t, "stats", "-o", "json", id), &out)
-	if len(out.Stats) != 1 {
-		t.Fatalf("crictl stats %s listed %d containers, want 1", id, len(out.Stats))
+	if len(out.Stats) != 1 || out.Stats[0].Attributes.ID != id {
+		t.Fatalf("crictl stats %s: %+v, want that container's stats", id, out.Stats)
 	}
-	if err := out.Stats[0].check(id); err != nil {
+	if err := out.Stats[0].check("container " + id); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -213,7 +215,7 @@ func (n *node) checkPodStats(t *testing.T, p *pod, ctrs ...string) {
 			} `json:"attributes"`
 			Linux struct {
 				usage
-				Containers []usage `json:"containers"`
+				Containers []ctrUsage `json:"containers"`
 			} `json:"linux"`
 		} `json:"stats"`
 	}
@@ -222,17 +224,16 @@ func (n *node) checkPodStats(t *testing.T, p *pod, ctrs ...string) {
 		t.Fatalf("crictl statsp %s: %+v, want the pod's stats", p.id, out.Stats)
 	}
 	linux := out.Stats[0].Linux
-	linux.usage.Attributes.ID = p.id
-	if err := linux.usage.check(p.id); err != nil {
-		t.Fatalf("pod %s: %v", p.name, err)
+	if err := linux.check("pod " + p.name); err != nil {
+		t.Fatal(err)
 	}
 	for _, id := range ctrs {
-		i := slices.IndexFunc(linux.Containers, func(u usage) bool { return u.Attributes.ID == id })
+		i := slices.IndexFunc(linux.Containers, func(u ctrUsage) bool { return u.Attributes.ID == id })
 		if i < 0 {
 			t.Fatalf("crictl statsp %s lists no stats for container %s", p.id, id)
 		}
-		if err := linux.Containers[i].check(id); err != nil {
-			t.Fatalf("pod %s: %v", p.name, err)
+		if err := linux.Containers[i].check("container " + id); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -33,11 +33,11 @@ const (
 
 // images are the pause and busybox images, built once per test binary.
 var images struct {
-	once    sync.Once
-	dir     string
-	archive string // pause + busybox
-	busybox *testimage.BusyboxImage
-	err     error
+	once                 sync.Once
+	dir                  string
+	pauseTar, busyboxTar string // their archives
+	busybox              *testimage.BusyboxImage
+	err                  error
 }
 
 func TestMain(m *testing.M) {
@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// ociImages builds the pause and busybox images into one archive, once.
+// ociImages builds the pause and busybox images' archives, once.
 func ociImages(t testing.TB) {
 	t.Helper()
 	testenv.LookPath(t, testimage.DefaultBusybox)
@@ -69,8 +69,12 @@ func ociImages(t testing.TB) {
 			images.err = err
 			return
 		}
-		images.archive = filepath.Join(images.dir, "images.tar")
-		images.err = testimage.WriteArchiveFile(ctx, images.archive, pause, images.busybox.Image)
+		images.pauseTar = filepath.Join(images.dir, "pause.tar")
+		images.busyboxTar = filepath.Join(images.dir, "busybox.tar")
+		if images.err = testimage.WriteArchiveFile(ctx, images.pauseTar, pause); images.err != nil {
+			return
+		}
+		images.err = testimage.WriteArchiveFile(ctx, images.busyboxTar, images.busybox.Image)
 	})
 	if images.err != nil {
 		t.Fatal(images.err)
@@ -99,7 +103,8 @@ type nodeOptions struct {
 }
 
 // startNode starts a node with the images imported: pause as the sandbox
-// image and busybox, both unpacked into overlayfs.
+// image (unpacked into opts.sandboxSnapshotters) and busybox, unpacked
+// into overlayfs.
 func startNode(t *testing.T, opts nodeOptions) *node {
 	t.Helper()
 	testenv.RequireRoot(t)
@@ -121,7 +126,7 @@ func startNode(t *testing.T, opts nodeOptions) *node {
 		BinDir: bin, Config: &cfg, LogLevel: "debug",
 		CRI: &devstack.CRI{
 			NetNS: n.net.Path, CNIBinDir: n.net.BinDir, CNIConfDir: n.net.ConfDir,
-			SandboxArchive: images.archive, SandboxImage: pauseRef,
+			SandboxArchive: images.pauseTar, SandboxImage: pauseRef,
 			SandboxSnapshotters: opts.sandboxSnapshotters, Handlers: opts.handlers,
 		},
 	})
@@ -129,7 +134,7 @@ func startNode(t *testing.T, opts nodeOptions) *node {
 		t.Fatalf("start containerd with CRI: %v", err)
 	}
 	t.Cleanup(n.close)
-	if err := n.stack.Import(ctx, images.archive, devstack.Overlayfs); err != nil {
+	if err := n.stack.Import(ctx, images.busyboxTar, devstack.Overlayfs); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -199,8 +199,11 @@ func TestCocoonBadInput(t *testing.T) {
 				}},
 				{"start", func() error { _, err := n.crictlErr("start", ctr); return err }},
 			})
-			if err == nil || !slices.Contains(tc.failsAt, step) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("runp, create, start: %s failed with %v; want one of %v to fail naming %q", step, err, tc.failsAt, tc.want)
+			if err == nil {
+				t.Fatalf("runp, create and start all succeeded; want one of %v to fail naming %q", tc.failsAt, tc.want)
+			}
+			if !slices.Contains(tc.failsAt, step) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%s failed with %v; want one of %v to fail naming %q", step, err, tc.failsAt, tc.want)
 			}
 			if pids := vms(p.id, ctr); len(pids) > 0 {
 				t.Fatalf("VMs %v run after the failure", pids)

@@ -64,15 +64,15 @@ func (n *node) writeJSON(t *testing.T, name string, v any) string {
 	return path
 }
 
-// runPod runs a pod with handler and checks it is ready with an address
-// in the node's subnet.
+// runPod runs a pod with handler and checks it is ready, from the pause
+// image, with an address in the node's subnet.
 func (n *node) runPod(t *testing.T, name, handler string, annotations map[string]string) *pod {
 	t.Helper()
 	p := &pod{name: name, config: n.podConfig(t, name, annotations)}
 	p.id = n.crictl(t, "runp", "--runtime", handler, p.config)
 	st := n.inspectPod(t, p.id)
-	if st.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY.String() {
-		t.Fatalf("pod %s is %s, want SANDBOX_READY", name, st.Status.State)
+	if st.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY.String() || st.Info.Image != pauseRef {
+		t.Fatalf("pod %s is %s from image %q, want SANDBOX_READY from %s", name, st.Status.State, st.Info.Image, pauseRef)
 	}
 	if p.ip = net.ParseIP(st.Status.Network.IP); p.ip == nil || !n.net.Subnet.Contains(p.ip) {
 		t.Fatalf("pod %s has address %q, want one in the CNI network %s", name, st.Status.Network.IP, n.net.Subnet)
@@ -88,6 +88,9 @@ type podStatus struct {
 			IP string `json:"ip"`
 		} `json:"network"`
 	} `json:"status"`
+	Info struct {
+		Image string `json:"image"`
+	} `json:"info"`
 }
 
 func (n *node) inspectPod(t *testing.T, id string) podStatus {

@@ -48,6 +48,13 @@ type Restore struct {
 	LazyWindows bool `toml:"lazy_windows"`
 	// ForceMode is a deployment-wide override that beats everything else.
 	ForceMode string `toml:"force_mode"`
+	// BaseImage is the snapshot image a task restores when its own image
+	// is an ordinary OCI image, whose layers become the VM's root
+	// filesystem; empty refuses such tasks.
+	BaseImage string `toml:"base_image"`
+	// BaseSnapshotter is the containerd snapshotter (the cocoon proxy
+	// plugin's name) the base image is staged through.
+	BaseSnapshotter string `toml:"base_snapshotter"`
 }
 
 // Agent holds the guest agent timeouts.
@@ -102,7 +109,7 @@ type Snapshotter struct {
 func Default() Config {
 	return Config{
 		Hypervisor: "qemu",
-		Restore:    Restore{Mode: "auto"},
+		Restore:    Restore{Mode: "auto", BaseSnapshotter: "cocoon"},
 		Agent: Agent{
 			ConnectTimeout: Duration(10 * time.Second),
 			CallTimeout:    Duration(10 * time.Second),

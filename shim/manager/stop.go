@@ -4,17 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/baseimage"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -98,6 +101,11 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 			errs = append(errs, err)
 		}
 	}
+	if t.Base != nil {
+		if err := releaseBase(ctx, t.Base); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if t.RunDir != "" {
 		if err := os.RemoveAll(t.RunDir); err != nil {
 			errs = append(errs, fmt.Errorf("remove run dir: %w", err))
@@ -107,6 +115,21 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 		log.G(ctx).WithError(errors.Join(errs...)).WithField("id", t.ID).Warn("task cleanup incomplete")
 	}
 	return errors.Join(errs...)
+}
+
+// releaseBase removes a crashed task's base snapshot and lease through
+// containerd, whose address `shim delete` is given as -address.
+func releaseBase(ctx context.Context, b *state.Base) error {
+	f := flag.Lookup("address")
+	if f == nil || f.Value.String() == "" {
+		return fmt.Errorf("release base snapshot %s: containerd's address is unknown (no -address flag)", b.Key)
+	}
+	client, err := containerd.New(f.Value.String())
+	if err != nil {
+		return fmt.Errorf("release base snapshot %s: %w", b.Key, err)
+	}
+	defer client.Close()
+	return baseimage.Release(ctx, client, b.Namespace, b.Snapshotter, b.Key)
 }
 
 // killProcess SIGKILLs the recorded hypervisor through a pidfd, so a pid

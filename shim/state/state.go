@@ -43,7 +43,9 @@ type Task struct {
 	// Network is the tap the VM's NIC uses in a namespace that outlives
 	// the VM, if any.
 	Network *Network `json:"network,omitempty"`
-	Plan    Plan     `json:"plan"`
+	// Base is the base snapshot staged for an ordinary image, if any.
+	Base *Base `json:"base,omitempty"`
+	Plan Plan  `json:"plan"`
 	// Exit is the init process's exit, once known.
 	Exit *Exit `json:"exit,omitempty"`
 }
@@ -53,6 +55,14 @@ type Task struct {
 type Network struct {
 	NetNS string `json:"netns"`
 	Tap   string `json:"tap"`
+}
+
+// Base names a task's base snapshot and lease in containerd, so `shim
+// delete` can remove them after a crash.
+type Base struct {
+	Namespace   string `json:"namespace"`
+	Snapshotter string `json:"snapshotter"`
+	Key         string `json:"key"`
 }
 
 // Plan is the restore plan the policy chose, with its reasons.

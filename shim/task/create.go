@@ -19,6 +19,8 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 // InitGuestID names the init process to the guest agent; execs are
@@ -55,6 +57,7 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
+	req.Containerd = s.containerd
 	h, err := newOCIHooks(r.ID, r.Bundle, spec)
 	if err != nil {
 		return 0, err
@@ -180,10 +183,13 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 }
 
 func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (LaunchRequest, error) {
-	var staged string
+	var (
+		staged string
+		image  *chain.StagedRootfs
+	)
 	if !IsPodSandbox(spec) { // a sandbox uses no image: its pause process is the shim's
 		var err error
-		if staged, err = stagedDir(r.Rootfs, r.Bundle); err != nil {
+		if staged, image, err = rootfsOf(r.Rootfs, r.Bundle); err != nil {
 			return LaunchRequest{}, err
 		}
 	}
@@ -197,28 +203,38 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 	}
 	return LaunchRequest{
 		ID: r.ID, Namespace: ns, Bundle: r.Bundle, Spec: spec,
-		StagedDir: staged, ConfigPath: configPath, Hostname: hostname,
+		StagedDir: staged, Rootfs: image, ConfigPath: configPath, Hostname: hostname,
 	}, nil
 }
 
-// stagedDir finds the snapshotter's staged chain: the source of the rootfs
-// bind mount. The shim reads it in place rather than mounting it on
-// bundle/rootfs: the hypervisor only opens files in it, a bind mount shows
-// the same inodes (page-cache sharing is unaffected), and a mount would be
-// one more thing for a crashed shim to leak. Without mounts, the client
-// mounted bundle/rootfs itself.
-func stagedDir(mounts []*types.Mount, bundle string) (string, error) {
+// rootfsOf reads what the snapshotter staged for the task: a snapshot
+// image's staged chain (one bind mount), or an ordinary image's filesystem
+// image (the overlay containerd's overlay snapshotter would give, whose
+// upper dir's parent holds it). The shim reads them in place rather than
+// mounting them on bundle/rootfs: the hypervisor only opens files there,
+// and a mount would be one more thing for a crashed shim to leak. Without
+// mounts, the client mounted bundle/rootfs itself.
+func rootfsOf(mounts []*types.Mount, bundle string) (string, *chain.StagedRootfs, error) {
 	switch {
 	case len(mounts) == 0:
-		return filepath.Join(bundle, "rootfs"), nil
+		return filepath.Join(bundle, "rootfs"), nil, nil
 	case len(mounts) == 1 && isBind(mounts[0]):
-		return mounts[0].Source, nil
+		return mounts[0].Source, nil, nil
+	case len(mounts) == 1 && mounts[0].Type == "overlay":
+		dir, err := chain.StagedRootfsDir(mounts[0].Options)
+		if err == nil {
+			var img *chain.StagedRootfs
+			if img, err = chain.OpenStagedRootfs(dir); err == nil {
+				return "", img, nil
+			}
+		}
+		return "", nil, fmt.Errorf("rootfs overlay has no filesystem image staged by the cocoon snapshotter (run the task with --snapshotter cocoon): %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	kinds := make([]string, 0, len(mounts))
 	for _, m := range mounts {
 		kinds = append(kinds, m.Type)
 	}
-	return "", fmt.Errorf("rootfs is %d mount(s) of type %v, want the cocoon snapshotter's staged chain (one bind mount): run the task with --snapshotter cocoon: %w",
+	return "", nil, fmt.Errorf("rootfs is %d mount(s) of type %v, want what the cocoon snapshotter stages (one bind or overlay mount): run the task with --snapshotter cocoon: %w",
 		len(mounts), kinds, errdefs.ErrInvalidArgument)
 }
 

@@ -15,26 +15,47 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
-func TestStagedDir(t *testing.T) {
+func TestRootfsOf(t *testing.T) {
+	staged := t.TempDir()
+	img := filepath.Join(staged, chain.StagedRootfsImage)
+	if err := os.WriteFile(img, make([]byte, 8192), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := chain.WriteStagedRootfs(staged, chain.StagedRootfs{FSType: chain.RootfsErofs, Size: 8192, Key: "k", Layers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	overlay := func(dir string) []*types.Mount {
+		return []*types.Mount{{Type: "overlay", Source: "overlay", Options: []string{
+			"index=off", "workdir=" + filepath.Join(dir, "work"), "upperdir=" + filepath.Join(dir, "fs"), "lowerdir=/l1:/l2"}}}
+	}
 	tests := []struct {
-		name    string
-		mounts  []*types.Mount
-		want    string
-		wantErr bool
+		name      string
+		mounts    []*types.Mount
+		want      string
+		wantImage string
+		wantErr   bool
 	}{
-		{"no mounts: client mounted rootfs", nil, "/b/rootfs", false},
-		{"bind type", []*types.Mount{{Type: "bind", Source: "/staged/1"}}, "/staged/1", false},
-		{"rbind option", []*types.Mount{{Type: "none", Source: "/staged/2", Options: []string{"rbind", "ro"}}}, "/staged/2", false},
-		{"overlay", []*types.Mount{{Type: "overlay", Source: "overlay"}}, "", true},
-		{"two binds", []*types.Mount{{Type: "bind", Source: "/a"}, {Type: "bind", Source: "/b"}}, "", true},
+		{"no mounts: client mounted rootfs", nil, "/b/rootfs", "", false},
+		{"bind type", []*types.Mount{{Type: "bind", Source: "/staged/1"}}, "/staged/1", "", false},
+		{"rbind option", []*types.Mount{{Type: "none", Source: "/staged/2", Options: []string{"rbind", "ro"}}}, "/staged/2", "", false},
+		{"overlay with a staged image", overlay(staged), "", img, false},
+		{"overlay without one", overlay(t.TempDir()), "", "", true},
+		{"overlay without upperdir", []*types.Mount{{Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/a:/b"}}}, "", "", true},
+		{"two binds", []*types.Mount{{Type: "bind", Source: "/a"}, {Type: "bind", Source: "/b"}}, "", "", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := stagedDir(tt.mounts, "/b")
-			if (err != nil) != tt.wantErr || got != tt.want {
-				t.Fatalf("stagedDir = %q, %v; want %q, error %v", got, err, tt.want, tt.wantErr)
+			got, image, err := rootfsOf(tt.mounts, "/b")
+			var gotImage string
+			if image != nil {
+				gotImage = image.ImagePath()
+			}
+			if (err != nil) != tt.wantErr || got != tt.want || gotImage != tt.wantImage {
+				t.Fatalf("rootfsOf = %q, %q, %v; want %q, %q, error %v", got, gotImage, err, tt.want, tt.wantImage, tt.wantErr)
 			}
 			if err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("error %v is not an invalid argument", err)

@@ -24,7 +24,9 @@ func Register(l Launcher) {
 			if err != nil {
 				return nil, err
 			}
-			return NewService(ic.Context, l, pp.(shim.Publisher), ss.(shutdown.Service)), nil
+			s := NewService(ic.Context, l, pp.(shim.Publisher), ss.(shutdown.Service))
+			s.containerd = ic.Properties[plugins.PropertyGRPCAddress]
+			return s, nil
 		},
 	})
 }

@@ -8,6 +8,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -81,6 +83,10 @@ type Sandbox struct {
 	Network Releaser
 	// NetworkRecord names it in the task record.
 	NetworkRecord *state.Network
+	// Base, when set, is released once the VM is gone.
+	Base Releaser
+	// BaseRecord names it in the task record.
+	BaseRecord *state.Base
 }
 
 // Releaser lets go of something a VM holds; Release is idempotent.
@@ -97,10 +103,12 @@ type Spawn struct {
 	Plan       state.Plan
 	Memory     MemoryBudget
 	Network    *state.Network
+	Base       *state.Base
 }
 
 func spawnOf(sb *Sandbox) Spawn {
-	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan, Memory: sb.Memory, Network: sb.NetworkRecord}
+	return Spawn{PID: sb.VM.PID(), Hypervisor: sb.Hypervisor, RunDir: sb.RunDir, Plan: sb.Plan,
+		Memory: sb.Memory, Network: sb.NetworkRecord, Base: sb.BaseRecord}
 }
 
 // LaunchRequest is what a Launcher restores a task's VM from.
@@ -109,8 +117,14 @@ type LaunchRequest struct {
 	Namespace string
 	Bundle    string
 	Spec      *specs.Spec
-	// StagedDir is the snapshotter's staged chain.
+	// StagedDir is the snapshotter's staged chain of a snapshot image; ""
+	// when the task's image is an ordinary one (Rootfs).
 	StagedDir string
+	// Rootfs is the filesystem image of an ordinary image's layers, which
+	// the VM of the runtime class's base snapshot mounts as its root.
+	Rootfs *chain.StagedRootfs
+	// Containerd is containerd's gRPC address, for staging a base image.
+	Containerd string
 	// ConfigPath is the runtime options' config file, if any.
 	ConfigPath string
 	Hostname   string

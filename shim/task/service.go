@@ -36,9 +36,12 @@ var (
 type Service struct {
 	ctx       context.Context
 	namespace string
-	launcher  Launcher
-	events    chan any
-	sd        shutdown.Service
+	// containerd is containerd's gRPC address, for what tasks stage
+	// through its API (a base image).
+	containerd string
+	launcher   Launcher
+	events     chan any
+	sd         shutdown.Service
 
 	mu       sync.Mutex
 	tasks    map[string]*task

@@ -92,6 +92,7 @@ func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
 		RunDir:     sp.RunDir,
 		StagedDir:  req.StagedDir,
 		Network:    sp.Network,
+		Base:       sp.Base,
 		Plan:       sp.Plan,
 	}, nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/baseimage"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
@@ -35,6 +36,7 @@ type Launcher struct {
 
 	mu      sync.Mutex
 	drivers map[string]hypervisor.Driver // by driver config, see driver
+	clients baseimage.Clients
 }
 
 var _ task.Launcher = (*Launcher)(nil)
@@ -50,7 +52,47 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err != nil {
 		return nil, err
 	}
-	plan, top, err := decide(ctx, d, cfg, r)
+	src, err := l.source(ctx, cfg, r)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := l.launch(ctx, cfg, d, r, src, began)
+	if err != nil {
+		return nil, errors.Join(err, src.base.Release())
+	}
+	return sb, nil
+}
+
+// source is what a task restores from: a staged chain, and for an ordinary
+// image the base snapshot staged for it and the image's filesystem.
+type source struct {
+	dir  string
+	base *baseimage.Snapshot
+	disk *chain.StagedRootfs
+}
+
+// source stages the runtime class's base image for a task whose image is
+// an ordinary one; a snapshot image's chain is staged already.
+func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchRequest) (source, error) {
+	if r.Rootfs == nil {
+		return source{dir: r.StagedDir}, nil
+	}
+	if cfg.Restore.BaseImage == "" {
+		return source{}, fmt.Errorf("the task's image is an ordinary OCI image, which runs in a VM restored from the runtime class's base snapshot: set restore.base_image: %w", errdefs.ErrInvalidArgument)
+	}
+	client, err := l.clients.Get(r.Containerd)
+	if err != nil {
+		return source{}, err
+	}
+	base, err := baseimage.Stage(ctx, client, r.Namespace, cfg.Restore.BaseSnapshotter, cfg.Restore.BaseImage, r.ID)
+	if err != nil {
+		return source{}, err
+	}
+	return source{dir: base.Dir, base: base, disk: r.Rootfs}, nil
+}
+
+func (l *Launcher) launch(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source, began time.Time) (*task.Sandbox, error) {
+	plan, top, err := decide(ctx, d, cfg, r, src.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -72,15 +114,16 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 		return nil, err
 	}
 	netns, nic := vnet.attach()
-	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan), Memory: budget, Network: vnet.record()}
+	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan), Memory: budget, Network: vnet.record(), Base: src.record()}
 	res, err := restore.Run(ctx, loadedDriver{Driver: d, req: r, spawn: spawn, net: vnet}, restore.Request{
-		StagedDir:    r.StagedDir,
+		StagedDir:    src.dir,
 		RunDir:       runDir,
 		Plan:         plan,
 		Hostname:     r.Hostname,
 		AgentTimeout: cfg.Agent.ConnectTimeout.D(),
 		NetNS:        netns,
 		NIC:          nic,
+		Disk:         src.diskPath(),
 	})
 	if err != nil {
 		return nil, errors.Join(err, vnet.Release())
@@ -95,7 +138,23 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 		Memory:        budget,
 		Network:       vnet,
 		NetworkRecord: spawn.Network,
+		Base:          src.base,
+		BaseRecord:    spawn.Base,
 	}, nil
+}
+
+func (s source) diskPath() string {
+	if s.disk == nil {
+		return ""
+	}
+	return s.disk.ImagePath()
+}
+
+func (s source) record() *state.Base {
+	if s.base == nil {
+		return nil
+	}
+	return s.base.Record()
 }
 
 // resourcesOf is the spec's Linux resources, nil when it has none.
@@ -107,11 +166,11 @@ func resourcesOf(spec *specs.Spec) *specs.LinuxResources {
 }
 
 // decide reads the staged chain's top link and asks the policy for a plan.
-func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest) (restore.Plan, *chain.Link, error) {
-	staged, err := chain.OpenStaged(r.StagedDir)
+func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest, dir string) (restore.Plan, *chain.Link, error) {
+	staged, err := chain.OpenStaged(dir)
 	if err != nil {
 		return restore.Plan{}, nil, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
-			r.StagedDir, err, errdefs.ErrInvalidArgument)
+			dir, err, errdefs.ErrInvalidArgument)
 	}
 	caps, err := d.Capabilities(ctx)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -88,7 +89,11 @@ func (n *vmNetwork) connect(ctx context.Context) (*network.Interface, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := network.Connect(n.ns, iface, n.tap); err != nil {
+	err = network.Connect(n.ns, iface, n.tap)
+	if errors.Is(err, network.ErrInUse) {
+		return nil, fmt.Errorf("%w: a namespace's interface and address go to one VM at a time, so a pod runs one app container at a time (init containers one after another): %w", err, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
 		return nil, err
 	}
 	n.iface = &iface

@@ -1,0 +1,157 @@
+// Package baseimage stages the base snapshot image a task restores when its
+// own image is an ordinary OCI image: a container snapshot of the base
+// chain in the cocoon snapshotter, taken through containerd's API under a
+// lease named after the task, so containerd's garbage collector keeps it
+// for the task's life and `shim delete` can find it after a crash.
+package baseimage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/opencontainers/image-spec/identity"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// leasePrefix names the lease that keeps a task's base snapshot from
+// containerd's garbage collector; the task id follows.
+const leasePrefix = "cocoon-base-"
+
+// Snapshot is the base image staged for one task.
+type Snapshot struct {
+	client      *containerd.Client
+	namespace   string
+	snapshotter string
+	key         string
+	// Dir is the staged chain to restore from.
+	Dir string
+}
+
+// Clients keeps one containerd client per address for the shim's life.
+type Clients struct {
+	mu sync.Mutex
+	m  map[string]*containerd.Client
+}
+
+// Get returns the client for address, connecting the first time.
+func (c *Clients) Get(address string) (*containerd.Client, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl, ok := c.m[address]; ok {
+		return cl, nil
+	}
+	cl, err := containerd.New(address)
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %s: %w", address, err)
+	}
+	if c.m == nil {
+		c.m = map[string]*containerd.Client{}
+	}
+	c.m[address] = cl
+	return cl, nil
+}
+
+// Stage prepares a snapshot of image (unpacking it into snapshotter first
+// if needed) for task id and returns where it is staged. On error nothing
+// is left.
+func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotter, image, id string) (_ *Snapshot, retErr error) {
+	ctx = namespaces.WithNamespace(ctx, namespace)
+	parent, err := baseChainID(ctx, client, snapshotter, image)
+	if err != nil {
+		return nil, err
+	}
+	b := &Snapshot{client: client, namespace: namespace, snapshotter: snapshotter, key: Key(id)}
+	ls := client.LeasesService()
+	lease, err := ls.Create(ctx, leases.WithID(b.key))
+	if err != nil {
+		return nil, fmt.Errorf("lease for the base snapshot of %s: %w", id, err)
+	}
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, b.Release())
+		}
+	}()
+	mounts, err := client.SnapshotService(snapshotter).Prepare(leases.WithLease(ctx, lease.ID), b.key, parent)
+	if err != nil {
+		return nil, fmt.Errorf("stage base image %s in snapshotter %s: %w", image, snapshotter, err)
+	}
+	if b.Dir, err = bindSource(mounts); err != nil {
+		return nil, fmt.Errorf("base image %s: %w", image, err)
+	}
+	if _, err := chain.OpenStaged(b.Dir); err != nil {
+		return nil, fmt.Errorf("base image %s is not a cocoon snapshot image (its layers must be chain links): %w: %w", image, err, errdefs.ErrInvalidArgument)
+	}
+	return b, nil
+}
+
+// baseChainID is the chain id of image's layers once they are unpacked in
+// snapshotter.
+func baseChainID(ctx context.Context, client *containerd.Client, snapshotter, ref string) (string, error) {
+	img, err := client.GetImage(ctx, ref)
+	if err != nil {
+		return "", fmt.Errorf("base image %s (restore.base_image): %w", ref, err)
+	}
+	unpacked, err := img.IsUnpacked(ctx, snapshotter)
+	if err != nil {
+		return "", fmt.Errorf("base image %s: %w", ref, err)
+	}
+	if !unpacked {
+		log.G(ctx).WithFields(log.Fields{"image": ref, "snapshotter": snapshotter}).Info("unpacking base image")
+		if err := img.Unpack(ctx, snapshotter); err != nil {
+			return "", fmt.Errorf("unpack base image %s into %s: %w", ref, snapshotter, err)
+		}
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		return "", fmt.Errorf("base image %s layers: %w", ref, err)
+	}
+	return identity.ChainID(diffIDs).String(), nil
+}
+
+// bindSource is the directory a staged chain's single bind mount shows.
+func bindSource(mounts []mount.Mount) (string, error) {
+	if len(mounts) != 1 || (mounts[0].Type != "bind" && mounts[0].Type != "rbind") {
+		return "", fmt.Errorf("snapshot mounts %v are not a staged chain (one bind mount): %w", mounts, errdefs.ErrInvalidArgument)
+	}
+	return mounts[0].Source, nil
+}
+
+// Record names the snapshot in the task record.
+func (b *Snapshot) Record() *state.Base {
+	return &state.Base{Namespace: b.namespace, Snapshotter: b.snapshotter, Key: b.key}
+}
+
+// Key is the snapshot key and lease id of task id's base snapshot.
+func Key(id string) string { return leasePrefix + id }
+
+// Release removes the base snapshot and its lease; it is idempotent.
+func (b *Snapshot) Release() error {
+	if b == nil {
+		return nil
+	}
+	return Release(context.Background(), b.client, b.namespace, b.snapshotter, b.key)
+}
+
+// Release removes the base snapshot key and its lease, whatever of them
+// exists: also what `shim delete` calls after a crash.
+func Release(ctx context.Context, client *containerd.Client, namespace, snapshotter, key string) error {
+	ctx = namespaces.WithNamespace(ctx, namespace)
+	var errs []error
+	if err := client.SnapshotService(snapshotter).Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("remove base snapshot %s: %w", key, err))
+	}
+	if err := client.LeasesService().Delete(ctx, leases.Lease{ID: key}); err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete lease %s: %w", key, err))
+	}
+	return errors.Join(errs...)
+}

@@ -6,7 +6,7 @@ GUEST := $(CURDIR)/build/guest
 CMDS := $(notdir $(wildcard cmd/*))
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all build containerd deps guest test lint generate clean demo bench
+.PHONY: all build containerd deps guest test lint generate clean demo bench fuzz
 
 all: build
 
@@ -42,6 +42,18 @@ bench: deps build guest
 ## test: install what the tests need, then run every tier
 test: deps build guest lint
 	$(GO) test $(GOTEST_FLAGS) ./...
+
+## fuzz: every native fuzz target in the repo for FUZZTIME each (`make test` runs their
+## seed corpora only); FUZZMINIMIZETIME bounds minimizing each new input
+FUZZTIME ?= 30s
+FUZZMINIMIZETIME ?= 100x
+fuzz:
+	@set -e; for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for target in $$($(GO) test -list '^Fuzz' $$dir | grep '^Fuzz'); do \
+			echo "== $$dir $$target ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$dir; \
+		done; \
+	done
 
 ## lint: gofmt, go vet, staticcheck
 lint:

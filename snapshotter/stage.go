@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/containerd/continuity/fs"
-
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
@@ -34,7 +32,7 @@ func (s *Snapshotter) stage(ctx context.Context, parent, dir string) error {
 				topDir, name, chain.StagedMemory, chain.StagedChain)
 		}
 		// A private copy: the shim patches these files for its VM.
-		if err := fs.CopyFile(filepath.Join(dir, name), filepath.Join(topDir, name)); err != nil {
+		if err := chain.CopyStateFile(filepath.Join(topDir, name), filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("copy state file %s: %w", name, err)
 		}
 	}

@@ -14,7 +14,8 @@ import (
 const maxFileSize = 1 << 20
 
 // Load reads the config file at path over the defaults; an empty path
-// resolves as Resolve does, and to the defaults when no file applies.
+// resolves as Resolve does, and to the defaults when no file applies, as
+// does /dev/null (an empty config, as commands' --config /dev/null mean).
 //
 // The path may come from a runtime class or the environment, so Load is
 // strict about what it reads: a regular file of at most 1 MiB, opened
@@ -30,6 +31,9 @@ func Load(path string) (Config, error) {
 		if path, ok = Resolve(""); !ok {
 			return Default(), nil
 		}
+	}
+	if path == os.DevNull {
+		return Default(), nil
 	}
 	data, fi, err := readFile(path)
 	if err != nil {

@@ -57,6 +57,9 @@ func TestLoadRefusesHostileFiles(t *testing.T) {
 			}
 		})
 	}
+	if c, err := Load(os.DevNull); err != nil || c != Default() {
+		t.Fatalf("Load(%s) = %+v, %v; want the defaults", os.DevNull, c, err)
+	}
 	if c, err := Load(good); err != nil || c.Restore.Mode != "copy" {
 		t.Fatalf("Load of a plain file: %+v, %v", c.Restore, err)
 	}

@@ -42,8 +42,8 @@ type field struct {
 	fields map[string]field
 }
 
-// obj is the schema of an object with the given fields; every field an
-// object may have that a table below does not list is keep.
+// obj is the schema of an object (or of each element of an array of
+// objects) with the given fields; a field it does not list is unknown.
 func obj(fields map[string]field) field { return field{fields: fields} }
 
 var (
@@ -61,8 +61,8 @@ func pciCommon(fields map[string]field) field {
 	return obj(fields)
 }
 
-// vmConfigSchema is config.json's schema. Fields are keep unless listed
-// with another rule; a listed object is checked field by field.
+// vmConfigSchema is config.json's schema; a field with a rule gets it
+// for its whole value, an object is checked field by field.
 var vmConfigSchema = obj(map[string]field{
 	"cpus": obj(map[string]field{
 		"boot_vcpus": keepField, "max_vcpus": keepField, "topology": keepField, "kvm_hyperv": keepField,
@@ -117,7 +117,8 @@ var vmConfigSchema = obj(map[string]field{
 	}),
 	"debug_console": obj(map[string]field{"file": rewriteField, "mode": keepField, "iobase": keepField}),
 	"vsock":         pciCommon(map[string]field{"cid": keepField, "socket": rewriteField}),
-	"pvmemcontrol":  keepField, "pvpanic": keepField, "iommu": keepField, "watchdog": keepField,
+	// Guest-side settings: numa names guest CPUs and zones, not host ones.
+	"pvmemcontrol": keepField, "pvpanic": keepField, "iommu": keepField, "watchdog": keepField,
 	"gdb": keepField, "landlock_enable": keepField, "numa": keepField, "rtc": keepField,
 	"pci_segments": keepField,
 	"platform": obj(map[string]field{

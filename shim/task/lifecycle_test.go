@@ -442,7 +442,6 @@ func TestShutdownWithTasks(t *testing.T) {
 	<-h.svc.sd.Done()
 }
 
-
 // waitStdout waits until the shim has written want to stdout.
 func (s *stdioFifos) waitStdout(t *testing.T, want string) {
 	t.Helper()

@@ -21,8 +21,6 @@ const (
 	// execDrainTimeout bounds how long an init exit waits for the execs it
 	// killed to report their exits before the VM itself is killed.
 	execDrainTimeout = 10 * time.Second
-	// guestCallTimeout bounds agent calls made on the shim's own behalf.
-	guestCallTimeout = 5 * time.Second
 )
 
 // task is one container: a VM, its init process and its execs.
@@ -181,10 +179,8 @@ func (t *task) start(ctx context.Context, p *process) error {
 // abandon kills a guest process whose stdio could not be attached; its
 // watcher still reports the exit.
 func (t *task) abandon(p *process, guestPid uint32) {
-	ctx, cancel := context.WithTimeout(t.ctx, guestCallTimeout)
-	defer cancel()
-	if err := t.sb.Guest.Signal(ctx, p.spec.ID, unix.SIGKILL); err != nil {
-		log.G(ctx).WithError(err).WithField("process", p.spec.ID).Warn("kill process without stdio")
+	if err := t.sb.Guest.Signal(t.ctx, p.spec.ID, unix.SIGKILL); err != nil {
+		log.G(t.ctx).WithError(err).WithField("process", p.spec.ID).Warn("kill process without stdio")
 	}
 	p.setRunning(guestPid, nil)
 	close(p.started)

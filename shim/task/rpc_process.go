@@ -70,7 +70,7 @@ func (s *Service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
-	st := p.Status(t.isPaused())
+	st := t.statusOf(p)
 	resp := &taskAPI.StateResponse{
 		ID:       t.processID(p),
 		Bundle:   t.bundle,
@@ -127,7 +127,7 @@ func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	if !p.stdio.Terminal {
 		return nil, fmt.Errorf("process %s has no terminal: %w", p.spec.ID, errdefs.ErrFailedPrecondition)
 	}
-	if st := p.Status(false); st != tasktypes.Status_RUNNING {
+	if st := p.Status(); st != tasktypes.Status_RUNNING {
 		return nil, fmt.Errorf("process %s is %s, want running: %w", p.spec.ID, st, errdefs.ErrFailedPrecondition)
 	}
 	if err := t.sb.Guest.ResizePty(ctx, p.spec.ID, r.Width, r.Height); err != nil {
@@ -163,14 +163,14 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 }
 
 func (s *Service) delete(ctx context.Context, t *task, p *process) error {
-	if st := p.Status(false); st == tasktypes.Status_RUNNING {
+	if st := p.Status(); st == tasktypes.Status_RUNNING {
 		return fmt.Errorf("process %s is running: kill it first: %w", t.processID(p), errdefs.ErrFailedPrecondition)
 	}
 	if p.execID != "" {
 		return t.deleteExec(ctx, p)
 	}
 	// A stopped init's exit event may still be on its way; it goes first.
-	if p.Status(false) == tasktypes.Status_STOPPED {
+	if p.Status() == tasktypes.Status_STOPPED {
 		if _, err := p.Wait(ctx); err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/containerd/v2/pkg/stdio"
 	"github.com/containerd/errdefs"
@@ -100,6 +101,16 @@ func (t *task) pidOf(p *process) uint32 {
 	return uint32(t.pid())
 }
 
+// statusOf is p's status as containerd sees it: a running process of a
+// paused VM is paused.
+func (t *task) statusOf(p *process) tasktypes.Status {
+	st := p.Status()
+	if st == tasktypes.Status_RUNNING && t.isPaused() {
+		return tasktypes.Status_PAUSED
+	}
+	return st
+}
+
 func (t *task) isPaused() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -146,7 +157,7 @@ func (t *task) start(ctx context.Context, p *process) error {
 	p.lifecycle.Lock()
 	defer p.lifecycle.Unlock()
 	if !p.startable() {
-		return fmt.Errorf("process %s is %s, want created: %w", p.spec.ID, p.Status(false), errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("process %s is %s, want created: %w", p.spec.ID, p.Status(), errdefs.ErrFailedPrecondition)
 	}
 	if p.execID != "" && t.initIsGone() {
 		return fmt.Errorf("task %s init process is not running: %w", t.id, errdefs.ErrFailedPrecondition)

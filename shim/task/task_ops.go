@@ -56,7 +56,7 @@ func (t *task) execList() []*process {
 func (t *task) signal(p *process, sig unix.Signal) error {
 	p.lifecycle.Lock()
 	defer p.lifecycle.Unlock()
-	switch p.Status(false) {
+	switch p.Status() {
 	case tasktypes.Status_STOPPED:
 		return errFinished
 	case tasktypes.Status_CREATED:
@@ -114,7 +114,7 @@ func (t *task) pause(ctx context.Context) error {
 	if t.isPaused() {
 		return fmt.Errorf("task %s is already paused: %w", t.id, errdefs.ErrFailedPrecondition)
 	}
-	if st := t.init.Status(false); st != tasktypes.Status_RUNNING {
+	if st := t.init.Status(); st != tasktypes.Status_RUNNING {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	if err := t.sb.VM.Pause(ctx); err != nil {
@@ -153,7 +153,7 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 	if !ok {
 		return fmt.Errorf("checkpoint: the %s driver cannot snapshot a running VM: %w", t.sb.Hypervisor, errdefs.ErrNotImplemented)
 	}
-	if st := t.init.Status(false); st != tasktypes.Status_RUNNING {
+	if st := t.init.Status(); st != tasktypes.Status_RUNNING {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	wasPaused := t.isPaused()

@@ -13,9 +13,9 @@ import (
 
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
@@ -33,9 +33,11 @@ type Client struct {
 }
 
 // NewClient speaks the agent API over conn, a stream from DialUnix or
-// DialHybridVsock.
+// DialHybridVsock. Writes to the guest are queued, so a guest that stops
+// reading blocks no call beyond its context, and replies that answer no
+// request are dropped before ttrpc sees (and logs) them.
 func NewClient(conn net.Conn) *Client {
-	tc := ttrpc.NewClient(conn)
+	tc := ttrpc.NewClient(newReplyFilter(newSendQueue(conn)))
 	return &Client{tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}}
 }
 
@@ -49,7 +51,8 @@ func native(err error) error {
 	return err
 }
 
-// Close closes the connection; calls in flight fail.
+// Close closes the connection; calls in flight fail. It does not wait for
+// the guest: what was sent is flushed in the background, for a bounded time.
 func (c *Client) Close() error {
 	return c.tc.Close()
 }
@@ -58,25 +61,6 @@ func (c *Client) Close() error {
 func (c *Client) Ping(ctx context.Context) error {
 	if _, err := c.api.Ping(ctx, &emptypb.Empty{}); err != nil {
 		return fmt.Errorf("ping guest agent: %w", native(err))
-	}
-	return nil
-}
-
-// InitRequest is the identity a restored clone gets.
-type InitRequest struct {
-	Time     time.Time // the guest's wall clock; zero leaves it
-	Entropy  []byte    // mixed into the guest's pool, then the CRNG is reseeded
-	Hostname string    // empty leaves it
-}
-
-// Init sets the clone's clock, randomness and name; call it after every restore.
-func (c *Client) Init(ctx context.Context, r InitRequest) error {
-	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname}
-	if !r.Time.IsZero() {
-		req.Time = timestamppb.New(r.Time)
-	}
-	if _, err := c.api.Init(ctx, req); err != nil {
-		return fmt.Errorf("init guest: %w", native(err))
 	}
 	return nil
 }
@@ -90,16 +74,25 @@ type ExecRequest struct {
 	AdditionalGIDs []uint32
 	Terminal       bool
 	Stdin          bool // the process gets a stdin stream (else /dev/null)
+	// Rlimits, NoNewPrivileges and Umask apply to the process only.
+	Rlimits         []specs.POSIXRlimit
+	NoNewPrivileges bool
+	Umask           *uint32 // nil inherits the agent's
 }
 
 // Exec starts a process and returns its pid in the guest (0 from an agent
 // that predates reporting it); follow it with Stdio to get its streams.
 func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
-	resp, err := c.api.Exec(ctx, &api.ExecRequest{
+	req := &api.ExecRequest{
 		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
 		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,
 		Terminal: r.Terminal, Stdin: r.Stdin,
-	})
+		NoNewPrivileges: r.NoNewPrivileges, Umask: r.Umask,
+	}
+	for _, l := range r.Rlimits {
+		req.Rlimits = append(req.Rlimits, &api.Rlimit{Type: l.Type, Soft: l.Soft, Hard: l.Hard})
+	}
+	resp, err := c.api.Exec(ctx, req)
 	if err != nil {
 		return 0, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
 	}

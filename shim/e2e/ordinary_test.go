@@ -50,13 +50,13 @@ func runOrdinary(c *ctrdtest.Containerd, flags []string, id string, args ...stri
 // its user, and a private writable layer.
 func TestOrdinaryImage(t *testing.T) {
 	c, img := ordinaryStack(t, imageRef)
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name  string
 		flags []string
 		args  []string
 		want  string
 	}{
-		{"the image's file", nil, []string{"cat", testimage.RandomFile}, img.RandomContent},
+		{"the image's file", nil, []string{"cat", testimage.RandomFile}, strings.TrimSpace(img.RandomContent)},
 		{"the guest's kernel", nil, []string{"uname", "-r"}, guestKernel(t)},
 		{"the image's user", []string{"--user", testimage.User}, []string{"id"},
 			fmt.Sprintf("uid=%d(%s) gid=%d(%s) groups=%d(%s),%d(%s)", testimage.UID, testimage.User, testimage.UID, testimage.User,
@@ -64,7 +64,7 @@ func TestOrdinaryImage(t *testing.T) {
 		{"a whiteout in the top layer", nil, []string{"sh", "-c", "test -e " + testimage.WhitedOutFile + " && echo present || echo absent"}, "absent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := runOrdinary(c, append([]string{"--rm"}, tc.flags...), "o-"+strings.ReplaceAll(tc.name, " ", "-"), tc.args...)
+			out, err := runOrdinary(c, append([]string{"--rm"}, tc.flags...), fmt.Sprintf("o%d", i), tc.args...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,6 +128,9 @@ func TestOrdinaryImageShared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// containerd removes deleted snapshots from the snapshotter when it
+	// collects garbage.
+	c.CollectGarbage()
 	if got := nlink(t, img); got != 1 {
 		t.Fatalf("filesystem image %s has %d links after every container was deleted, want 1", img, got)
 	}

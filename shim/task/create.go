@@ -170,15 +170,18 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 		cwd = "/"
 	}
 	return ProcessSpec{
-		ID:             id,
-		Args:           p.Args,
-		Env:            p.Env,
-		Cwd:            cwd,
-		UID:            p.User.UID,
-		GID:            p.User.GID,
-		AdditionalGIDs: p.User.AdditionalGids,
-		Terminal:       terminal,
-		Stdin:          stdin,
+		ID:              id,
+		Args:            p.Args,
+		Env:             p.Env,
+		Cwd:             cwd,
+		UID:             p.User.UID,
+		GID:             p.User.GID,
+		AdditionalGIDs:  p.User.AdditionalGids,
+		Terminal:        terminal,
+		Stdin:           stdin,
+		Rlimits:         p.Rlimits,
+		NoNewPrivileges: p.NoNewPrivileges,
+		Umask:           p.User.Umask,
 	}, nil
 }
 

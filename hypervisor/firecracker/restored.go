@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
 // A snapshot's vmstate comes from its image and names the host ends of
@@ -19,12 +22,22 @@ import (
 // snapshot/load can override only the last two (network_overrides,
 // vsock_override), and vmstate is Firecracker's own versioned binary
 // format, so the driver cannot read or patch it before the load. It
-// overrides what it can and, once the VM is loaded but before it has run,
-// asks GET /vm/config for the devices restored and refuses any host end
-// this restore did not give: the guest never runs with a host file, tap
-// or socket the image chose. Firecracker has still opened those paths
+// overrides what it can, puts the rootfs slot's image where the snapshot
+// names it (placeRootfs), and, once the VM is loaded but before it has
+// run, asks GET /vm/config for the devices restored and refuses any host
+// end this restore did not give: the guest never runs with a host file,
+// tap or socket the image chose. Firecracker has still opened those paths
 // during the load; only a jail (Firecracker's jailer: chroot, mount
 // namespace, unprivileged user) keeps the opening itself from the host.
+// Taps are kept from the host's network namespace: a restore without a
+// NIC runs Firecracker in a network namespace of its own.
+
+// nicIfaceID is the iface_id of the network interface a cocoon Firecracker
+// snapshot has: the tap a restore gives goes behind it. vmstate cannot be
+// read before the load, so the interface is known by this name; a
+// snapshot without it fails the load (an override of an unknown
+// interface).
+const nicIfaceID = "eth0"
 
 // hostBackends are the host ends a restore gives the snapshot's devices.
 type hostBackends struct {
@@ -32,6 +45,35 @@ type hostBackends struct {
 	Vsock string
 	// Taps maps a network interface's iface_id to its tap interface.
 	Taps map[string]string
+	// OwnNetNS: the restore gives neither a network namespace nor a NIC,
+	// so Firecracker runs in a network namespace of its own, where the
+	// taps the snapshot's interfaces name are created, used by nothing
+	// else and gone with it: they are not the host's, and are accepted.
+	OwnNetNS bool
+}
+
+// newHostBackends are the backends req gives, but for the vsock socket.
+func newHostBackends(req hypervisor.RestoreRequest) hostBackends {
+	var h hostBackends
+	switch {
+	case req.NIC != nil:
+		h.Taps = map[string]string{nicIfaceID: req.NIC.TapName}
+	case req.NetNS == nil:
+		h.OwnNetNS = true
+	}
+	return h
+}
+
+// describe names the tap a load puts behind which interface, for errors.
+func (h hostBackends) describe() string {
+	var s []string
+	for _, o := range h.overrides() {
+		s = append(s, fmt.Sprintf("tap %q behind network interface %q", o.HostDevName, o.IfaceID))
+	}
+	if len(s) == 0 {
+		return ""
+	}
+	return " with " + strings.Join(s, ", ")
 }
 
 // networkOverride is NetworkOverride in the spec.
@@ -63,6 +105,7 @@ type restoredDrive struct {
 	DriveID    string `json:"drive_id"`
 	PathOnHost string `json:"path_on_host"`
 	Socket     string `json:"socket"`
+	IsReadOnly bool   `json:"is_read_only"`
 }
 
 // restoredNet is a NetworkInterface.
@@ -93,10 +136,8 @@ func (v *vm) checkRestored(ctx context.Context, host hostBackends) error {
 }
 
 func (c restoredConfig) check(host hostBackends) error {
-	if len(c.Drives) > 0 {
-		d := c.Drives[0]
-		return fmt.Errorf("drives[0] (drive_id %q) is backed by host file %q (socket %q), as the image chose: "+
-			"Firecracker cannot override a drive's host end on load, so snapshots with drives are refused", d.DriveID, d.PathOnHost, d.Socket)
+	if err := checkDrives(c.Drives); err != nil {
+		return err
 	}
 	if len(c.Pmem) > 0 {
 		p := c.Pmem[0]
@@ -104,12 +145,33 @@ func (c restoredConfig) check(host hostBackends) error {
 			"Firecracker cannot override a pmem device's host file on load, so snapshots with pmem are refused", p.ID, p.PathOnHost)
 	}
 	for i, n := range c.Net {
-		if tap, ok := host.Taps[n.IfaceID]; !ok || tap != n.HostDevName {
+		if tap, ok := host.Taps[n.IfaceID]; !host.OwnNetNS && (!ok || tap != n.HostDevName) {
 			return fmt.Errorf("network-interfaces[%d] (iface_id %q) is backed by tap %q, as the image chose: this restore gives it no tap", i, n.IfaceID, n.HostDevName)
 		}
 	}
 	if c.Vsock != nil && c.Vsock.UDSPath != host.Vsock {
 		return fmt.Errorf("vsock is backed by socket %q, not this VM's %q", c.Vsock.UDSPath, host.Vsock)
+	}
+	return nil
+}
+
+// checkDrives accepts one drive, the rootfs slot: backed by rootfsPath,
+// read-only. Firecracker cannot override a drive's host end on load, so
+// any other drive is backed by a file the image chose.
+func checkDrives(drives []restoredDrive) error {
+	slot := -1
+	for i, d := range drives {
+		if d.PathOnHost != rootfsPath || d.Socket != "" {
+			return fmt.Errorf("drives[%d] (drive_id %q) is backed by host file %q (socket %q), as the image chose: "+
+				"Firecracker cannot override a drive's host end on load, so only the rootfs slot, recorded as %q, is accepted", i, d.DriveID, d.PathOnHost, d.Socket, rootfsPath)
+		}
+		if slot >= 0 {
+			return fmt.Errorf("drives[%d] and drives[%d] are both the rootfs slot %q", slot, i, rootfsPath)
+		}
+		if !d.IsReadOnly {
+			return fmt.Errorf("drives[%d] (drive_id %q), the rootfs slot, is writable: its image is shared, the snapshot must have it read-only", i, d.DriveID)
+		}
+		slot = i
 	}
 	return nil
 }

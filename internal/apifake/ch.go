@@ -27,6 +27,9 @@ type CH struct {
 	Version string
 	// Exit is called after vmm.shutdown has been answered.
 	Exit func()
+	// Spec, if set, is the API spec a restored config.json must conform
+	// to (VmConfig), as Cloud Hypervisor parses it into one.
+	Spec *Spec
 
 	mu     sync.Mutex
 	state  string // "" until restored, then Running, Paused or Shutdown
@@ -116,6 +119,11 @@ func (f *CH) load(dir, mode string) error {
 	config, err := os.ReadFile(filepath.Join(dir, CHConfigFile))
 	if err != nil {
 		return err
+	}
+	if f.Spec != nil {
+		if err := f.Spec.ValidateJSON("VmConfig", config); err != nil {
+			return fmt.Errorf("%s: %w", CHConfigFile, err)
+		}
 	}
 	var cfg chConfig
 	if err := json.Unmarshal(config, &cfg); err != nil {

@@ -51,6 +51,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s %s\n", os.Getenv(envName), v)
 		return 0
 	}
+	spec, err := LoadSpec(os.Getenv(envSpec))
+	if err != nil {
+		fmt.Fprintln(stderr, "fake-vmm:", err)
+		return 1
+	}
 	var model Model
 	var sock string
 	exit := make(chan struct{})
@@ -58,7 +63,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case *chSock != "":
 		sock = strings.TrimPrefix(*chSock, "path=")
-		model = &CH{Fail: fail, Version: v, Exit: func() { close(exit) }}
+		model = &CH{Fail: fail, Version: v, Spec: spec, Exit: func() { close(exit) }}
 	case *fcSock != "":
 		sock = *fcSock
 		model = &FC{Fail: fail, Version: v, IgnoreCtrlAltDel: os.Getenv(envIgnoreCAD) != "", Exit: func() { close(exit) }}
@@ -66,18 +71,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "fake-vmm: need --api-socket path=SOCK or --api-sock SOCK")
 		return 2
 	}
-	if err := serve(sock, model, exit); err != nil {
+	if err := serve(sock, spec, model, exit); err != nil {
 		fmt.Fprintln(stderr, "fake-vmm:", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(sock string, model Model, exit <-chan struct{}) error {
-	spec, err := LoadSpec(os.Getenv(envSpec))
-	if err != nil {
-		return err
-	}
+func serve(sock string, spec *Spec, model Model, exit <-chan struct{}) error {
 	var record io.Writer
 	if p := os.Getenv(envRecord); p != "" {
 		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)

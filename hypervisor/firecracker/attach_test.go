@@ -126,21 +126,27 @@ func TestRestoreRootfs(t *testing.T) {
 // back fail the restore once loaded, before the guest runs, and nothing of
 // the VM is left.
 func TestRestoreRefusesSnapshotDevices(t *testing.T) {
+	image := filepath.Join(t.TempDir(), "rootfs.erofs")
+	if err := os.WriteFile(image, make([]byte, 4096), 0o444); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, devices string
 		nic           bool
+		disk          string
 		want          string
 	}{
-		{"interface not the NIC's", otherIface, true, `behind network interface "eth0": PUT /snapshot/load: status 400: Load snapshot error: unknown network device "eth0"`},
-		{"writable rootfs slot", rootfsRW, false, `drives[0] (drive_id "rootfs"), the rootfs slot, is writable`},
-		{"two interfaces", `,"network-interfaces":[{"iface_id":"eth0","host_dev_name":"bake0"},{"iface_id":"eth1","host_dev_name":"bake1"}]`, true,
+		{"interface not the NIC's", otherIface, true, "", `behind network interface "eth0": PUT /snapshot/load: status 400: Load snapshot error: unknown network device "eth0"`},
+		{"writable rootfs slot", rootfsRW, false, image, `drives[0] (drive_id "rootfs"), the rootfs slot, is writable`},
+		{"two interfaces", `,"network-interfaces":[{"iface_id":"eth0","host_dev_name":"bake0"},{"iface_id":"eth1","host_dev_name":"bake1"}]`, true, "",
 			`network-interfaces[1] (iface_id "eth1") is backed by tap "bake1"`},
+		{"disk without a rootfs slot", netIface, true, image, `the snapshot has no rootfs slot (a drive recorded as "cocoon-rootfs") to put ` + image},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := drivertest.NewNet(t)
 			d, record := newDriver(t, apifake.Fake{})
-			req := hypervisor.RestoreRequest{StagedDir: stageDevices(t, tt.devices), RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeCopy}
+			req := hypervisor.RestoreRequest{StagedDir: stageDevices(t, tt.devices), RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeCopy, Disk: tt.disk}
 			if tt.nic {
 				req.NetNS, req.NIC = n.NS, n.NIC
 			}

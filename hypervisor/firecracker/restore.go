@@ -63,7 +63,7 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 		}
 	}()
 	host := newHostBackends(req)
-	host.Vsock = filepath.Join(req.RunDir, vsockSock)
+	host.Vsock, host.Disk = filepath.Join(req.RunDir, vsockSock), disk
 	backend, err := v.memoryBackend(ctx, req)
 	if err != nil {
 		return nil, err

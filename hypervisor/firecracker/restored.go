@@ -45,6 +45,9 @@ type hostBackends struct {
 	Vsock string
 	// Taps maps a network interface's iface_id to its tap interface.
 	Taps map[string]string
+	// Disk is the image placed for the rootfs slot; "" when the restore
+	// gives none.
+	Disk string
 	// OwnNetNS: the restore gives neither a network namespace nor a NIC,
 	// so Firecracker runs in a network namespace of its own, where the
 	// taps the snapshot's interfaces name are created, used by nothing
@@ -136,8 +139,12 @@ func (v *vm) checkRestored(ctx context.Context, host hostBackends) error {
 }
 
 func (c restoredConfig) check(host hostBackends) error {
-	if err := checkDrives(c.Drives); err != nil {
+	slot, err := rootfsDrive(c.Drives)
+	if err != nil {
 		return err
+	}
+	if slot < 0 && host.Disk != "" {
+		return fmt.Errorf("the snapshot has no rootfs slot (a drive recorded as %q) to put %s behind", rootfsPath, host.Disk)
 	}
 	if len(c.Pmem) > 0 {
 		p := c.Pmem[0]
@@ -155,23 +162,24 @@ func (c restoredConfig) check(host hostBackends) error {
 	return nil
 }
 
-// checkDrives accepts one drive, the rootfs slot: backed by rootfsPath,
-// read-only. Firecracker cannot override a drive's host end on load, so
-// any other drive is backed by a file the image chose.
-func checkDrives(drives []restoredDrive) error {
+// rootfsDrive finds the rootfs slot among drives (-1: none), the one drive
+// accepted: backed by rootfsPath, read-only. Firecracker cannot override a
+// drive's host end on load, so any other drive is backed by a file the
+// image chose.
+func rootfsDrive(drives []restoredDrive) (int, error) {
 	slot := -1
 	for i, d := range drives {
 		if d.PathOnHost != rootfsPath || d.Socket != "" {
-			return fmt.Errorf("drives[%d] (drive_id %q) is backed by host file %q (socket %q), as the image chose: "+
+			return -1, fmt.Errorf("drives[%d] (drive_id %q) is backed by host file %q (socket %q), as the image chose: "+
 				"Firecracker cannot override a drive's host end on load, so only the rootfs slot, recorded as %q, is accepted", i, d.DriveID, d.PathOnHost, d.Socket, rootfsPath)
 		}
 		if slot >= 0 {
-			return fmt.Errorf("drives[%d] and drives[%d] are both the rootfs slot %q", slot, i, rootfsPath)
+			return -1, fmt.Errorf("drives[%d] and drives[%d] are both the rootfs slot %q", slot, i, rootfsPath)
 		}
 		if !d.IsReadOnly {
-			return fmt.Errorf("drives[%d] (drive_id %q), the rootfs slot, is writable: its image is shared, the snapshot must have it read-only", i, d.DriveID)
+			return -1, fmt.Errorf("drives[%d] (drive_id %q), the rootfs slot, is writable: its image is shared, the snapshot must have it read-only", i, d.DriveID)
 		}
 		slot = i
 	}
-	return nil
+	return slot, nil
 }

@@ -62,8 +62,7 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 			v.Close()
 		}
 	}()
-	host := newHostBackends(req)
-	host.Vsock, host.Disk = filepath.Join(req.RunDir, vsockSock), disk
+	host := newHostBackends(req, disk)
 	backend, err := v.memoryBackend(ctx, req)
 	if err != nil {
 		return nil, err

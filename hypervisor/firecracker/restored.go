@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -55,9 +56,9 @@ type hostBackends struct {
 	OwnNetNS bool
 }
 
-// newHostBackends are the backends req gives, but for the vsock socket.
-func newHostBackends(req hypervisor.RestoreRequest) hostBackends {
-	var h hostBackends
+// newHostBackends are the backends req gives, disk its checked Disk.
+func newHostBackends(req hypervisor.RestoreRequest, disk string) hostBackends {
+	h := hostBackends{Vsock: filepath.Join(req.RunDir, vsockSock), Disk: disk}
 	switch {
 	case req.NIC != nil:
 		h.Taps = map[string]string{nicIfaceID: req.NIC.TapName}

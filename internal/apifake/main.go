@@ -51,11 +51,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s %s\n", os.Getenv(envName), v)
 		return 0
 	}
-	spec, err := LoadSpec(os.Getenv(envSpec))
-	if err != nil {
-		fmt.Fprintln(stderr, "fake-vmm:", err)
-		return 1
-	}
 	var model Model
 	var sock string
 	exit := make(chan struct{})
@@ -63,13 +58,21 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case *chSock != "":
 		sock = strings.TrimPrefix(*chSock, "path=")
-		model = &CH{Fail: fail, Version: v, Spec: spec, Exit: func() { close(exit) }}
+		model = &CH{Fail: fail, Version: v, Exit: func() { close(exit) }}
 	case *fcSock != "":
 		sock = *fcSock
 		model = &FC{Fail: fail, Version: v, IgnoreCtrlAltDel: os.Getenv(envIgnoreCAD) != "", Exit: func() { close(exit) }}
 	default:
 		fmt.Fprintln(stderr, "fake-vmm: need --api-socket path=SOCK or --api-sock SOCK")
 		return 2
+	}
+	spec, err := LoadSpec(os.Getenv(envSpec))
+	if err != nil {
+		fmt.Fprintln(stderr, "fake-vmm:", err)
+		return 1
+	}
+	if ch, ok := model.(*CH); ok {
+		ch.Spec = spec
 	}
 	if err := serve(sock, spec, model, exit); err != nil {
 		fmt.Fprintln(stderr, "fake-vmm:", err)

@@ -66,6 +66,7 @@ func TestHooks(t *testing.T) {
 	}
 	hook := func(kind string) []specs.Hook { return []specs.Hook{{Path: script, Args: []string{"hook", kind}}} }
 	task, err := newHookedTask(ctx, t, c, "hooked", &specs.Hooks{
+		//lint:ignore SA1019 prestart is deprecated, but runc still runs it, and so does cocoon
 		Prestart: hook("prestart"), CreateRuntime: hook("createRuntime"), CreateContainer: hook("createContainer"),
 		Poststart: hook("poststart"), Poststop: hook("poststop"),
 	})

@@ -62,7 +62,9 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
-	req.Created = h.created
+	if h.hasCreateHooks() {
+		req.Created = h.created
+	}
 	t, err := s.launch(ctx, req, spec, init)
 	if err != nil {
 		return 0, err

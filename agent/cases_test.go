@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 )
@@ -32,6 +33,7 @@ var agentCases = []struct {
 	{"TerminalResize", testTerminalResize},
 	{"CloseStdinEndsCat", testCloseStdin},
 	{"BadInput", testBadInput},
+	{"Limits", testLimits},
 	{"ProcessesStatsDelete", testProcessesStatsDelete},
 	{"Reconnect", testReconnect},
 }
@@ -87,6 +89,41 @@ func testUser(t *testing.T, tg *target) {
 			res := run(t, tg.c, req, "")
 			if res.stdout != tc.want || res.status.Code != 0 {
 				t.Errorf("id: %q (stderr %q, exit %+v), want %q", res.stdout, res.stderr, res.status, tc.want)
+			}
+		})
+	}
+}
+
+// testLimits: rlimits, the umask and no_new_privileges reach the process,
+// whatever its user, and not the agent (a later process has none of them).
+func testLimits(t *testing.T, tg *target) {
+	umask := uint32(0o027)
+	for _, tc := range []struct {
+		name, script string
+		req          agent.ExecRequest
+		want         string
+	}{
+		{"limited", "ulimit -n; ulimit -Hn; umask; grep NoNewPrivs /proc/self/status", agent.ExecRequest{
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 123, Hard: 456}},
+			Umask:   &umask, NoNewPrivileges: true,
+		}, "123\n456\n0027\nNoNewPrivs:\t1\n"},
+		{"limited user", "id -u; ulimit -n; ulimit -Hn", agent.ExecRequest{
+			UID: 65534, GID: 65534, Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 64, Hard: 64}},
+		}, "65534\n64\n64\n"},
+		{"after", "umask; ulimit -Hn; grep NoNewPrivs /proc/self/status", agent.ExecRequest{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := tc.req
+			req.ID, req.Args, req.Cwd = procID(t), []string{"sh", "-c", tc.script}, "/"
+			res := run(t, tg.c, req, "")
+			if tc.want == "" {
+				if lines := strings.Split(res.stdout, "\n"); len(lines) < 3 || lines[0] == "0027" || lines[1] == "456" || lines[2] != "NoNewPrivs:\t0" {
+					t.Errorf("a process without limits after limited ones: %q, want none of their limits", res.stdout)
+				}
+				return
+			}
+			if res.stdout != tc.want || res.status.Code != 0 {
+				t.Errorf("limits: %q %q exit %+v, want %q", res.stdout, res.stderr, res.status, tc.want)
 			}
 		})
 	}

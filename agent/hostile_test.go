@@ -132,11 +132,7 @@ func returnsIn(d time.Duration, call func() error) error {
 // bigInit is an Init whose request is larger than a unix socket's buffers,
 // so writing it blocks while the guest reads nothing.
 func bigInit() InitRequest {
-	var files []File
-	for i := range 4 {
-		files = append(files, File{Path: "/big/" + string(rune('a'+i)), Data: bytes.Repeat([]byte{0xC0}, 200<<10)})
-	}
-	return InitRequest{Hostname: "stuck", Files: files}
+	return InitRequest{Hostname: "stuck", Entropy: bytes.Repeat([]byte{frameEnd}, 800<<10)}
 }
 
 // TestInitHonoursContext: Init to a guest that reads nothing returns when

@@ -127,6 +127,36 @@ func testLimits(t *testing.T, tg *target) {
 			}
 		})
 	}
+	t.Run("terminal", func(t *testing.T) {
+		req := agent.ExecRequest{
+			ID: procID(t), Args: []string{"sh", "-c", "tty; grep NoNewPrivs /proc/self/status"}, Cwd: "/",
+			Terminal: true, NoNewPrivileges: true,
+		}
+		res := run(t, tg.c, req, "")
+		if !strings.Contains(res.stdout, "/dev/pts/") || !strings.Contains(res.stdout, "NoNewPrivs:\t1") {
+			t.Errorf("a terminal process with limits: %q, want its pty and no_new_privs", res.stdout)
+		}
+	})
+	t.Run("pid", func(t *testing.T) {
+		ctx, id := ctxT(t), procID(t)
+		pid, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}, NoNewPrivileges: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs, err := tg.c.Processes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !hasProcess(procs, id, "sleep 100", pid) {
+			t.Errorf("processes %+v lack %s (sleep 100) with the pid %d Exec returned", procs, id, pid)
+		}
+		if err := tg.c.Signal(ctx, id, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tg.c.Wait(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 func testSignal(t *testing.T, tg *target) {

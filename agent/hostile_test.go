@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -347,5 +348,28 @@ func readFrames(r *frameReader, out chan<- frame) {
 		}
 		f.payload = bytes.Clone(f.payload)
 		out <- f
+	}
+}
+
+// TestSendQueueBounded: a guest that reads nothing at all makes writes
+// fail once maxQueued bytes wait, and the connection closes.
+func TestSendQueueBounded(t *testing.T) {
+	host, guest := net.Pipe()
+	defer guest.Close()
+	q := newSendQueue(host)
+	chunk := make([]byte, 1<<20)
+	var err error
+	for i := 0; i <= maxQueued/len(chunk)+1 && err == nil; i++ {
+		_, err = q.Write(chunk)
+	}
+	if !errors.Is(err, errGuestNotReading) {
+		t.Fatalf("write past the bound: %v, want the guest not reading", err)
+	}
+	if _, err := q.Write([]byte{1}); !errors.Is(err, errGuestNotReading) {
+		t.Errorf("a later write: %v, want the same failure", err)
+	}
+	// The connection ends: reading what was sent reaches its end.
+	if err := returnsIn(watchdog, func() error { _, err := io.Copy(io.Discard, guest); return err }); err != nil {
+		t.Errorf("the connection stayed open: %v", err)
 	}
 }

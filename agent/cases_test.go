@@ -34,6 +34,7 @@ var agentCases = []struct {
 	{"CloseStdinEndsCat", testCloseStdin},
 	{"BadInput", testBadInput},
 	{"Limits", testLimits},
+	{"HelperProcess", testHelperProcess},
 	{"ProcessesStatsDelete", testProcessesStatsDelete},
 	{"Reconnect", testReconnect},
 }
@@ -127,6 +128,11 @@ func testLimits(t *testing.T, tg *target) {
 			}
 		})
 	}
+}
+
+// testHelperProcess: a process started through the exec helper keeps its
+// terminal, and the pid Exec reports is the process's own.
+func testHelperProcess(t *testing.T, tg *target) {
 	t.Run("terminal", func(t *testing.T) {
 		req := agent.ExecRequest{
 			ID: procID(t), Args: []string{"sh", "-c", "tty; grep NoNewPrivs /proc/self/status"}, Cwd: "/",

@@ -54,8 +54,9 @@ func native(err error) error {
 	return err
 }
 
-// Close closes the connection; calls in flight fail. It does not wait for
-// the guest: what was sent is flushed in the background, for a bounded time.
+// Close closes the connection; calls in flight fail. It never waits for the
+// guest: what a stuck guest left unread is flushed in the background for a
+// bounded time, then dropped.
 func (c *Client) Close() error {
 	return c.tc.Close()
 }
@@ -78,8 +79,8 @@ func (c *Client) Ping(ctx context.Context) error {
 const apiVersion2 = 2
 
 // requireVersion fails unless the agent speaks API version v: an older one
-// would drop the fields what needs and succeed without them (a snapshot
-// baked with an older agent).
+// (in a snapshot baked before it) would drop the fields that what names
+// and succeed without them.
 func (c *Client) requireVersion(ctx context.Context, v int, what string) error {
 	c.mu.Lock()
 	have := c.version
@@ -115,6 +116,7 @@ type ExecRequest struct {
 
 // Exec starts a process and returns its pid in the guest (0 from an agent
 // that predates reporting it); follow it with Stdio to get its streams.
+// After an Init with a rootfs, the process runs in the container's root.
 func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
 	if len(r.Rlimits) > 0 || r.Umask != nil || r.NoNewPrivileges {
 		if err := c.requireVersion(ctx, apiVersion2, "rlimits, a umask or no_new_privileges"); err != nil {

@@ -7,10 +7,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -28,8 +30,9 @@ type Client struct {
 	tc  *ttrpc.Client
 	api api.AgentService
 
-	mu    sync.Mutex
-	stdio map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
+	mu      sync.Mutex
+	stdio   map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
+	version int                    // the agent's API version, once a Ping told it
 }
 
 // NewClient speaks the agent API over conn, a stream from DialUnix or
@@ -51,16 +54,47 @@ func native(err error) error {
 	return err
 }
 
-// Close closes the connection; calls in flight fail. It does not wait for
-// the guest: what was sent is flushed in the background, for a bounded time.
+// Close closes the connection; calls in flight fail. It never waits for the
+// guest: what a stuck guest left unread is flushed in the background for a
+// bounded time, then dropped.
 func (c *Client) Close() error {
 	return c.tc.Close()
 }
 
 // Ping returns once the agent serves.
 func (c *Client) Ping(ctx context.Context) error {
-	if _, err := c.api.Ping(ctx, &emptypb.Empty{}); err != nil {
+	resp, err := c.api.Ping(ctx, &emptypb.Empty{})
+	if err != nil {
 		return fmt.Errorf("ping guest agent: %w", native(err))
+	}
+	v, _ := strconv.Atoi(resp.Version)
+	c.mu.Lock()
+	c.version = v
+	c.mu.Unlock()
+	return nil
+}
+
+// apiVersion2 is the first agent API with Init's files, network and rootfs
+// and Exec's rlimits, umask and no_new_privileges.
+const apiVersion2 = 2
+
+// requireVersion fails unless the agent speaks API version v: an older one
+// (in a snapshot baked before it) would drop the fields that what names
+// and succeed without them.
+func (c *Client) requireVersion(ctx context.Context, v int, what string) error {
+	c.mu.Lock()
+	have := c.version
+	c.mu.Unlock()
+	if have == 0 {
+		if err := c.Ping(ctx); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		have = c.version
+		c.mu.Unlock()
+	}
+	if have < v {
+		return fmt.Errorf("%s needs guest agent API %d, the guest's agent speaks %d (rebuild the snapshot): %w", what, v, have, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
@@ -82,7 +116,13 @@ type ExecRequest struct {
 
 // Exec starts a process and returns its pid in the guest (0 from an agent
 // that predates reporting it); follow it with Stdio to get its streams.
+// After an Init with a rootfs, the process runs in the container's root.
 func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
+	if len(r.Rlimits) > 0 || r.Umask != nil || r.NoNewPrivileges {
+		if err := c.requireVersion(ctx, apiVersion2, "rlimits, a umask or no_new_privileges"); err != nil {
+			return 0, fmt.Errorf("exec %q in guest: %w", r.ID, err)
+		}
+	}
 	req := &api.ExecRequest{
 		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
 		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,

@@ -76,6 +76,11 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 	if err != nil {
 		return fmt.Errorf("init guest: %w", err)
 	}
+	if len(r.Files) > 0 || r.Network != nil || r.Rootfs != nil {
+		if err := c.requireVersion(ctx, apiVersion2, "files, a network or a rootfs"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
 	if _, err := c.api.Init(ctx, req); err != nil {
 		return fmt.Errorf("init guest: %w", native(err))
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -132,11 +133,7 @@ func returnsIn(d time.Duration, call func() error) error {
 // bigInit is an Init whose request is larger than a unix socket's buffers,
 // so writing it blocks while the guest reads nothing.
 func bigInit() InitRequest {
-	var files []File
-	for i := range 4 {
-		files = append(files, File{Path: "/big/" + string(rune('a'+i)), Data: bytes.Repeat([]byte{0xC0}, 200<<10)})
-	}
-	return InitRequest{Hostname: "stuck", Files: files}
+	return InitRequest{Hostname: "stuck", Entropy: bytes.Repeat([]byte{frameEnd}, 800<<10)}
 }
 
 // TestInitHonoursContext: Init to a guest that reads nothing returns when
@@ -351,5 +348,28 @@ func readFrames(r *frameReader, out chan<- frame) {
 		}
 		f.payload = bytes.Clone(f.payload)
 		out <- f
+	}
+}
+
+// TestSendQueueBounded: a guest that reads nothing at all makes writes
+// fail once maxQueued bytes wait, and the connection closes.
+func TestSendQueueBounded(t *testing.T) {
+	host, guest := net.Pipe()
+	defer guest.Close()
+	q := newSendQueue(host)
+	chunk := make([]byte, 1<<20)
+	var err error
+	for i := 0; i <= maxQueued/len(chunk)+1 && err == nil; i++ {
+		_, err = q.Write(chunk)
+	}
+	if !errors.Is(err, errGuestNotReading) {
+		t.Fatalf("write past the bound: %v, want the guest not reading", err)
+	}
+	if _, err := q.Write([]byte{1}); !errors.Is(err, errGuestNotReading) {
+		t.Errorf("a later write: %v, want the same failure", err)
+	}
+	// The connection ends: reading what was sent reaches its end.
+	if err := returnsIn(watchdog, func() error { _, err := io.Copy(io.Discard, guest); return err }); err != nil {
+		t.Errorf("the connection stayed open: %v", err)
 	}
 }

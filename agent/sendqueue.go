@@ -34,6 +34,7 @@ type sendQueue struct {
 	cond    *sync.Cond
 	queue   [][]byte
 	queued  int
+	writing bool // the writer is in a Write
 	closing bool
 	err     error // set once writing failed; later writes return it
 }
@@ -72,16 +73,23 @@ func (q *sendQueue) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Close flushes what is queued in the background, within closeGrace, then
-// closes the connection; it never waits for the guest.
+// Close closes the connection at once when everything was sent; else it
+// leaves the writer to flush the rest within closeGrace. It never waits
+// for the guest to read.
 func (q *sendQueue) Close() error {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.closing {
-		q.closing = true
-		q.cond.Signal()
-		time.AfterFunc(closeGrace, func() { _ = q.Conn.Close() })
+	if q.closing {
+		q.mu.Unlock()
+		return nil
 	}
+	q.closing = true
+	idle := len(q.queue) == 0 && !q.writing
+	q.cond.Signal()
+	q.mu.Unlock()
+	if idle {
+		return q.Conn.Close()
+	}
+	time.AfterFunc(closeGrace, func() { _ = q.Conn.Close() })
 	return nil
 }
 
@@ -94,6 +102,7 @@ func (q *sendQueue) run() {
 		}
 		_, err := q.Conn.Write(b)
 		q.mu.Lock()
+		q.writing = false
 		q.queued -= len(b)
 		if err != nil && q.err == nil {
 			q.err = fmt.Errorf("write to guest agent: %w", err)
@@ -119,5 +128,6 @@ func (q *sendQueue) next() ([]byte, bool) {
 	b := q.queue[0]
 	q.queue[0] = nil
 	q.queue = q.queue[1:]
+	q.writing = true
 	return b, true
 }

@@ -53,7 +53,7 @@ func TestInitOrder(t *testing.T) {
 
 // TestInitStepFails: a failing step is named, and later steps do not run.
 func TestInitStepFails(t *testing.T) {
-	for _, step := range []string{"clock", "entropy", "hostname", "network", "rootfs"} {
+	for _, step := range []string{"clock", "entropy", "hostname", "files", "network", "rootfs"} {
 		t.Run(step, func(t *testing.T) {
 			g := newFakeGuest(t)
 			boom := errors.New("boom")
@@ -65,12 +65,20 @@ func TestInitStepFails(t *testing.T) {
 			default:
 				g.sys.err = map[string]error{step: boom}
 			}
-			_, err := g.svc.Init(context.Background(), fullInit(t.TempDir()))
-			if !errors.Is(err, boom) || !strings.HasPrefix(err.Error(), "init "+step+": ") {
+			r := fullInit(t.TempDir())
+			if step == "files" {
+				// A file where its directory should be.
+				parent := filepath.Dir(r.Files[0].Path)
+				if err := os.WriteFile(parent, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := g.svc.Init(context.Background(), r)
+			if (step != "files" && !errors.Is(err, boom)) || err == nil || !strings.HasPrefix(err.Error(), "init "+step+": ") {
 				t.Fatalf("Init: %v, want it to name step %s", err, step)
 			}
 			steps := g.j.steps()
-			if last := steps[len(steps)-1]; last != map[string]string{"rootfs": "disk"}[step] && last != step {
+			if last := steps[len(steps)-1]; last != map[string]string{"rootfs": "disk", "files": "hostname"}[step] && last != step {
 				t.Errorf("steps %v went on after %s failed", steps, step)
 			}
 		})

@@ -44,8 +44,10 @@ func (n Netlink) Configure(cfg *NetConfig) error {
 		return err
 	}
 	name := link.Attrs().Name
-	if err := h.LinkSetDown(link); err != nil {
-		return fmt.Errorf("set %s down: %w", name, err)
+	if link.Attrs().Flags&net.FlagUp != 0 {
+		if err := h.LinkSetDown(link); err != nil {
+			return fmt.Errorf("set %s down: %w", name, err)
+		}
 	}
 	if err := flush(h, link); err != nil {
 		return err

@@ -22,7 +22,7 @@ import (
 // namespace for the rest of the test. The thread stays locked, so it exits
 // with the test and takes the namespace with it: nothing touches the
 // host's interfaces and nothing is left behind.
-func enterNewNetns(t *testing.T) {
+func enterNewNetns(t testing.TB) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	runtime.LockOSThread()
@@ -43,7 +43,7 @@ const nicDriver = "tun"
 
 // addNIC makes a tap, the guest NIC's stand-in, up with an old identity: a
 // MAC, an address and a route, as a restored snapshot has.
-func addNIC(t *testing.T, mac string) netlink.Link {
+func addNIC(t testing.TB, mac string) netlink.Link {
 	t.Helper()
 	name := uniqueName("nic")
 	if err := netlink.LinkAdd(&netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: name}, Mode: netlink.TUNTAP_MODE_TAP}); err != nil {
@@ -71,7 +71,7 @@ func addNIC(t *testing.T, mac string) netlink.Link {
 	return l
 }
 
-func mustCIDR(t *testing.T, s string) *net.IPNet {
+func mustCIDR(t testing.TB, s string) *net.IPNet {
 	ip, n, err := net.ParseCIDR(s)
 	if err != nil {
 		t.Fatal(err)
@@ -232,5 +232,27 @@ func TestNetlinkFindsOneNIC(t *testing.T) {
 	err := (Netlink{Driver: nicDriver}).Configure(testNetConfig)
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), a.Attrs().Name) || !strings.Contains(err.Error(), b.Attrs().Name) {
 		t.Errorf("two NICs: %v, want an error naming both", err)
+	}
+}
+
+// BenchmarkNetlinkDown measures taking the NIC down (an Init without a
+// network), on a tap in a new network namespace. No sub-benchmarks: they
+// would run on other threads, outside the namespace.
+func BenchmarkNetlinkDown(b *testing.B) {
+	benchmarkConfigure(b, nil)
+}
+
+// BenchmarkNetlinkConfigure measures giving the NIC a full configuration.
+func BenchmarkNetlinkConfigure(b *testing.B) {
+	benchmarkConfigure(b, testNetConfig)
+}
+
+func benchmarkConfigure(b *testing.B, cfg *NetConfig) {
+	enterNewNetns(b)
+	addNIC(b, "02:00:00:00:00:01")
+	for b.Loop() {
+		if err := (Netlink{Driver: nicDriver}).Configure(cfg); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

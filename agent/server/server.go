@@ -16,8 +16,9 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// Version is reported by Ping.
-const Version = "1"
+// Version is reported by Ping. 2: Init carries files, network and rootfs;
+// Exec carries rlimits, umask and no_new_privileges.
+const Version = "2"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond

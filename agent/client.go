@@ -54,9 +54,8 @@ func native(err error) error {
 	return err
 }
 
-// Close closes the connection; calls in flight fail. It never waits for the
-// guest: what a stuck guest left unread is flushed in the background for a
-// bounded time, then dropped.
+// Close closes the connection at once; calls in flight fail. It never
+// waits for the guest: what a stuck guest left unread is dropped.
 func (c *Client) Close() error {
 	return c.tc.Close()
 }

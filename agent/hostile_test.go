@@ -176,8 +176,8 @@ func TestCloseWithStuckWrite(t *testing.T) {
 	go func() { _ = c.Init(context.Background(), bigInit()) }()
 	conn := waitStuck(t, g)
 	returns(t, "Close", c.Close)
-	// The host end closes within closeGrace, though the guest still reads
-	// nothing: writing to it then fails.
+	// The host end is closed, though the guest still reads nothing:
+	// writing to it then fails.
 	err := returns(t, "the host closing the connection", func() error {
 		for {
 			if _, err := conn.Write([]byte{frameEnd}); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"time"
 )
 
 const (
@@ -15,9 +14,6 @@ const (
 	// reply, so only concurrent calls queue: Init's bounded files and 32 KiB
 	// stdin chunks fit many times over.
 	maxQueued = 16 << 20
-	// closeGrace bounds how long a closed client keeps flushing what it
-	// queued to the guest before it drops the connection.
-	closeGrace = time.Second
 )
 
 var errGuestNotReading = errors.New("guest agent is not reading its port")
@@ -73,9 +69,10 @@ func (q *sendQueue) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Close closes the connection at once when everything was sent; else it
-// leaves the writer to flush the rest within closeGrace. It never waits
-// for the guest to read.
+// Close closes the connection at once, cutting off a write in progress:
+// every call waits for its reply, so what is still queued or being written
+// belongs to calls that gave up, and a closing client wants no replies.
+// It never waits for the guest to read.
 func (q *sendQueue) Close() error {
 	q.mu.Lock()
 	if q.closing {
@@ -83,14 +80,10 @@ func (q *sendQueue) Close() error {
 		return nil
 	}
 	q.closing = true
-	idle := len(q.queue) == 0 && !q.writing
+	q.queue, q.queued = nil, 0
 	q.cond.Signal()
 	q.mu.Unlock()
-	if idle {
-		return q.Conn.Close()
-	}
-	time.AfterFunc(closeGrace, func() { _ = q.Conn.Close() })
-	return nil
+	return q.Conn.Close()
 }
 
 func (q *sendQueue) run() {

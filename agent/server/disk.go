@@ -94,14 +94,16 @@ func (l LinuxMounts) bindVirtioBlk() error {
 }
 
 // findSerial returns the block device whose serial is serial, or "" and
-// the serials it saw.
+// the serials it saw. When no disk has it and the guest has exactly one
+// virtio disk, that is the one: Firecracker cannot set a disk's serial (it
+// derives it from the image file), and a cocoon VM has one disk slot.
 func (l LinuxMounts) findSerial(serial string) (name, seen string, err error) {
 	block := filepath.Join(l.sys(), "block")
 	entries, err := os.ReadDir(block)
 	if err != nil {
 		return "", "", fmt.Errorf("list block devices: %w", err)
 	}
-	var all []string
+	var all, virtio []string
 	for _, e := range entries {
 		b, err := os.ReadFile(filepath.Join(block, e.Name(), "serial"))
 		if err != nil {
@@ -112,6 +114,12 @@ func (l LinuxMounts) findSerial(serial string) (name, seen string, err error) {
 			return e.Name(), "", nil
 		}
 		all = append(all, fmt.Sprintf("%s=%q", e.Name(), got))
+		if strings.HasPrefix(e.Name(), "vd") {
+			virtio = append(virtio, e.Name())
+		}
+	}
+	if len(virtio) == 1 {
+		return virtio[0], "", nil
 	}
 	sort.Strings(all)
 	if len(all) == 0 {

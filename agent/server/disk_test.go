@@ -105,6 +105,17 @@ func TestDiskWaits(t *testing.T) {
 	}
 }
 
+// TestDiskOnlyOne: a guest whose one virtio disk has another serial (a
+// Firecracker disk's comes from its image file) uses that disk.
+func TestDiskOnlyOne(t *testing.T) {
+	f := newFakeSysfs(t, true)
+	f.virtio("virtio0", "0x0002", false)
+	f.disk("vda", "253:0:1234")
+	if dev, err := f.mounts().Disk(context.Background(), "cocoon-rootfs"); err != nil || dev != filepath.Join(f.dev, "vda") {
+		t.Errorf("disk %q %v, want the only one, vda", dev, err)
+	}
+}
+
 func TestDiskErrors(t *testing.T) {
 	t.Run("no driver", func(t *testing.T) {
 		_, err := newFakeSysfs(t, false).mounts().Disk(context.Background(), "s")

@@ -35,6 +35,7 @@ var agentCases = []struct {
 	{"BadInput", testBadInput},
 	{"Limits", testLimits},
 	{"HelperProcess", testHelperProcess},
+	{"Prepared", testPrepared},
 	{"ProcessesStatsDelete", testProcessesStatsDelete},
 	{"Reconnect", testReconnect},
 }
@@ -163,6 +164,43 @@ func testHelperProcess(t *testing.T, tg *target) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// testPrepared: Init prepares a process, limits and terminal included,
+// that runs only at Start, once.
+func testPrepared(t *testing.T, tg *target) {
+	for _, tc := range []struct {
+		name string
+		req  agent.ExecRequest
+		want string
+	}{
+		{"limited", agent.ExecRequest{
+			Args:    []string{"sh", "-c", "ulimit -n; grep NoNewPrivs /proc/self/status"},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 77, Hard: 77}}, NoNewPrivileges: true,
+		}, "77\nNoNewPrivs:\t1\n"},
+		{"terminal", agent.ExecRequest{Args: []string{"sh", "-c", "tty >/dev/null && echo tty"}, Terminal: true}, "tty\r\n"},
+		{"stdin", agent.ExecRequest{Args: []string{"cat"}, Stdin: true}, "in"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, req := ctxT(t), tc.req
+			req.ID, req.Cwd = procID(t), "/"
+			if err := tg.c.Init(ctx, agent.InitRequest{Process: &req}); err != nil {
+				t.Fatal(err)
+			}
+			if !tg.c.Prepared(req.ID) {
+				t.Fatal("Init did not prepare the process")
+			}
+			if pid, err := tg.c.Start(ctx, req.ID); err != nil || pid == 0 {
+				t.Fatalf("start: pid %d, %v", pid, err)
+			}
+			if res := drain(t, tg.c, req.ID, "in"); res.stdout != tc.want || res.status.Code != 0 {
+				t.Errorf("printed %q (stderr %q), exit %+v; want %q and 0", res.stdout, res.stderr, res.status, tc.want)
+			}
+			if _, err := tg.c.Start(ctx, req.ID); !errdefs.IsNotFound(err) {
+				t.Errorf("second start: %v, want not found", err)
+			}
+		})
+	}
 }
 
 func testSignal(t *testing.T, tg *target) {

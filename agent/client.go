@@ -30,9 +30,10 @@ type Client struct {
 	tc  *ttrpc.Client
 	api api.AgentService
 
-	mu      sync.Mutex
-	stdio   map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
-	version int                    // the agent's API version, once a Ping told it
+	mu       sync.Mutex
+	stdio    map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
+	prepared map[string]ExecRequest // processes Init prepared, until Start starts them
+	version  int                    // the agent's API version, once a Ping or Init told it
 }
 
 // NewClient speaks the agent API over conn, a stream from DialUnix or
@@ -41,7 +42,7 @@ type Client struct {
 // request are dropped before ttrpc sees (and logs) them.
 func NewClient(conn net.Conn) *Client {
 	tc := ttrpc.NewClient(newReplyFilter(newSendQueue(conn)))
-	return &Client{tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}}
+	return &Client{tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}, prepared: map[string]ExecRequest{}}
 }
 
 // native turns the guest's status errors back into containerd errdefs
@@ -66,31 +67,43 @@ func (c *Client) Ping(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ping guest agent: %w", native(err))
 	}
-	v, _ := strconv.Atoi(resp.Version)
-	c.mu.Lock()
-	c.version = v
-	c.mu.Unlock()
+	c.setVersion(resp.Version)
 	return nil
 }
 
-// apiVersion2 is the first agent API with Init's files, network and rootfs
-// and Exec's rlimits, umask and no_new_privileges.
-const apiVersion2 = 2
+func (c *Client) setVersion(version string) {
+	v, _ := strconv.Atoi(version)
+	c.mu.Lock()
+	c.version = v
+	c.mu.Unlock()
+}
+
+// knownVersion is the agent's API version, 0 until a Ping or Init told it.
+func (c *Client) knownVersion() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.version
+}
+
+const (
+	// apiVersion2 is the first agent API with Init's files, network and
+	// rootfs and Exec's rlimits, umask and no_new_privileges.
+	apiVersion2 = 2
+	// apiVersion3 is the first whose Init prepares a process for Start
+	// and tells the agent's version.
+	apiVersion3 = 3
+)
 
 // requireVersion fails unless the agent speaks API version v: an older one
 // (in a snapshot baked before it) would drop the fields that what names
 // and succeed without them.
 func (c *Client) requireVersion(ctx context.Context, v int, what string) error {
-	c.mu.Lock()
-	have := c.version
-	c.mu.Unlock()
+	have := c.knownVersion()
 	if have == 0 {
 		if err := c.Ping(ctx); err != nil {
 			return err
 		}
-		c.mu.Lock()
-		have = c.version
-		c.mu.Unlock()
+		have = c.knownVersion()
 	}
 	if have < v {
 		return fmt.Errorf("%s needs guest agent API %d, the guest's agent speaks %d (rebuild the snapshot): %w", what, v, have, errdefs.ErrFailedPrecondition)
@@ -122,6 +135,17 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
 			return 0, fmt.Errorf("exec %q in guest: %w", r.ID, err)
 		}
 	}
+	resp, err := c.api.Exec(ctx, execRequest(r))
+	if err != nil {
+		return 0, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
+	}
+	c.mu.Lock()
+	c.stdio[r.ID] = ExecRequest{Terminal: r.Terminal, Stdin: r.Stdin}
+	c.mu.Unlock()
+	return resp.GetPid(), nil
+}
+
+func execRequest(r ExecRequest) *api.ExecRequest {
 	req := &api.ExecRequest{
 		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
 		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,
@@ -131,12 +155,33 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
 	for _, l := range r.Rlimits {
 		req.Rlimits = append(req.Rlimits, &api.Rlimit{Type: l.Type, Soft: l.Soft, Hard: l.Hard})
 	}
-	resp, err := c.api.Exec(ctx, req)
+	return req
+}
+
+// Prepared says whether Init prepared process id for Start on this client.
+func (c *Client) Prepared(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.prepared[id]
+	return ok
+}
+
+// Start starts process id, which Init prepared, and returns its pid in the
+// guest; follow it with Stdio to get its streams.
+func (c *Client) Start(ctx context.Context, id string) (uint32, error) {
+	c.mu.Lock()
+	mode, ok := c.prepared[id]
+	c.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("start %q in guest: Init prepared no such process on this client: %w", id, errdefs.ErrNotFound)
+	}
+	resp, err := c.api.Start(ctx, &api.ProcessRequest{Id: id})
 	if err != nil {
-		return 0, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
+		return 0, fmt.Errorf("start %q in guest: %w", id, native(err))
 	}
 	c.mu.Lock()
-	c.stdio[r.ID] = ExecRequest{Terminal: r.Terminal, Stdin: r.Stdin}
+	delete(c.prepared, id)
+	c.stdio[id] = mode
 	c.mu.Unlock()
 	return resp.GetPid(), nil
 }
@@ -192,6 +237,7 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	}
 	c.mu.Lock()
 	delete(c.stdio, id) // an Exec whose Stdio was never asked for
+	delete(c.prepared, id)
 	c.mu.Unlock()
 	return nil
 }

@@ -32,6 +32,12 @@ type InitRequest struct {
 	// Rootfs mounts the container's root; nil runs processes in the guest's
 	// own root. A guest keeps the rootfs it got first until it reboots.
 	Rootfs *Rootfs
+	// Process, when set, is prepared last, in the root, for Start: the
+	// guest creates it with its stdio and all it runs with, and runs its
+	// program only at Start, as runc does between create and start. An
+	// agent older than API 3 ignores it: Prepared then says so, and the
+	// process is Exec'd instead.
+	Process *ExecRequest
 }
 
 // File is a file to write in the guest.
@@ -68,21 +74,39 @@ type Rootfs struct {
 	Mounts []specs.Mount
 }
 
-// Init gives the clone its identity, files, network and root; call it after
-// every restore. The guest applies them in that order and names the step
-// that failed.
+// Init gives the clone its identity, files, network and root, and
+// prepares its process; call it after every restore. The guest applies
+// them in that order and names the step that failed.
+//
+// It is the first call after a restore: an agent of API 3 or later says
+// its version in its answer. An older one says nothing, so only then does
+// Init ask it (a Ping), to fail if it ignored what it does not know.
 func (c *Client) Init(ctx context.Context, r InitRequest) error {
 	req, err := initRequest(r)
 	if err != nil {
 		return fmt.Errorf("init guest: %w", err)
 	}
-	if len(r.Files) > 0 || r.Network != nil || r.Rootfs != nil {
+	needs2 := len(r.Files) > 0 || r.Network != nil || r.Rootfs != nil
+	if needs2 && c.knownVersion() != 0 {
 		if err := c.requireVersion(ctx, apiVersion2, "files, a network or a rootfs"); err != nil {
 			return fmt.Errorf("init guest: %w", err)
 		}
 	}
-	if _, err := c.api.Init(ctx, req); err != nil {
+	resp, err := c.api.Init(ctx, req)
+	if err != nil {
 		return fmt.Errorf("init guest: %w", native(err))
+	}
+	if resp.GetVersion() != "" {
+		c.setVersion(resp.GetVersion())
+	} else if needs2 {
+		if err := c.requireVersion(ctx, apiVersion2, "files, a network or a rootfs"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
+	if r.Process != nil && c.knownVersion() >= apiVersion3 {
+		c.mu.Lock()
+		c.prepared[r.Process.ID] = ExecRequest{Terminal: r.Process.Terminal, Stdin: r.Process.Stdin}
+		c.mu.Unlock()
 	}
 	return nil
 }
@@ -104,6 +128,9 @@ func initRequest(r InitRequest) (*api.InitRequest, error) {
 		if req.Rootfs, err = initRootfs(r.Rootfs); err != nil {
 			return nil, err
 		}
+	}
+	if r.Process != nil {
+		req.Process = execRequest(*r.Process)
 	}
 	return req, nil
 }

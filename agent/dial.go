@@ -77,9 +77,27 @@ func checkVsockReply(line string) error {
 
 // WaitReady dials the guest agent until it answers a Ping, or ctx ends.
 func WaitReady(ctx context.Context, dial func(ctx context.Context) (net.Conn, error)) (*Client, error) {
+	return redial(ctx, func() (*Client, error) { return tryReady(ctx, dial) })
+}
+
+// Connect dials the guest agent until it accepts a connection, or ctx
+// ends, and makes no call: a restore's first call is Init, which the agent
+// answers once it serves, sparing the guest a round trip.
+func Connect(ctx context.Context, dial func(ctx context.Context) (net.Conn, error)) (*Client, error) {
+	return redial(ctx, func() (*Client, error) {
+		conn, err := dial(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return NewClient(conn), nil
+	})
+}
+
+// redial tries until try succeeds or ctx ends.
+func redial(ctx context.Context, try func() (*Client, error)) (*Client, error) {
 	var last error
 	for {
-		c, err := tryReady(ctx, dial)
+		c, err := try()
 		if err == nil {
 			return c, nil
 		}

@@ -212,6 +212,10 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	svc := server.New(h.sys, server.WithNetwork(h.net), server.WithMounter(h.mnt), server.WithStateDir(h.state))
+	if err := svc.StartSpare(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Close)
 	srv, err := server.NewTTRPCServer(svc)
 	if err != nil {
 		t.Fatal(err)
@@ -257,7 +261,16 @@ func run(t *testing.T, c *agent.Client, r agent.ExecRequest, stdin string) resul
 	if _, err := c.Exec(ctx, r); err != nil {
 		t.Fatalf("exec %v: %v", r.Args, err)
 	}
-	in, out, errOut, err := c.Stdio(ctx, r.ID)
+	return drain(t, c, r.ID, stdin)
+}
+
+// drain feeds process id, just started, stdin, drains stdout and stderr
+// separately and waits.
+func drain(t *testing.T, c *agent.Client, id, stdin string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	in, out, errOut, err := c.Stdio(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,8 +291,8 @@ func run(t *testing.T, c *agent.Client, r agent.ExecRequest, stdin string) resul
 		}
 	}
 	wg.Wait()
-	if res.status, err = c.Wait(ctx, r.ID); err != nil {
-		t.Fatalf("wait %v: %v", r.Args, err)
+	if res.status, err = c.Wait(ctx, id); err != nil {
+		t.Fatalf("wait %s: %v", id, err)
 	}
 	return res
 }

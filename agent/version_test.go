@@ -14,20 +14,22 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// oldAgent is an agent of API version 1, as in a snapshot baked before
-// Init carried files, network and rootfs: it would drop them silently.
+// oldAgent is an agent of an API version before 3, as in a snapshot baked
+// before Init told its version: its Init answers nothing. Version 1 drops
+// Init's files, network and rootfs silently; both drop its process.
 type oldAgent struct {
 	api.AgentService
+	version      string
 	inits, execs atomic.Int32
 }
 
 func (a *oldAgent) Ping(context.Context, *emptypb.Empty) (*api.PingResponse, error) {
-	return &api.PingResponse{Version: "1"}, nil
+	return &api.PingResponse{Version: a.version}, nil
 }
 
-func (a *oldAgent) Init(context.Context, *api.InitRequest) (*emptypb.Empty, error) {
+func (a *oldAgent) Init(context.Context, *api.InitRequest) (*api.InitResponse, error) {
 	a.inits.Add(1)
-	return &emptypb.Empty{}, nil
+	return &api.InitResponse{}, nil
 }
 
 func (a *oldAgent) Exec(context.Context, *api.ExecRequest) (*api.ExecResponse, error) {
@@ -35,10 +37,12 @@ func (a *oldAgent) Exec(context.Context, *api.ExecRequest) (*api.ExecResponse, e
 	return &api.ExecResponse{Pid: 1}, nil
 }
 
-// TestOldAgentRefused: what an old agent would drop is refused before it
-// is sent; what it understands still works.
+// TestOldAgentRefused: what an old agent dropped fails Init, whose answer
+// does not tell the version, so Init asks it; what the agent understands
+// still works, and once its version is known what it would drop is
+// refused before it is sent.
 func TestOldAgentRefused(t *testing.T) {
-	a := &oldAgent{}
+	a := &oldAgent{version: "1"}
 	c := serveFake(t, a)
 	ctx := ctxT(t)
 	for name, r := range map[string]agent.InitRequest{
@@ -60,7 +64,31 @@ func TestOldAgentRefused(t *testing.T) {
 	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "p", Args: []string{"true"}}); err != nil {
 		t.Errorf("plain Exec on an old agent: %v", err)
 	}
-	if a.inits.Load() != 1 || a.execs.Load() != 1 {
-		t.Errorf("the old agent got %d Inits and %d Execs, want only the ones it understands", a.inits.Load(), a.execs.Load())
+	if err := c.Init(ctx, agent.InitRequest{Files: []agent.File{{Path: "/etc/hosts"}}}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Init with files on an old agent of known version: %v, want failed precondition", err)
+	}
+	// The first Init learnt the version; every later one it would drop
+	// was refused before it was sent.
+	if a.inits.Load() != 2 || a.execs.Load() != 1 {
+		t.Errorf("the old agent got %d Inits and %d Execs, want 2 and 1", a.inits.Load(), a.execs.Load())
+	}
+}
+
+// TestOldAgentExecsWhatInitWouldPrepare: an agent before API 3 ignores
+// Init's process, so the client does not take it as prepared: the process
+// is Exec'd instead.
+func TestOldAgentExecsWhatInitWouldPrepare(t *testing.T) {
+	a := &oldAgent{version: "2"}
+	c := serveFake(t, a)
+	ctx := ctxT(t)
+	p := agent.ExecRequest{ID: "init", Args: []string{"true"}}
+	if err := c.Init(ctx, agent.InitRequest{Hostname: "h", Process: &p}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Prepared("init") {
+		t.Error("Prepared after an Init the agent answered without a version, want false")
+	}
+	if _, err := c.Start(ctx, "init"); !errdefs.IsNotFound(err) {
+		t.Errorf("Start of a process the agent did not prepare: %v, want not found", err)
 	}
 }

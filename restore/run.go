@@ -52,10 +52,13 @@ type Request struct {
 }
 
 // GuestSetup is what Init gives a restored guest besides its identity: the
-// files to write, its root, and its network.
+// files to write, its root, its network and the process to prepare.
 type GuestSetup struct {
 	Files  []agent.File
 	Rootfs *agent.Rootfs
+	// Process, when set, is prepared in the guest for the caller to start
+	// with Agent.Start (if Agent.Prepared says the guest could).
+	Process *agent.ExecRequest
 	// Network, when set, is asked after the driver restored the VM (the
 	// task's hooks may configure the namespace only then) for the guest
 	// NIC's configuration; nil leaves the NIC down.
@@ -82,9 +85,9 @@ type Result struct {
 	Report Report
 }
 
-// Run restores r.StagedDir with d (paused), resumes the VM, waits for its
-// agent and gives the guest a fresh identity: wall clock, entropy,
-// hostname. Then, if the plan says so, it releases the staged memory. On
+// Run restores r.StagedDir with d (paused), resumes the VM, connects to its
+// agent and gives the guest a fresh identity (wall clock, entropy,
+// hostname) and what r.Guest holds, in one call. Then, if the plan says so, it releases the staged memory. On
 // error nothing is left running (the VM is closed) and the staged
 // directory is as it was, so the restore can be retried. On success the
 // caller owns the VM and the agent client and closes both.
@@ -122,7 +125,9 @@ func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 }
 
 // bringUp resumes the paused VM, connects to its agent and initialises the
-// guest. The caller closes the VM if it fails.
+// guest. The caller closes the VM if it fails. The agent phase ends when
+// the agent accepts the connection; the init phase is the one call that
+// follows, which the agent answers once it serves.
 func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*agent.Client, error) {
 	if err := rec.time(PhaseResume, func() error { return vm.Resume(ctx) }); err != nil {
 		return nil, fmt.Errorf("resume vm: %w", err)
@@ -132,7 +137,7 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 		actx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 		defer cancel()
 		var err error
-		c, err = agent.WaitReady(actx, vm.DialAgent)
+		c, err = agent.Connect(actx, vm.DialAgent)
 		return err
 	})
 	if err != nil {
@@ -140,6 +145,9 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 	}
 	if err := rec.time(PhaseInit, func() error { return initGuest(ctx, c, r) }); err != nil {
 		c.Close()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("init guest identity: guest agent did not answer within %s: %w", r.AgentTimeout, err)
+		}
 		return nil, fmt.Errorf("init guest identity: %w", err)
 	}
 	return c, nil
@@ -165,7 +173,8 @@ func release(ctx context.Context, r Request, rec *recorder) {
 	l.Debug("released staged memory after copy restore")
 }
 
-// initGuest gives a restored guest its own clock, randomness and name.
+// initGuest gives a restored guest its own clock, randomness and name, and
+// what r.Guest holds.
 func initGuest(ctx context.Context, c *agent.Client, r Request) error {
 	entropy := make([]byte, entropyBytes)
 	if _, err := rand.Read(entropy); err != nil {
@@ -173,7 +182,8 @@ func initGuest(ctx context.Context, c *agent.Client, r Request) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 	defer cancel()
-	req := agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname, Files: r.Guest.Files, Rootfs: r.Guest.Rootfs}
+	req := agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname, Files: r.Guest.Files, Rootfs: r.Guest.Rootfs,
+		Process: r.Guest.Process}
 	if r.Guest.Network != nil {
 		req.Network = r.Guest.Network()
 	}

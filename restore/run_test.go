@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -102,7 +103,7 @@ type agentState int
 const (
 	agentUp      agentState = iota
 	agentRefused            // the VMM socket refuses connections
-	agentMute               // accepts the connection, never answers
+	agentMute               // accepts the connection, never answers a call
 )
 
 // fakeDriver restores fakeVMs, reporting spawn and load like a real driver.
@@ -314,7 +315,7 @@ func TestRunFailureLeavesNothing(t *testing.T) {
 		{"restore", boom, nil, agentUp, nil, false, "restore fake vm in copy mode: boom", 0},
 		{"resume", nil, boom, agentUp, nil, false, "resume vm: boom", 1},
 		{"agent refuses", nil, nil, agentRefused, nil, false, "connection refused", 1},
-		{"agent never answers", nil, nil, agentMute, nil, false, "guest agent not ready within 300ms", 1},
+		{"agent never answers", nil, nil, agentMute, nil, false, "guest agent did not answer within 300ms", 1},
 		{"init fails", nil, nil, agentUp, boom, false, "init guest identity", 1},
 		{"init hangs", nil, nil, agentUp, nil, true, "deadline exceeded", 1},
 	}
@@ -413,5 +414,29 @@ func TestReportString(t *testing.T) {
 	r := Report{Phases: []Phase{{"spawn", time.Millisecond}, {"load", 1500 * time.Microsecond}}, Total: 3 * time.Millisecond}
 	if got, want := r.String(), "spawn=1ms load=1.5ms total=3ms"; got != want {
 		t.Errorf("String = %q, want %q", got, want)
+	}
+}
+
+// TestRunPreparesTheProcess: the guest's Init prepares the process Run is
+// given, which then only needs starting.
+func TestRunPreparesTheProcess(t *testing.T) {
+	vm := &fakeVM{guest: startAgent(t, &fakeSystem{})}
+	r := testRequest(t)
+	r.Guest.Process = &agent.ExecRequest{ID: "init", Args: []string{"true"}, Cwd: "/"}
+	res, err := Run(context.Background(), &fakeDriver{vm: vm}, r)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Cleanup(func() { res.Agent.Close(); res.VM.Close() })
+	if !res.Agent.Prepared("init") {
+		t.Fatal("the guest did not prepare the process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := res.Agent.Start(ctx, "init"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := res.Agent.Wait(ctx, "init"); err != nil || st.Code != 0 {
+		t.Errorf("the prepared process exited %+v, %v; want 0", st, err)
 	}
 }

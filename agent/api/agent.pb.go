@@ -138,7 +138,12 @@ type InitRequest struct {
 	Network *Network `protobuf:"bytes,5,opt,name=network,proto3" json:"network,omitempty"`
 	// rootfs is the container's root; absent, processes run in the guest's
 	// own root.
-	Rootfs        *Rootfs `protobuf:"bytes,6,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	Rootfs *Rootfs `protobuf:"bytes,6,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	// process, when set, is prepared last: created with its stdio and
+	// everything it runs with, waiting for Start to run its program, as a
+	// runc container is between create and start (API version 3; older
+	// agents ignore it).
+	Process       *ExecRequest `protobuf:"bytes,7,opt,name=process,proto3" json:"process,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -215,6 +220,68 @@ func (x *InitRequest) GetRootfs() *Rootfs {
 	return nil
 }
 
+func (x *InitRequest) GetProcess() *ExecRequest {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+type InitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is the agent's API version, as Ping reports it; empty from
+	// agents older than 3, whose Init answers nothing.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// pid is the prepared process's pid in the guest.
+	Pid           uint32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InitResponse) Reset() {
+	*x = InitResponse{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InitResponse) ProtoMessage() {}
+
+func (x *InitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InitResponse.ProtoReflect.Descriptor instead.
+func (*InitResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *InitResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *InitResponse) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
 type File struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// path is absolute, in the guest.
@@ -228,7 +295,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +307,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +320,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *File) GetPath() string {
@@ -292,7 +359,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +371,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +384,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Network) GetMac() string {
@@ -367,7 +434,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +446,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +459,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Route) GetDestination() string {
@@ -445,7 +512,7 @@ type Rootfs struct {
 
 func (x *Rootfs) Reset() {
 	*x = Rootfs{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +524,7 @@ func (x *Rootfs) String() string {
 func (*Rootfs) ProtoMessage() {}
 
 func (x *Rootfs) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +537,7 @@ func (x *Rootfs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rootfs.ProtoReflect.Descriptor instead.
 func (*Rootfs) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Rootfs) GetFstype() string {
@@ -507,7 +574,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +586,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +599,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Mount) GetDestination() string {
@@ -585,7 +652,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +664,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,7 +677,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecRequest) GetId() string {
@@ -709,7 +776,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +788,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +801,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Rlimit) GetType() string {
@@ -768,7 +835,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +847,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +860,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecResponse) GetPid() uint32 {
@@ -814,7 +881,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +893,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +906,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -874,7 +941,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +953,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +966,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -926,7 +993,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1005,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1018,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -977,7 +1044,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1056,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1069,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -1023,7 +1090,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1102,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1115,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -1082,7 +1149,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1161,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1174,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -1135,7 +1202,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1214,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1227,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -1197,7 +1264,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1276,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1289,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1262,7 +1329,7 @@ type ProcessesResponse struct {
 
 func (x *ProcessesResponse) Reset() {
 	*x = ProcessesResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1341,7 @@ func (x *ProcessesResponse) String() string {
 func (*ProcessesResponse) ProtoMessage() {}
 
 func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1354,7 @@ func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1316,7 +1383,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1395,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1408,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatsResponse) GetMemoryTotal() uint64 {
@@ -1428,14 +1495,18 @@ const file_agent_proto_rawDesc = "" +
 	"\vagent.proto\x12\x0fcocoon.agent.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
 	"\fPingResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
-	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\x85\x02\n" +
+	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\xbd\x02\n" +
 	"\vInitRequest\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12+\n" +
 	"\x05files\x18\x04 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x122\n" +
 	"\anetwork\x18\x05 \x01(\v2\x18.cocoon.agent.v1.NetworkR\anetwork\x12/\n" +
-	"\x06rootfs\x18\x06 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\"B\n" +
+	"\x06rootfs\x18\x06 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\x126\n" +
+	"\aprocess\x18\a \x01(\v2\x1c.cocoon.agent.v1.ExecRequestR\aprocess\":\n" +
+	"\fInitResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\rR\x03pid\"B\n" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
@@ -1529,11 +1600,12 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\x8c\a\n" +
+	"\x06STDERR\x10\x012\xdc\a\n" +
 	"\x05Agent\x12=\n" +
-	"\x04Ping\x12\x16.google.protobuf.Empty\x1a\x1d.cocoon.agent.v1.PingResponse\x12<\n" +
-	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x16.google.protobuf.Empty\x12C\n" +
-	"\x04Exec\x12\x1c.cocoon.agent.v1.ExecRequest\x1a\x1d.cocoon.agent.v1.ExecResponse\x12U\n" +
+	"\x04Ping\x12\x16.google.protobuf.Empty\x1a\x1d.cocoon.agent.v1.PingResponse\x12C\n" +
+	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x1d.cocoon.agent.v1.InitResponse\x12C\n" +
+	"\x04Exec\x12\x1c.cocoon.agent.v1.ExecRequest\x1a\x1d.cocoon.agent.v1.ExecResponse\x12G\n" +
+	"\x05Start\x12\x1f.cocoon.agent.v1.ProcessRequest\x1a\x1d.cocoon.agent.v1.ExecResponse\x12U\n" +
 	"\n" +
 	"ReadOutput\x12\".cocoon.agent.v1.ReadOutputRequest\x1a#.cocoon.agent.v1.ReadOutputResponse\x12H\n" +
 	"\n" +
@@ -1561,74 +1633,78 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),          // 1: cocoon.agent.v1.PingResponse
 	(*InitRequest)(nil),           // 2: cocoon.agent.v1.InitRequest
-	(*File)(nil),                  // 3: cocoon.agent.v1.File
-	(*Network)(nil),               // 4: cocoon.agent.v1.Network
-	(*Route)(nil),                 // 5: cocoon.agent.v1.Route
-	(*Rootfs)(nil),                // 6: cocoon.agent.v1.Rootfs
-	(*Mount)(nil),                 // 7: cocoon.agent.v1.Mount
-	(*ExecRequest)(nil),           // 8: cocoon.agent.v1.ExecRequest
-	(*Rlimit)(nil),                // 9: cocoon.agent.v1.Rlimit
-	(*ExecResponse)(nil),          // 10: cocoon.agent.v1.ExecResponse
-	(*ReadOutputRequest)(nil),     // 11: cocoon.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 12: cocoon.agent.v1.ReadOutputResponse
-	(*WriteStdinRequest)(nil),     // 13: cocoon.agent.v1.WriteStdinRequest
-	(*ProcessRequest)(nil),        // 14: cocoon.agent.v1.ProcessRequest
-	(*WaitResponse)(nil),          // 15: cocoon.agent.v1.WaitResponse
-	(*SignalRequest)(nil),         // 16: cocoon.agent.v1.SignalRequest
-	(*ResizePtyRequest)(nil),      // 17: cocoon.agent.v1.ResizePtyRequest
-	(*ProcessInfo)(nil),           // 18: cocoon.agent.v1.ProcessInfo
-	(*ProcessesResponse)(nil),     // 19: cocoon.agent.v1.ProcessesResponse
-	(*StatsResponse)(nil),         // 20: cocoon.agent.v1.StatsResponse
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 22: google.protobuf.Empty
+	(*InitResponse)(nil),          // 3: cocoon.agent.v1.InitResponse
+	(*File)(nil),                  // 4: cocoon.agent.v1.File
+	(*Network)(nil),               // 5: cocoon.agent.v1.Network
+	(*Route)(nil),                 // 6: cocoon.agent.v1.Route
+	(*Rootfs)(nil),                // 7: cocoon.agent.v1.Rootfs
+	(*Mount)(nil),                 // 8: cocoon.agent.v1.Mount
+	(*ExecRequest)(nil),           // 9: cocoon.agent.v1.ExecRequest
+	(*Rlimit)(nil),                // 10: cocoon.agent.v1.Rlimit
+	(*ExecResponse)(nil),          // 11: cocoon.agent.v1.ExecResponse
+	(*ReadOutputRequest)(nil),     // 12: cocoon.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 13: cocoon.agent.v1.ReadOutputResponse
+	(*WriteStdinRequest)(nil),     // 14: cocoon.agent.v1.WriteStdinRequest
+	(*ProcessRequest)(nil),        // 15: cocoon.agent.v1.ProcessRequest
+	(*WaitResponse)(nil),          // 16: cocoon.agent.v1.WaitResponse
+	(*SignalRequest)(nil),         // 17: cocoon.agent.v1.SignalRequest
+	(*ResizePtyRequest)(nil),      // 18: cocoon.agent.v1.ResizePtyRequest
+	(*ProcessInfo)(nil),           // 19: cocoon.agent.v1.ProcessInfo
+	(*ProcessesResponse)(nil),     // 20: cocoon.agent.v1.ProcessesResponse
+	(*StatsResponse)(nil),         // 21: cocoon.agent.v1.StatsResponse
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 23: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	21, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
-	3,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
-	4,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
-	6,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
-	5,  // 4: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
-	7,  // 5: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
-	9,  // 6: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
-	0,  // 7: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	21, // 8: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	18, // 9: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	22, // 10: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 11: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	8,  // 12: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	11, // 13: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	13, // 14: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	14, // 15: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	14, // 16: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	16, // 17: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	17, // 18: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	14, // 19: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	22, // 20: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	22, // 21: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	22, // 22: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	1,  // 23: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	22, // 24: cocoon.agent.v1.Agent.Init:output_type -> google.protobuf.Empty
-	10, // 25: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	12, // 26: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	22, // 27: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	22, // 28: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	15, // 29: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	22, // 30: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	22, // 31: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	22, // 32: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	19, // 33: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	20, // 34: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	22, // 35: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	23, // [23:36] is the sub-list for method output_type
-	10, // [10:23] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	22, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
+	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
+	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
+	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
+	6,  // 5: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
+	8,  // 6: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
+	10, // 7: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
+	0,  // 8: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	22, // 9: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	19, // 10: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
+	23, // 11: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 12: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 13: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	15, // 14: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	12, // 15: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	14, // 16: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	15, // 17: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	15, // 18: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	17, // 19: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	18, // 20: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	15, // 21: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	23, // 22: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	23, // 23: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	23, // 24: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	1,  // 25: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 26: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	11, // 27: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	11, // 28: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	13, // 29: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	23, // 30: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	23, // 31: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	16, // 32: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	23, // 33: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	23, // 34: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	23, // 35: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	20, // 36: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	21, // 37: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	23, // 38: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	25, // [25:39] is the sub-list for method output_type
+	11, // [11:25] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1636,14 +1712,14 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
-	file_agent_proto_msgTypes[7].OneofWrappers = []any{}
+	file_agent_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

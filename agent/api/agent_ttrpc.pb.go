@@ -10,8 +10,9 @@ import (
 
 type AgentService interface {
 	Ping(context.Context, *emptypb.Empty) (*PingResponse, error)
-	Init(context.Context, *InitRequest) (*emptypb.Empty, error)
+	Init(context.Context, *InitRequest) (*InitResponse, error)
 	Exec(context.Context, *ExecRequest) (*ExecResponse, error)
+	Start(context.Context, *ProcessRequest) (*ExecResponse, error)
 	ReadOutput(context.Context, *ReadOutputRequest) (*ReadOutputResponse, error)
 	WriteStdin(context.Context, *WriteStdinRequest) (*emptypb.Empty, error)
 	CloseStdin(context.Context, *ProcessRequest) (*emptypb.Empty, error)
@@ -47,6 +48,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.Exec(ctx, &req)
+			},
+			"Start": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ProcessRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Start(ctx, &req)
 			},
 			"ReadOutput": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ReadOutputRequest
@@ -140,8 +148,8 @@ func (c *agentClient) Ping(ctx context.Context, req *emptypb.Empty) (*PingRespon
 	return &resp, nil
 }
 
-func (c *agentClient) Init(ctx context.Context, req *InitRequest) (*emptypb.Empty, error) {
-	var resp emptypb.Empty
+func (c *agentClient) Init(ctx context.Context, req *InitRequest) (*InitResponse, error) {
+	var resp InitResponse
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "Init", req, &resp); err != nil {
 		return nil, err
 	}
@@ -151,6 +159,14 @@ func (c *agentClient) Init(ctx context.Context, req *InitRequest) (*emptypb.Empt
 func (c *agentClient) Exec(ctx context.Context, req *ExecRequest) (*ExecResponse, error) {
 	var resp ExecResponse
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "Exec", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) Start(ctx context.Context, req *ProcessRequest) (*ExecResponse, error) {
+	var resp ExecResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "Start", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -17,6 +17,37 @@ import (
 // connection that started them.
 // With a container root from Init, they run inside it.
 func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*api.ExecResponse, error) {
+	p, err := s.addProcess(r, startProcess)
+	if err != nil {
+		return nil, err
+	}
+	return s.started(ctx, p), nil
+}
+
+// Start starts the process Init prepared.
+func (s *Service) Start(ctx context.Context, r *api.ProcessRequest) (*api.ExecResponse, error) {
+	p, err := s.process(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	return s.started(ctx, p), nil
+}
+
+// prepare readies Init's process to start at Start.
+func (s *Service) prepare(r *api.ExecRequest) error {
+	if r == nil {
+		return nil
+	}
+	_, err := s.addProcess(r, prepareProcess)
+	return err
+}
+
+// addProcess checks r and adds its process as build (prepareProcess or
+// startProcess) makes it.
+func (s *Service) addProcess(r *api.ExecRequest, build func(string, *procSpec, bool, bool, helperSource) (*process, error)) (*process, error) {
 	spec, err := newProcSpec(r, s.containerRoot())
 	if err != nil {
 		return nil, err
@@ -24,7 +55,8 @@ func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*api.ExecRespon
 	if err := s.reserve(r.Id); err != nil {
 		return nil, err
 	}
-	p, err := startProcess(r.Id, spec, r.Terminal, r.Stdin)
+	s.nicDown.Store(false) // a process may configure the NIC
+	p, err := build(r.Id, spec, r.Terminal, r.Stdin, s.helper)
 	s.mu.Lock()
 	if err != nil {
 		delete(s.procs, r.Id)
@@ -32,12 +64,13 @@ func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*api.ExecRespon
 		s.procs[r.Id] = p
 	}
 	s.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	pid := p.cmd.Process.Pid
-	log.G(ctx).WithField("id", r.Id).WithField("pid", pid).Debug("process started")
-	return &api.ExecResponse{Pid: uint32(pid)}, nil
+	return p, err
+}
+
+func (s *Service) started(ctx context.Context, p *process) *api.ExecResponse {
+	pid := p.pid()
+	log.G(ctx).WithField("id", p.id).WithField("pid", pid).Debug("process started")
+	return &api.ExecResponse{Pid: uint32(pid)}
 }
 
 // reserve claims id for a process being started, which may take a while
@@ -156,7 +189,8 @@ func (s *Service) ResizePty(ctx context.Context, r *api.ResizePtyRequest) (*empt
 	return &emptypb.Empty{}, nil
 }
 
-// Delete forgets an exited process and closes its streams.
+// Delete forgets an exited process and closes its streams; a process
+// prepared but never started is given up.
 func (s *Service) Delete(ctx context.Context, r *api.ProcessRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -164,7 +198,7 @@ func (s *Service) Delete(ctx context.Context, r *api.ProcessRequest) (*emptypb.E
 	if p == nil {
 		return nil, fmt.Errorf("process %q: %w", r.Id, errdefs.ErrNotFound)
 	}
-	if !p.exited() {
+	if !p.discard() && !p.exited() {
 		return nil, fmt.Errorf("process %q is still running: %w", r.Id, errdefs.ErrFailedPrecondition)
 	}
 	delete(s.procs, r.Id)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
@@ -23,10 +22,11 @@ type initPlan struct {
 }
 
 // Init gives the guest its clone identity (clock, entropy, hostname), then
-// writes its files, configures its NIC and mounts its container root, in
-// that order. Everything is checked before anything changes; an error names
-// the step that failed.
-func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty, error) {
+// writes its files, configures its NIC, mounts its container root and
+// prepares its process, in that order. Everything is checked before
+// anything changes, but the process, whose program and cwd are looked up
+// in the root; an error names the step that failed.
+func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitResponse, error) {
 	plan, err := s.planInit(r)
 	if err != nil {
 		return nil, err
@@ -43,6 +43,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty,
 		{"files", func() error { return writeFiles(plan.files) }},
 		{"network", func() error { return s.configureNetwork(plan.network) }},
 		{"rootfs", func() error { return s.setupRootfs(ctx, plan.rootfs) }},
+		{"process", func() error { return s.prepare(r.Process) }},
 	} {
 		if err := step.run(); err != nil {
 			return nil, fmt.Errorf("init %s: %w", step.name, err)
@@ -50,9 +51,9 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty,
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"hostname": r.Hostname, "entropy": len(r.Entropy), "files": len(r.Files),
-		"network": r.Network != nil, "rootfs": r.Rootfs != nil,
-	}).Info("guest initialized")
-	return &emptypb.Empty{}, nil
+		"network": r.Network != nil, "rootfs": r.Rootfs != nil, "process": r.Process.GetId(),
+	}).Debug("guest initialized")
+	return &api.InitResponse{Version: Version}, nil
 }
 
 func (s *Service) planInit(r *api.InitRequest) (*initPlan, error) {
@@ -74,6 +75,11 @@ func (s *Service) planInit(r *api.InitRequest) (*initPlan, error) {
 	if r.Rootfs != nil {
 		if err := checkRootfs(r.Rootfs); err != nil {
 			return nil, fmt.Errorf("init rootfs: %w", err)
+		}
+	}
+	if r.Process != nil {
+		if _, err := checkExec(r.Process); err != nil {
+			return nil, fmt.Errorf("init process: %w", err)
 		}
 	}
 	return plan, nil
@@ -101,7 +107,8 @@ func (s *Service) setHostname(r *api.InitRequest) error {
 }
 
 // configureNetwork gives the NIC cfg; nil takes the NIC down, which an
-// agent managing no NIC has nothing to do for.
+// agent managing no NIC, or a NIC down since boot or the last Init, has
+// nothing to do for: a restored clone then spends nothing on it.
 func (s *Service) configureNetwork(cfg *NetConfig) error {
 	if s.net == nil {
 		if cfg == nil {
@@ -109,5 +116,13 @@ func (s *Service) configureNetwork(cfg *NetConfig) error {
 		}
 		return fmt.Errorf("this agent manages no NIC: %w", errdefs.ErrNotImplemented)
 	}
-	return s.net.Configure(cfg)
+	if cfg == nil && s.nicDown.Load() {
+		return nil
+	}
+	s.nicDown.Store(false)
+	if err := s.net.Configure(cfg); err != nil {
+		return err
+	}
+	s.nicDown.Store(cfg == nil)
+	return nil
 }

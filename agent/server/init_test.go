@@ -259,3 +259,39 @@ func TestInitFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestInitLeavesADownNICAlone: Init without a network takes the NIC down
+// only when it may not be: unknown at start, after Init gave it a network,
+// or once a process was started (it may have configured it).
+func TestInitLeavesADownNICAlone(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		opts  []Option
+		calls []*api.InitRequest
+		want  []bool // the Configure calls, with a network or not
+	}{
+		{"down since boot", []Option{WithNICDown()}, []*api.InitRequest{{}, {}}, nil},
+		{"unknown", nil, []*api.InitRequest{{}, {}}, []bool{false}},
+		{"after a network", []Option{WithNICDown()}, []*api.InitRequest{{Network: &api.Network{}}, {}, {}}, []bool{true, false}},
+		{"after a process", []Option{WithNICDown()}, []*api.InitRequest{
+			{Process: &api.ExecRequest{Id: "p", Args: []string{"true"}, Cwd: "/"}}, {}, {},
+		}, []bool{false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newFakeGuest(t, tc.opts...)
+			for _, r := range tc.calls {
+				if _, err := g.svc.Init(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var got []bool
+			for _, cfg := range g.net.got {
+				got = append(got, cfg != nil)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("configured the NIC %v (with a network or not), want %v", got, tc.want)
+			}
+		})
+	}
+}

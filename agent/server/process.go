@@ -13,10 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// process is one process the agent started.
+// process is one process the agent started, or prepared to start.
 type process struct {
 	id       string
-	cmd      *exec.Cmd
 	terminal bool
 	pty      *os.File // master side; stdin and stdout of a terminal process
 	stdout   *outputStream
@@ -27,6 +26,13 @@ type process struct {
 
 	done   chan struct{}
 	status exitStatus // valid once done is closed
+
+	// mu guards the start of a prepared process.
+	mu  sync.Mutex
+	cmd *exec.Cmd // its Process is set once it runs (a helper's: once prepared)
+	// pending runs or gives up a prepared process's program; nil once it
+	// started or was given up.
+	pending pending
 }
 
 type exitStatus struct {
@@ -34,82 +40,197 @@ type exitStatus struct {
 	at           time.Time
 }
 
-// startProcess starts spec with pipes, or with a new pty when terminal.
-func startProcess(id string, spec *procSpec, terminal, withStdin bool) (*process, error) {
-	cmd, err := spec.command()
+// pending is the program of a prepared process.
+type pending interface {
+	start() error
+	discard()
+}
+
+// prepareProcess gives spec its stdio (pipes, or a new pty when terminal)
+// and readies it to start: in a helper that applied everything but the
+// exec, when spec needs one (helperFor gives it), else as a command that
+// start forks.
+func prepareProcess(id string, spec *procSpec, terminal, withStdin bool, helperFor helperSource) (*process, error) {
+	p := &process{id: id, terminal: terminal, done: make(chan struct{})}
+	var stdio [3]*os.File // the child's ends
+	var err error
+	if terminal {
+		stdio, err = p.attachPty()
+	} else {
+		stdio, err = p.attachPipes(withStdin)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("start %q: %w", id, err)
 	}
-	p := &process{id: id, cmd: cmd, terminal: terminal, done: make(chan struct{})}
-	var childEnds []*os.File
-	if terminal {
-		childEnds, err = p.attachPty()
-	} else {
-		childEnds, err = p.attachPipes(withStdin)
+	if !spec.needsHelper() {
+		p.prepareCommand(spec, stdio)
+		return p, nil
 	}
-	defer closeAll(childEnds) // the child has its own copies after Start
+	defer closeAll(stdio[:]) // the helper has its own copies
+	h, err := helperFor(spec.helperConfig(terminal), stdio)
 	if err != nil {
-		return nil, err
-	}
-	start := cmd.Start
-	if spec.needsHelper() {
-		start = func() error { return startHelper(cmd) }
-	}
-	if err := start(); err != nil {
 		p.closeParentEnds()
 		return nil, fmt.Errorf("start %q: %w", id, err)
 	}
+	p.cmd, p.pending = h.cmd, helperPending{h}
 	go p.reap()
 	return p, nil
 }
 
-func (p *process) attachPipes(withStdin bool) ([]*os.File, error) {
-	var child []*os.File
-	if withStdin {
-		r, w, err := os.Pipe()
-		if err != nil {
-			return nil, fmt.Errorf("create stdin pipe: %w", err)
-		}
-		p.cmd.Stdin, p.stdin = r, w
-		child = append(child, r)
+// helperSource gives a helper that applied c with stdio.
+type helperSource func(c helperConfig, stdio [3]*os.File) (*helper, error)
+
+// startProcess starts spec now.
+func startProcess(id string, spec *procSpec, terminal, withStdin bool, helperFor helperSource) (*process, error) {
+	p, err := prepareProcess(id, spec, terminal, withStdin, helperFor)
+	if err != nil {
+		return nil, err
 	}
-	for _, out := range []**outputStream{&p.stdout, &p.stderr} {
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// start runs a prepared process's program.
+func (p *process) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pending == nil {
+		return fmt.Errorf("process %q is not waiting to start: %w", p.id, errdefs.ErrFailedPrecondition)
+	}
+	err := p.pending.start()
+	p.pending = nil
+	if err != nil {
+		p.closeParentEnds()
+		return fmt.Errorf("start %q: %w", p.id, err)
+	}
+	return nil
+}
+
+// discard gives up a prepared process that never started; its exit is
+// that of a process killed before it ran. It reports whether p was one.
+func (p *process) discard() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pending == nil {
+		return false
+	}
+	p.pending.discard()
+	p.pending = nil
+	return true
+}
+
+// pid is the process's pid, 0 before a command starts.
+func (p *process) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// prepareCommand readies spec as a command forked and exec'd at start,
+// which then hands the child its ends of stdio.
+func (p *process) prepareCommand(spec *procSpec, stdio [3]*os.File) {
+	cmd := spec.command()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], stdio[2]
+	if p.terminal {
+		cmd.SysProcAttr.Setctty = true
+		cmd.SysProcAttr.Ctty = 0
+	}
+	p.cmd, p.pending = cmd, commandPending{p: p, stdio: stdio}
+}
+
+// commandPending is a prepared command: start forks it.
+type commandPending struct {
+	p     *process
+	stdio [3]*os.File
+}
+
+// start forks the command; one that cannot start exits 127, as a shell
+// says of a program it cannot run.
+func (c commandPending) start() error {
+	defer closeAll(c.stdio[:])
+	if err := c.p.cmd.Start(); err != nil {
+		c.p.ended(exitStatus{code: 127, at: time.Now()})
+		return err
+	}
+	go c.p.reap()
+	return nil
+}
+
+func (c commandPending) discard() {
+	closeAll(c.stdio[:])
+	c.p.ended(exitStatus{code: 128 + int(syscall.SIGKILL), signal: int(syscall.SIGKILL), at: time.Now()})
+}
+
+// helperPending is a prepared helper: start lets it exec the program. Its
+// reaper records how it ends, the helper's own exit if it never execs.
+type helperPending struct{ h *helper }
+
+func (h helperPending) start() error {
+	err := h.h.start()
+	if err != nil {
+		h.discard() // one that did not answer in time
+	}
+	return err
+}
+
+func (h helperPending) discard() {
+	h.h.ctl.Close()
+	_ = h.h.cmd.Process.Kill()
+}
+
+// attachPipes makes the process's pipes; without stdin the child reads
+// /dev/null.
+func (p *process) attachPipes(withStdin bool) ([3]*os.File, error) {
+	var child [3]*os.File
+	var err error
+	if withStdin {
+		var w *os.File
+		if child[0], w, err = os.Pipe(); err != nil {
+			return child, fmt.Errorf("create stdin pipe: %w", err)
+		}
+		p.stdin = w
+	} else if child[0], err = os.Open(os.DevNull); err != nil {
+		return child, fmt.Errorf("open stdin: %w", err)
+	}
+	for i, out := range []**outputStream{&p.stdout, &p.stderr} {
 		r, w, err := os.Pipe()
 		if err != nil {
-			closeAll(child)
+			closeAll(child[:])
 			p.closeParentEnds()
-			return nil, fmt.Errorf("create output pipe: %w", err)
+			return child, fmt.Errorf("create output pipe: %w", err)
 		}
 		*out = &outputStream{f: r}
-		child = append(child, w)
+		child[1+i] = w
 	}
-	p.cmd.Stdout, p.cmd.Stderr = child[len(child)-2], child[len(child)-1]
 	return child, nil
 }
 
 // attachPty opens a pty pair: the child gets the slave as its controlling
 // terminal, the agent keeps the pollable master.
-func (p *process) attachPty() ([]*os.File, error) {
+func (p *process) attachPty() ([3]*os.File, error) {
+	var child [3]*os.File
 	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open /dev/ptmx: %w", err)
+		return child, fmt.Errorf("open /dev/ptmx: %w", err)
 	}
 	slavePath, err := unlockPty(master)
 	if err != nil {
 		master.Close()
-		return nil, err
+		return child, err
 	}
 	slave, err := os.OpenFile(slavePath, os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		master.Close()
-		return nil, fmt.Errorf("open pty slave: %w", err)
+		return child, fmt.Errorf("open pty slave: %w", err)
 	}
 	p.pty, p.stdin = master, master
 	p.stdout = &outputStream{f: master, pty: true}
-	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = slave, slave, slave
-	p.cmd.SysProcAttr.Setctty = true
-	p.cmd.SysProcAttr.Ctty = 0
-	return []*os.File{slave}, nil
+	return [3]*os.File{slave, slave, slave}, nil
 }
 
 // unlockPty unlocks master's slave and names it, through the raw fd so the
@@ -143,6 +264,11 @@ func (p *process) reap() {
 	} else {
 		st.code = p.cmd.ProcessState.ExitCode()
 	}
+	p.ended(st)
+}
+
+// ended records how the process ended.
+func (p *process) ended(st exitStatus) {
 	p.status = st
 	close(p.done)
 }
@@ -161,6 +287,11 @@ func (p *process) exited() bool {
 func (p *process) signal(sig syscall.Signal) error {
 	if p.exited() {
 		return fmt.Errorf("process %q has exited: %w", p.id, errdefs.ErrNotFound)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pending != nil {
+		return fmt.Errorf("process %q has not started: %w", p.id, errdefs.ErrFailedPrecondition)
 	}
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		if errors.Is(err, os.ErrProcessDone) {
@@ -207,6 +338,8 @@ func (p *process) closeParentEnds() {
 
 func closeAll(files []*os.File) {
 	for _, f := range files {
-		f.Close()
+		if f != nil {
+			f.Close()
+		}
 	}
 }

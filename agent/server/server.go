@@ -5,7 +5,9 @@ package server
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -16,9 +18,10 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// Version is reported by Ping. 2: Init carries files, network and rootfs;
-// Exec carries rlimits, umask and no_new_privileges.
-const Version = "2"
+// Version is reported by Ping and Init. 2: Init carries files, network
+// and rootfs; Exec carries rlimits, umask and no_new_privileges. 3: Init
+// prepares a process that Start starts, and answers with the version.
+const Version = "3"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond
@@ -35,6 +38,13 @@ type Service struct {
 	stateDir string
 
 	initMu sync.Mutex // one Init at a time
+	// nicDown says the NIC is down with no addresses or routes, as Init
+	// without a network leaves it: no process ran since, which might
+	// have configured it.
+	nicDown atomic.Bool
+
+	spareMu sync.Mutex
+	spare   *helper // an idle exec helper, see StartSpare
 
 	mu    sync.Mutex
 	procs map[string]*process
@@ -53,6 +63,10 @@ func WithNetwork(n Network) Option { return func(s *Service) { s.net = n } }
 // WithMounter lets Init mount a container rootfs through m. Without it an
 // Init that carries a rootfs fails.
 func WithMounter(m Mounter) Option { return func(s *Service) { s.mnt = m } }
+
+// WithNICDown says the NIC is down with no addresses or routes, as the
+// guest's boot leaves it: Init without a network then has nothing to undo.
+func WithNICDown() Option { return func(s *Service) { s.nicDown.Store(true) } }
 
 // WithStateDir moves the agent's state (DefaultStateDir).
 func WithStateDir(dir string) Option { return func(s *Service) { s.stateDir = dir } }
@@ -101,4 +115,71 @@ func (s *Service) Shutdown(ctx context.Context, _ *emptypb.Empty) (*emptypb.Empt
 		}
 	})
 	return &emptypb.Empty{}, nil
+}
+
+// StartSpare starts an exec helper ahead of need and waits until it is
+// idle: the next process that needs a helper takes it instead of starting
+// one. The agent does this before it serves, so that a snapshot of the
+// guest carries the spare and the first such process after each restore
+// pays no Go runtime start.
+func (s *Service) StartSpare() error {
+	h, err := spawnHelper()
+	if err != nil {
+		return err
+	}
+	s.spareMu.Lock()
+	old := s.spare
+	s.spare = h
+	s.spareMu.Unlock()
+	if old != nil {
+		old.abandon()
+	}
+	return nil
+}
+
+// sparePID is the spare helper's pid, 0 without one.
+func (s *Service) sparePID() int {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	if s.spare == nil {
+		return 0
+	}
+	return s.spare.cmd.Process.Pid
+}
+
+// Close ends the spare helper, if any; processes keep running.
+func (s *Service) Close() {
+	s.spareMu.Lock()
+	h := s.spare
+	s.spare = nil
+	s.spareMu.Unlock()
+	if h != nil {
+		h.abandon()
+	}
+}
+
+// helper gives a helper that applied c with stdio: the spare if there is
+// one and it takes c, else a new one.
+func (s *Service) helper(c helperConfig, stdio [3]*os.File) (*helper, error) {
+	s.spareMu.Lock()
+	h := s.spare
+	s.spare = nil
+	s.spareMu.Unlock()
+	if h != nil {
+		if err := h.prepare(c, stdio); err == nil {
+			return h, nil
+		}
+		// A spare that died or failed: a new helper says why, if
+		// anything is wrong.
+		h.abandon()
+	}
+	h, err := spawnHelper()
+	if err != nil {
+		return nil, err
+	}
+	if err := h.prepare(c, stdio); err != nil {
+		h.abandon()
+		return nil, err
+	}
+	return h, nil
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 	securejoin "github.com/cyphar/filepath-securejoin"
@@ -39,22 +41,13 @@ type procSpec struct {
 // container's root, or "" for the guest's), so that bad input fails here
 // with a message saying what was wrong.
 func newProcSpec(r *api.ExecRequest, root string) (*procSpec, error) {
-	if r.Id == "" {
-		return nil, fmt.Errorf("exec id is empty: %w", errdefs.ErrInvalidArgument)
-	}
-	if len(r.Args) == 0 || r.Args[0] == "" {
-		return nil, fmt.Errorf("exec %q: args are empty, expected at least the program to run: %w", r.Id, errdefs.ErrInvalidArgument)
+	rlimits, err := checkExec(r)
+	if err != nil {
+		return nil, err
 	}
 	spec := &procSpec{
 		root: root, args: r.Args, cwd: r.Cwd, uid: r.Uid, gid: r.Gid, gids: r.AdditionalGids,
-		umask: r.Umask, noNewPrivileges: r.NoNewPrivileges,
-	}
-	var err error
-	if spec.rlimits, err = parseRlimits(r.Rlimits); err != nil {
-		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
-	}
-	if r.Umask != nil && *r.Umask > 0o777 {
-		return nil, fmt.Errorf("exec %q: umask %#o: expected at most 0777: %w", r.Id, *r.Umask, errdefs.ErrInvalidArgument)
+		rlimits: rlimits, umask: r.Umask, noNewPrivileges: r.NoNewPrivileges,
 	}
 	passwd := passwdPath
 	if root != "" {
@@ -75,6 +68,25 @@ func newProcSpec(r *api.ExecRequest, root string) (*procSpec, error) {
 		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
 	}
 	return spec, nil
+}
+
+// checkExec checks what r says of its process, before its program and
+// cwd are looked up, and returns its rlimits.
+func checkExec(r *api.ExecRequest) ([]rlimit, error) {
+	if r.Id == "" {
+		return nil, fmt.Errorf("exec id is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(r.Args) == 0 || r.Args[0] == "" {
+		return nil, fmt.Errorf("exec %q: args are empty, expected at least the program to run: %w", r.Id, errdefs.ErrInvalidArgument)
+	}
+	rlimits, err := parseRlimits(r.Rlimits)
+	if err != nil {
+		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
+	}
+	if r.Umask != nil && *r.Umask > 0o777 {
+		return nil, fmt.Errorf("exec %q: umask %#o: expected at most 0777: %w", r.Id, *r.Umask, errdefs.ErrInvalidArgument)
+	}
+	return rlimits, nil
 }
 
 // inRoot is where p, a path inside the process's root, is in the agent's.
@@ -199,4 +211,29 @@ func checkExecutable(p string) error {
 		return fmt.Errorf("is not executable: %w", errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// needsHelper says whether the process needs what only the exec helper
+// sets: Go's fork cannot.
+func (s *procSpec) needsHelper() bool {
+	return len(s.rlimits) > 0 || s.umask != nil || s.noNewPrivileges
+}
+
+// command is the process forked and exec'd by Go, chrooted and with its
+// credentials, in a new session.
+func (s *procSpec) command() *exec.Cmd {
+	attr := &syscall.SysProcAttr{
+		Setsid: true, Chroot: s.root,
+		Credential: &syscall.Credential{Uid: s.uid, Gid: s.gid, Groups: s.gids},
+	}
+	return &exec.Cmd{Path: s.path, Args: s.args, Env: s.env, Dir: s.cwd, SysProcAttr: attr}
+}
+
+// helperConfig is what the exec helper applies and becomes.
+func (s *procSpec) helperConfig(terminal bool) helperConfig {
+	return helperConfig{
+		Path: s.path, Args: s.args, Env: s.env, Terminal: terminal,
+		Root: s.root, Cwd: s.cwd, UID: s.uid, GID: s.gid, Groups: s.gids,
+		Rlimits: s.rlimits, Umask: s.umask, NoNewPrivileges: s.noNewPrivileges,
+	}
 }

@@ -148,7 +148,7 @@ func TestExecHelperRequired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := startProcess("a", spec, false, false); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "server.ExecHelper") {
+	if _, err := startProcess("a", spec, false, false, New(&fakeSystem{}).helper); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "server.ExecHelper") {
 		t.Errorf("start without the helper: %v, want not implemented", err)
 	}
 }
@@ -165,7 +165,7 @@ func TestExecHelperFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = startProcess("a", spec, false, false)
+	_, err = startProcess("a", spec, false, false, New(&fakeSystem{}).helper)
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "exec "+prog+": exec format error") {
 		t.Errorf("start: %v, want the helper's exec error", err)
 	}

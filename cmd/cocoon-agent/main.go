@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"time"
 
 	"github.com/containerd/log"
@@ -24,6 +25,9 @@ const (
 	// portWait bounds the wait for the port's name, which the device
 	// announces shortly after the virtio_console module loads.
 	portWait = 10 * time.Second
+	// startedMarker, in the agent's state dir (a tmpfs), says an agent
+	// started since the guest booted.
+	startedMarker = "agent.started"
 )
 
 func main() {
@@ -45,7 +49,15 @@ func run() error {
 		<-ctx.Done()
 		return err
 	}
-	svc := server.New(server.Linux{}, server.WithNetwork(server.Netlink{}), server.WithMounter(server.LinuxMounts{}))
+	opts := []server.Option{server.WithNetwork(server.Netlink{}), server.WithMounter(server.LinuxMounts{})}
+	if firstStart() {
+		opts = append(opts, server.WithNICDown())
+	}
+	svc := server.New(server.Linux{}, opts...)
+	defer svc.Close()
+	if err := svc.StartSpare(); err != nil {
+		log.G(ctx).WithError(err).Warn("no spare exec helper: every process that needs one starts its own")
+	}
 	srv, err := server.NewTTRPCServer(svc)
 	if err != nil {
 		return err
@@ -62,6 +74,21 @@ func run() error {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
 	}
+}
+
+// firstStart says whether the agent starts for the first time since the
+// guest booted (init restarts it if it dies): only then is the NIC as the
+// boot left it, down and bare.
+func firstStart() bool {
+	if err := os.MkdirAll(server.DefaultStateDir, 0o755); err != nil {
+		return false
+	}
+	f, err := os.OpenFile(filepath.Join(server.DefaultStateDir, startedMarker), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	return true
 }
 
 func openListeners(ctx context.Context) []net.Listener {

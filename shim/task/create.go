@@ -58,6 +58,7 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 		return 0, err
 	}
 	req.Containerd = s.containerd
+	req.Process = &init.spec
 	h, err := newOCIHooks(r.ID, r.Bundle, spec)
 	if err != nil {
 		return 0, err

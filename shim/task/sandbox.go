@@ -36,7 +36,8 @@ type GuestProcess struct {
 // one owner of that deadline: callers pass their context only.
 type Guest interface {
 	// Exec starts p and returns its guest pid, 0 if the agent does not
-	// report pids.
+	// report pids. A p the launch prepared (LaunchRequest.Process) only
+	// starts.
 	Exec(ctx context.Context, p ProcessSpec) (uint32, error)
 	// Stdio returns the streams of a process just started; with a terminal
 	// stdout carries the pty and stderr is nil.
@@ -124,6 +125,11 @@ type LaunchRequest struct {
 	ConfigPath string
 	ConfigBody string
 	Hostname   string
+	// Process is the task's init process: a launcher that can prepares it
+	// in the guest as the VM comes up, so that Start only lets it run (the
+	// Guest's Exec of it then starts what was prepared); nil prepares
+	// nothing.
+	Process *ProcessSpec
 	// Spawned, when set, is called once the hypervisor process exists,
 	// before the guest is brought up, so the service can record the VM
 	// and place it in its cgroup meanwhile. It does not block. Launch

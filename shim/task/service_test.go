@@ -302,6 +302,9 @@ func TestLaunchRequest(t *testing.T) {
 			if got.StagedDir != h.staged || got.Hostname != tt.wantHost || got.ConfigPath != tt.wantConfig || got.Namespace != "test" {
 				t.Fatalf("launch request %+v: want staged %s, hostname %s, config %q, namespace test", got, h.staged, tt.wantHost, tt.wantConfig)
 			}
+			if p := got.Process; p == nil || p.ID != InitGuestID || !slices.Equal(p.Args, spec.Process.Args) {
+				t.Fatalf("launch request process %+v, want the init process %v to prepare", p, spec.Process.Args)
+			}
 		})
 	}
 }

@@ -32,9 +32,14 @@ func (g *guest) bounded(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, g.callTimeout)
 }
 
+// Exec starts the process the restore prepared, or p itself if there is
+// none (an exec, or a guest whose agent cannot prepare one).
 func (g *guest) Exec(ctx context.Context, p task.ProcessSpec) (uint32, error) {
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
+	if g.c.Prepared(p.ID) {
+		return g.c.Start(ctx, p.ID)
+	}
 	return g.c.Exec(ctx, p)
 }
 

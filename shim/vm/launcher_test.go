@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -216,5 +217,29 @@ func TestDriverPerConfig(t *testing.T) {
 		if made != s.wantMade {
 			t.Fatalf("launch %d (config %q): %d drivers made, want %d", i, s.configPath, made, s.wantMade)
 		}
+	}
+}
+
+// TestLaunchPreparesTheProcess: the task's init process is prepared in the
+// guest as the VM comes up, and the guest's Exec of it starts that one
+// (an Exec of the same id would find it taken).
+func TestLaunchPreparesTheProcess(t *testing.T) {
+	cfgPath, _ := writeConfig(t, false)
+	l, _ := newLauncher(t)
+	init := task.ProcessSpec{ID: task.InitGuestID, Args: []string{"true"}, Cwd: "/"}
+	sb, err := l.Launch(context.Background(), task.LaunchRequest{
+		ID: "t1", Namespace: "ns", StagedDir: stageChain(t), ConfigPath: cfgPath, Process: &init,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Guest.Close(); _ = sb.VM.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := sb.Guest.Exec(ctx, init); err != nil {
+		t.Fatalf("start the prepared process: %v", err)
+	}
+	if exit, err := sb.Guest.Wait(ctx, init.ID); err != nil || exit.Status != 0 {
+		t.Errorf("the prepared process exited %+v, %v; want 0", exit, err)
 	}
 }

@@ -131,7 +131,7 @@ func testLimits(t *testing.T, tg *target) {
 	}
 }
 
-// testHelperProcess: a process started through the exec helper keeps its
+// testHelperProcess: a process with what Go's fork cannot give keeps its
 // terminal, and the pid Exec reports is the process's own.
 func testHelperProcess(t *testing.T, tg *target) {
 	t.Run("terminal", func(t *testing.T) {

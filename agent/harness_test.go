@@ -212,10 +212,6 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	svc := server.New(h.sys, server.WithNetwork(h.net), server.WithMounter(h.mnt), server.WithStateDir(h.state))
-	if err := svc.StartSpare(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Close)
 	srv, err := server.NewTTRPCServer(svc)
 	if err != nil {
 		t.Fatal(err)

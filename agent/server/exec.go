@@ -17,7 +17,7 @@ import (
 // connection that started them.
 // With a container root from Init, they run inside it.
 func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*api.ExecResponse, error) {
-	p, err := s.addProcess(r, startProcess)
+	p, err := s.addProcess(r, false)
 	if err != nil {
 		return nil, err
 	}
@@ -36,18 +36,20 @@ func (s *Service) Start(ctx context.Context, r *api.ProcessRequest) (*api.ExecRe
 	return s.started(ctx, p), nil
 }
 
-// prepare readies Init's process to start at Start.
+// prepare readies Init's process for Start: checked now, forked and exec'd
+// while Init's answer goes to the host, and held before its first
+// instruction. What only the fork can find wrong fails Start.
 func (s *Service) prepare(r *api.ExecRequest) error {
 	if r == nil {
 		return nil
 	}
-	_, err := s.addProcess(r, prepareProcess)
+	_, err := s.addProcess(r, true)
 	return err
 }
 
-// addProcess checks r and adds its process as build (prepareProcess or
-// startProcess) makes it.
-func (s *Service) addProcess(r *api.ExecRequest, build func(string, *procSpec, bool, bool, helperSource) (*process, error)) (*process, error) {
+// addProcess checks r and adds its process: started now, or held for
+// Start.
+func (s *Service) addProcess(r *api.ExecRequest, hold bool) (*process, error) {
 	spec, err := newProcSpec(r, s.containerRoot())
 	if err != nil {
 		return nil, err
@@ -56,7 +58,10 @@ func (s *Service) addProcess(r *api.ExecRequest, build func(string, *procSpec, b
 		return nil, err
 	}
 	s.nicDown.Store(false) // a process may configure the NIC
-	p, err := build(r.Id, spec, r.Terminal, r.Stdin, s.helper)
+	p, err := prepareProcess(r.Id, spec, r.Terminal, r.Stdin, hold)
+	if err == nil && !hold {
+		err = p.start()
+	}
 	s.mu.Lock()
 	if err != nil {
 		delete(s.procs, r.Id)
@@ -74,7 +79,7 @@ func (s *Service) started(ctx context.Context, p *process) *api.ExecResponse {
 }
 
 // reserve claims id for a process being started, which may take a while
-// (the exec helper) and must not hold up calls about other processes.
+// (its exec) and must not hold up calls about other processes.
 func (s *Service) reserve(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

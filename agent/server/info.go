@@ -24,18 +24,18 @@ var procRoot = "/proc"
 const userHZ = 100
 
 // Processes lists the guest's user processes: not kernel threads, not init,
-// not the agent itself nor its spare exec helper.
+// not the agent itself.
 func (s *Service) Processes(ctx context.Context, _ *emptypb.Empty) (*api.ProcessesResponse, error) {
 	ids := s.pidIDs()
 	entries, err := os.ReadDir(procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
-	self, spare := uint32(os.Getpid()), uint32(s.sparePID())
+	self := uint32(os.Getpid())
 	resp := &api.ProcessesResponse{}
 	for _, e := range entries {
 		pid, err := strconv.ParseUint(e.Name(), 10, 32)
-		if err != nil || uint32(pid) == self || uint32(pid) == spare || pid == 1 {
+		if err != nil || uint32(pid) == self || pid == 1 {
 			continue
 		}
 		info, ok := readProcess(uint32(pid))

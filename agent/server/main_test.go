@@ -6,7 +6,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	ExecHelper()
 	if config := os.Getenv(rootfsChildEnv); config != "" {
 		os.Exit(rootfsChild(config))
 	}

@@ -27,12 +27,11 @@ type process struct {
 	done   chan struct{}
 	status exitStatus // valid once done is closed
 
-	// mu guards the start of a prepared process.
-	mu  sync.Mutex
-	cmd *exec.Cmd // its Process is set once it runs (a helper's: once prepared)
-	// pending runs or gives up a prepared process's program; nil once it
-	// started or was given up.
-	pending pending
+	cmd  *exec.Cmd
+	fork *forked
+	// started says start or discard came: the process is not held.
+	mu      sync.Mutex
+	started bool
 }
 
 type exitStatus struct {
@@ -40,18 +39,11 @@ type exitStatus struct {
 	at           time.Time
 }
 
-// pending is the program of a prepared process.
-type pending interface {
-	start() error
-	discard()
-}
-
 // prepareProcess gives spec its stdio (pipes, or a new pty when terminal)
-// and readies it to start: in a helper that applied everything but the
-// exec, when spec needs one (helperFor gives it), else as a command that
-// start forks.
-func prepareProcess(id string, spec *procSpec, terminal, withStdin bool, helperFor helperSource) (*process, error) {
-	p := &process{id: id, terminal: terminal, done: make(chan struct{})}
+// and starts forking it (see forked); start lets it run. Held, the
+// process stops before its first instruction until then.
+func prepareProcess(id string, spec *procSpec, terminal, withStdin, hold bool) (*process, error) {
+	p := &process{id: id, terminal: terminal, done: make(chan struct{}), cmd: spec.command()}
 	var stdio [3]*os.File // the child's ends
 	var err error
 	if terminal {
@@ -62,125 +54,60 @@ func prepareProcess(id string, spec *procSpec, terminal, withStdin bool, helperF
 	if err != nil {
 		return nil, fmt.Errorf("start %q: %w", id, err)
 	}
-	if !spec.needsHelper() {
-		p.prepareCommand(spec, stdio)
-		return p, nil
+	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = stdio[0], stdio[1], stdio[2]
+	if terminal {
+		p.cmd.SysProcAttr.Setctty = true
+		p.cmd.SysProcAttr.Ctty = 0
 	}
-	defer closeAll(stdio[:]) // the helper has its own copies
-	h, err := helperFor(spec.helperConfig(terminal), stdio)
-	if err != nil {
-		p.closeParentEnds()
-		return nil, fmt.Errorf("start %q: %w", id, err)
-	}
-	p.cmd, p.pending = h.cmd, helperPending{h}
+	p.fork = forkProcess(p.cmd, spec, hold, stdio[:])
 	go p.reap()
 	return p, nil
 }
 
-// helperSource gives a helper that applied c with stdio.
-type helperSource func(c helperConfig, stdio [3]*os.File) (*helper, error)
-
-// startProcess starts spec now.
-func startProcess(id string, spec *procSpec, terminal, withStdin bool, helperFor helperSource) (*process, error) {
-	p, err := prepareProcess(id, spec, terminal, withStdin, helperFor)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.start(); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-// start runs a prepared process's program.
+// start lets the process run once its fork is over, or says why it cannot.
 func (p *process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pending == nil {
+	if p.started {
 		return fmt.Errorf("process %q is not waiting to start: %w", p.id, errdefs.ErrFailedPrecondition)
 	}
-	err := p.pending.start()
-	p.pending = nil
-	if err != nil {
+	p.started = true
+	run := p.fork.wait
+	if p.fork.hold {
+		run = p.fork.run
+	}
+	if err := run(); err != nil {
 		p.closeParentEnds()
 		return fmt.Errorf("start %q: %w", p.id, err)
 	}
 	return nil
 }
 
-// discard gives up a prepared process that never started; its exit is
-// that of a process killed before it ran. It reports whether p was one.
+// discard kills a held process that was never let run. It reports whether
+// p was one.
 func (p *process) discard() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pending == nil {
+	if p.started {
 		return false
 	}
-	p.pending.discard()
-	p.pending = nil
+	p.started = true
+	if p.fork.wait() == nil {
+		_ = p.cmd.Process.Kill()
+	}
 	return true
 }
 
-// pid is the process's pid, 0 before a command starts.
+// pid is the process's pid, 0 while (or if) it is not forked.
 func (p *process) pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd.Process == nil {
-		return 0
+	select {
+	case <-p.fork.ready:
+		if p.fork.err == nil {
+			return p.cmd.Process.Pid
+		}
+	default:
 	}
-	return p.cmd.Process.Pid
-}
-
-// prepareCommand readies spec as a command forked and exec'd at start,
-// which then hands the child its ends of stdio.
-func (p *process) prepareCommand(spec *procSpec, stdio [3]*os.File) {
-	cmd := spec.command()
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio[0], stdio[1], stdio[2]
-	if p.terminal {
-		cmd.SysProcAttr.Setctty = true
-		cmd.SysProcAttr.Ctty = 0
-	}
-	p.cmd, p.pending = cmd, commandPending{p: p, stdio: stdio}
-}
-
-// commandPending is a prepared command: start forks it.
-type commandPending struct {
-	p     *process
-	stdio [3]*os.File
-}
-
-// start forks the command; one that cannot start exits 127, as a shell
-// says of a program it cannot run.
-func (c commandPending) start() error {
-	defer closeAll(c.stdio[:])
-	if err := c.p.cmd.Start(); err != nil {
-		c.p.ended(exitStatus{code: 127, at: time.Now()})
-		return err
-	}
-	go c.p.reap()
-	return nil
-}
-
-func (c commandPending) discard() {
-	closeAll(c.stdio[:])
-	c.p.ended(exitStatus{code: 128 + int(syscall.SIGKILL), signal: int(syscall.SIGKILL), at: time.Now()})
-}
-
-// helperPending is a prepared helper: start lets it exec the program. Its
-// reaper records how it ends, the helper's own exit if it never execs.
-type helperPending struct{ h *helper }
-
-func (h helperPending) start() error {
-	err := h.h.start()
-	if err != nil {
-		h.discard() // one that did not answer in time
-	}
-	return err
-}
-
-func (h helperPending) discard() {
-	h.h.ctl.Close()
-	_ = h.h.cmd.Process.Kill()
+	return 0
 }
 
 // attachPipes makes the process's pipes; without stdin the child reads
@@ -254,8 +181,14 @@ func unlockPty(master *os.File) (string, error) {
 	return fmt.Sprintf("/dev/pts/%d", n), nil
 }
 
-// reap waits for the process and records how it ended.
+// reap waits for the process and records how it ended; one that could
+// not be forked exits 127, as a shell says of a program it cannot run.
 func (p *process) reap() {
+	if p.fork.wait() != nil {
+		p.status = exitStatus{code: 127, at: time.Now()}
+		close(p.done)
+		return
+	}
 	_ = p.cmd.Wait()
 	st := exitStatus{at: time.Now()}
 	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -264,11 +197,6 @@ func (p *process) reap() {
 	} else {
 		st.code = p.cmd.ProcessState.ExitCode()
 	}
-	p.ended(st)
-}
-
-// ended records how the process ended.
-func (p *process) ended(st exitStatus) {
 	p.status = st
 	close(p.done)
 }
@@ -290,8 +218,11 @@ func (p *process) signal(sig syscall.Signal) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pending != nil {
+	if !p.started {
 		return fmt.Errorf("process %q has not started: %w", p.id, errdefs.ErrFailedPrecondition)
+	}
+	if p.fork.wait() != nil {
+		return fmt.Errorf("process %q never ran: %w", p.id, errdefs.ErrNotFound)
 	}
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		if errors.Is(err, os.ErrProcessDone) {

@@ -32,7 +32,7 @@ type rootfsChildConfig struct {
 
 // TestRealRootfs mounts an ext4 image (on a loop device standing in for the
 // virtio-blk disk) with the real mount code, in a child's private mount
-// namespace, and runs processes in it through the exec helper; the host's
+// namespace, and runs processes in it; the host's
 // mounts never change.
 func TestRealRootfs(t *testing.T) {
 	testenv.RequireRoot(t)

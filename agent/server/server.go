@@ -5,7 +5,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,9 +42,6 @@ type Service struct {
 	// have configured it.
 	nicDown atomic.Bool
 
-	spareMu sync.Mutex
-	spare   *helper // an idle exec helper, see StartSpare
-
 	mu    sync.Mutex
 	procs map[string]*process
 }
@@ -82,8 +78,10 @@ func New(sys System, opts ...Option) *Service {
 }
 
 // NewTTRPCServer returns a ttrpc server serving s. Errors reach the host as
-// status codes that errgrpc.ToNative turns back into errdefs errors.
+// status codes that errgrpc.ToNative turns back into errdefs errors. The
+// API's message codecs are built now (see warmUp).
 func NewTTRPCServer(s *Service) (*ttrpc.Server, error) {
+	warmUp()
 	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(statusErrors))
 	if err != nil {
 		return nil, fmt.Errorf("create ttrpc server: %w", err)
@@ -115,71 +113,4 @@ func (s *Service) Shutdown(ctx context.Context, _ *emptypb.Empty) (*emptypb.Empt
 		}
 	})
 	return &emptypb.Empty{}, nil
-}
-
-// StartSpare starts an exec helper ahead of need and waits until it is
-// idle: the next process that needs a helper takes it instead of starting
-// one. The agent does this before it serves, so that a snapshot of the
-// guest carries the spare and the first such process after each restore
-// pays no Go runtime start.
-func (s *Service) StartSpare() error {
-	h, err := spawnHelper()
-	if err != nil {
-		return err
-	}
-	s.spareMu.Lock()
-	old := s.spare
-	s.spare = h
-	s.spareMu.Unlock()
-	if old != nil {
-		old.abandon()
-	}
-	return nil
-}
-
-// sparePID is the spare helper's pid, 0 without one.
-func (s *Service) sparePID() int {
-	s.spareMu.Lock()
-	defer s.spareMu.Unlock()
-	if s.spare == nil {
-		return 0
-	}
-	return s.spare.cmd.Process.Pid
-}
-
-// Close ends the spare helper, if any; processes keep running.
-func (s *Service) Close() {
-	s.spareMu.Lock()
-	h := s.spare
-	s.spare = nil
-	s.spareMu.Unlock()
-	if h != nil {
-		h.abandon()
-	}
-}
-
-// helper gives a helper that applied c with stdio: the spare if there is
-// one and it takes c, else a new one.
-func (s *Service) helper(c helperConfig, stdio [3]*os.File) (*helper, error) {
-	s.spareMu.Lock()
-	h := s.spare
-	s.spare = nil
-	s.spareMu.Unlock()
-	if h != nil {
-		if err := h.prepare(c, stdio); err == nil {
-			return h, nil
-		}
-		// A spare that died or failed: a new helper says why, if
-		// anything is wrong.
-		h.abandon()
-	}
-	h, err := spawnHelper()
-	if err != nil {
-		return nil, err
-	}
-	if err := h.prepare(c, stdio); err != nil {
-		h.abandon()
-		return nil, err
-	}
-	return h, nil
 }

@@ -213,12 +213,6 @@ func checkExecutable(p string) error {
 	return nil
 }
 
-// needsHelper says whether the process needs what only the exec helper
-// sets: Go's fork cannot.
-func (s *procSpec) needsHelper() bool {
-	return len(s.rlimits) > 0 || s.umask != nil || s.noNewPrivileges
-}
-
 // command is the process forked and exec'd by Go, chrooted and with its
 // credentials, in a new session.
 func (s *procSpec) command() *exec.Cmd {
@@ -227,13 +221,4 @@ func (s *procSpec) command() *exec.Cmd {
 		Credential: &syscall.Credential{Uid: s.uid, Gid: s.gid, Groups: s.gids},
 	}
 	return &exec.Cmd{Path: s.path, Args: s.args, Env: s.env, Dir: s.cwd, SysProcAttr: attr}
-}
-
-// helperConfig is what the exec helper applies and becomes.
-func (s *procSpec) helperConfig(terminal bool) helperConfig {
-	return helperConfig{
-		Path: s.path, Args: s.args, Env: s.env, Terminal: terminal,
-		Root: s.root, Cwd: s.cwd, UID: s.uid, GID: s.gid, Groups: s.gids,
-		Rlimits: s.rlimits, Umask: s.umask, NoNewPrivileges: s.noNewPrivileges,
-	}
 }

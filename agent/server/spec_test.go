@@ -10,7 +10,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
-	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 func TestNewProcSpec(t *testing.T) {
@@ -136,37 +135,5 @@ func TestNewProcSpecInRoot(t *testing.T) {
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "in the container") {
 			t.Errorf("%s: %v, want not found in the container", prog, err)
 		}
-	}
-}
-
-// TestExecHelperRequired: a binary that never called ExecHelper refuses
-// what needs it instead of re-executing itself as something else.
-func TestExecHelperRequired(t *testing.T) {
-	helperReady.Store(false)
-	t.Cleanup(func() { helperReady.Store(true) })
-	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"/bin/sh"}, NoNewPrivileges: true}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := startProcess("a", spec, false, false, New(&fakeSystem{}).helper); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "server.ExecHelper") {
-		t.Errorf("start without the helper: %v, want not implemented", err)
-	}
-}
-
-// TestExecHelperFails: the helper's failure to exec comes back as Exec's
-// error, not as a process that exits 127.
-func TestExecHelperFails(t *testing.T) {
-	testenv.RequireRoot(t) // the helper sets the process's credentials
-	prog := filepath.Join(t.TempDir(), "prog")
-	if err := os.WriteFile(prog, []byte("not a program"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{prog}, NoNewPrivileges: true}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = startProcess("a", spec, false, false, New(&fakeSystem{}).helper)
-	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "exec "+prog+": exec format error") {
-		t.Errorf("start: %v, want the helper's exec error", err)
 	}
 }

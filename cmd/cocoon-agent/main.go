@@ -31,7 +31,6 @@ const (
 )
 
 func main() {
-	server.ExecHelper()
 	if err := run(); err != nil {
 		log.L.WithError(err).Error("cocoon-agent failed")
 		os.Exit(1)
@@ -54,10 +53,6 @@ func run() error {
 		opts = append(opts, server.WithNICDown())
 	}
 	svc := server.New(server.Linux{}, opts...)
-	defer svc.Close()
-	if err := svc.StartSpare(); err != nil {
-		log.G(ctx).WithError(err).Warn("no spare exec helper: every process that needs one starts its own")
-	}
 	srv, err := server.NewTTRPCServer(svc)
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
 // InitGuestID names the init process to the guest agent; execs are
@@ -38,6 +39,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 }
 
 func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int, error) {
+	began := time.Now()
 	if r.Checkpoint != "" {
 		return 0, fmt.Errorf("create from checkpoint %s: a checkpoint restores as a snapshot image through the cocoon snapshotter, not as a task checkpoint: %w", r.Checkpoint, errdefs.ErrNotImplemented)
 	}
@@ -66,7 +68,7 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if h.hasCreateHooks() {
 		req.Created = h.created
 	}
-	t, err := s.launch(ctx, req, spec, init)
+	t, err := s.launch(ctx, req, spec, init, began)
 	if err != nil {
 		return 0, err
 	}
@@ -107,9 +109,11 @@ func (s *Service) release(id string) {
 
 // launch restores the VM, records it in the bundle and puts it in its
 // cgroup, the latter two while the guest comes up (vmSetup). On error the
-// VM and its cgroup are gone.
-func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spec, init *process) (_ *task, retErr error) {
-	began := time.Now()
+// VM and its cgroup are gone. The report's phases are the create's from
+// began: reading the bundle, the launcher's, then what is left of the
+// setup once the guest is up.
+func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spec, init *process, began time.Time) (_ *task, retErr error) {
+	phases := []state.Phase{{Name: PhaseBundle, Duration: state.Duration(time.Since(began))}}
 	setup := newVMSetup(req, spec)
 	req.Spawned = setup.spawned
 	sb, err := s.launcher.Launch(ctx, req)
@@ -122,13 +126,14 @@ func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spe
 			retErr = errors.Join(retErr, setup.release())
 		}
 	}()
+	finishing := time.Now()
 	rec, cg, err := setup.finish(sb)
 	if err != nil {
 		return nil, err
 	}
+	phases = append(append(phases, sb.Phases...), state.Phase{Name: PhaseRecord, Duration: state.Duration(time.Since(finishing))})
 	t := newTask(ctx, req.ID, req.Bundle, sb, rec, init, s.send)
-	t.cg, t.created, t.namespace = cg, began, req.Namespace
-	t.phases = slices.Clone(sb.Phases)
+	t.cg, t.created, t.namespace, t.phases = cg, began, req.Namespace, phases
 	if err := t.writeReport(ctx); err != nil {
 		return nil, err
 	}

@@ -10,9 +10,17 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
-// startedPhase is the restore phase from the Start call to the init
-// process running in the guest.
-const startedPhase = "process started"
+// The service's own restore phases, around the launcher's: PhaseBundle
+// reads the bundle (the OCI spec, rootfs, runtime options and hooks)
+// before the launch; PhaseRecord waits for what the VM's setup (its task
+// record, made durable, and its cgroup) has left once the guest is up;
+// startedPhase runs from the Start call to the init process running in
+// the guest.
+const (
+	PhaseBundle  = "bundle"
+	PhaseRecord  = "record"
+	startedPhase = "process started"
+)
 
 // writeReport writes the restore report (plan, reasons, phase timings) into
 // the bundle and logs it.

@@ -266,8 +266,8 @@ func TestRunEcho(t *testing.T) {
 	for _, p := range report.Phases {
 		names = append(names, p.Name)
 	}
-	if report.Plan.Mode != "mmap" || !slices.Equal(names, []string{"spawn", startedPhase}) {
-		t.Fatalf("report plan %q phases %v, want mmap with spawn and %q", report.Plan.Mode, names, startedPhase)
+	if want := []string{PhaseBundle, "spawn", PhaseRecord, startedPhase}; report.Plan.Mode != "mmap" || !slices.Equal(names, want) {
+		t.Fatalf("report plan %q phases %v, want mmap with %v", report.Plan.Mode, names, want)
 	}
 	if _, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "t1"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("State after Delete: %v, want not found", err)

@@ -155,3 +155,55 @@ func BenchmarkPing(b *testing.B) {
 		}
 	}
 }
+
+// TestEagerSession: on an Eager context the dial returns before the agent
+// accepts, the first call rides behind the SYN, and Accepted reports the
+// acceptance; a silent guest never accepts.
+func TestEagerSession(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	c, err := agent.Connect(agent.Eager(ctx), h.dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Init(ctx, agent.InitRequest{Hostname: "eager"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Accepted(ctx); err != nil {
+		t.Errorf("Accepted after an answered call: %v", err)
+	}
+	h.sys.mu.Lock()
+	got := h.sys.hostname
+	h.sys.mu.Unlock()
+	if got != "eager" {
+		t.Errorf("guest hostname %q, want eager", got)
+	}
+
+	sock := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accept, never answer
+		}
+	}()
+	sctx, scancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer scancel()
+	silent, err := agent.Connect(agent.Eager(sctx), func(ctx context.Context) (net.Conn, error) { return agent.DialUnix(ctx, sock) })
+	if err != nil {
+		t.Fatalf("eager dial of a silent guest: %v, want the session at once", err)
+	}
+	defer silent.Close()
+	if err := silent.Accepted(sctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Accepted of a silent guest: %v, want deadline exceeded", err)
+	}
+}

@@ -27,8 +27,9 @@ const VsockPort = 1024
 
 // Client talks to one guest agent.
 type Client struct {
-	tc  *ttrpc.Client
-	api api.AgentService
+	conn net.Conn
+	tc   *ttrpc.Client
+	api  api.AgentService
 
 	mu       sync.Mutex
 	stdio    map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
@@ -42,7 +43,13 @@ type Client struct {
 // request are dropped before ttrpc sees (and logs) them.
 func NewClient(conn net.Conn) *Client {
 	tc := ttrpc.NewClient(newReplyFilter(newSendQueue(conn)))
-	return &Client{tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}, prepared: map[string]ExecRequest{}}
+	return &Client{conn: conn, tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}, prepared: map[string]ExecRequest{}}
+}
+
+// Accepted waits until the guest agent accepted the client's session,
+// which a dial on an Eager context did not wait for; at once otherwise.
+func (c *Client) Accepted(ctx context.Context) error {
+	return accepted(ctx, c.conn)
 }
 
 // native turns the guest's status errors back into containerd errdefs

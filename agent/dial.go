@@ -82,7 +82,8 @@ func WaitReady(ctx context.Context, dial func(ctx context.Context) (net.Conn, er
 
 // Connect dials the guest agent until it accepts a connection, or ctx
 // ends, and makes no call: a restore's first call is Init, which the agent
-// answers once it serves, sparing the guest a round trip.
+// answers once it serves, sparing the guest a round trip. On an Eager ctx
+// it returns before the agent accepted the session (Client.Accepted).
 func Connect(ctx context.Context, dial func(ctx context.Context) (net.Conn, error)) (*Client, error) {
 	return redial(ctx, func() (*Client, error) {
 		conn, err := dial(ctx)

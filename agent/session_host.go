@@ -19,9 +19,48 @@ const (
 	finTimeout = 100 * time.Millisecond
 )
 
+// eagerKey marks a context for Eager.
+type eagerKey struct{}
+
+// Eager returns a context on which DialUnix returns its session without
+// waiting for the guest agent to accept it: what the caller writes follows
+// the SYN at once, sparing the guest a round trip. It is for a guest whose
+// agent serves already, a restored snapshot's: a SYN that an agent not yet
+// listening missed would take those bytes with it (the SYN is sent again,
+// the bytes are not). Client.Accepted waits for the acceptance.
+func Eager(ctx context.Context) context.Context {
+	return context.WithValue(ctx, eagerKey{}, true)
+}
+
+// accepted waits until the guest agent accepted conn's session: at once for
+// a stream without sessions or a session whose dial waited for it.
+func accepted(ctx context.Context, conn net.Conn) error {
+	e, ok := conn.(*eagerSession)
+	if !ok {
+		return nil
+	}
+	select {
+	case err := <-e.acked:
+		e.acked <- err // for the next caller
+		if err != nil {
+			return fmt.Errorf("guest agent stream ended before it answered: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for guest agent: %w", ctx.Err())
+	}
+}
+
+// eagerSession is a session returned before the agent accepted it.
+type eagerSession struct {
+	*sessionConn
+	acked chan error // holds the acceptance's result once known
+}
+
 // openSession starts a session over conn, the host end of the guest's
-// virtio-serial port, and returns it once the guest agent acknowledged it.
-// Frames of any earlier session still in the stream are ignored.
+// virtio-serial port, and returns it once the guest agent acknowledged it,
+// or at once on an Eager ctx. Frames of any earlier session still in the
+// stream are ignored.
 func openSession(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	id, err := newSessionID()
 	if err != nil {
@@ -35,6 +74,9 @@ func openSession(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	})
 	acked := make(chan error, 1)
 	go hostReadLoop(newFrameReader(conn), s, acked)
+	if eager, _ := ctx.Value(eagerKey{}).(bool); eager {
+		return openEager(ctx, conn, w, s, acked)
+	}
 	// A write blocks while nobody reads the socket (QEMU serves one host at
 	// a time), so ctx must end writes too.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetWriteDeadline(time.Now()) })
@@ -73,6 +115,34 @@ func openSession(ctx context.Context, conn net.Conn) (net.Conn, error) {
 		case <-tick.C:
 		}
 	}
+}
+
+// openEager sends the SYN and returns s; the SYN is sent again until the
+// agent acknowledges it or ctx ends, in the background.
+func openEager(ctx context.Context, conn net.Conn, w *frameWriter, s *sessionConn, acked chan error) (net.Conn, error) {
+	syn := frame{typ: frameSyn, session: s.id}
+	if err := errors.Join(w.writeDelimiter(), w.writeFrame(syn)); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("write to guest agent: %w", err)
+	}
+	e := &eagerSession{sessionConn: s, acked: make(chan error, 1)}
+	go func() {
+		tick := time.NewTicker(synInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case err := <-acked:
+				e.acked <- err
+				return
+			case <-ctx.Done():
+				e.acked <- ctx.Err()
+				return
+			case <-tick.C:
+				_ = w.writeFrame(syn)
+			}
+		}
+	}()
+	return e, nil
 }
 
 // hostReadLoop feeds the session's DATA frames to s and reports the ACK.

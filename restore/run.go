@@ -125,25 +125,34 @@ func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 }
 
 // bringUp resumes the paused VM, connects to its agent and initialises the
-// guest. The caller closes the VM if it fails. The agent phase ends when
-// the agent accepts the connection; the init phase is the one call that
-// follows, which the agent answers once it serves.
+// guest. The caller closes the VM if it fails. The guest's agent serves
+// (it did when the snapshot was taken), so Init follows the connection
+// request at once (agent.Eager): the agent phase ends when the agent
+// accepts the connection, the init phase when Init is answered.
 func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*agent.Client, error) {
 	if err := rec.time(PhaseResume, func() error { return vm.Resume(ctx) }); err != nil {
 		return nil, fmt.Errorf("resume vm: %w", err)
 	}
 	var c *agent.Client
+	inited := make(chan error, 1)
 	err := rec.time(PhaseAgent, func() error {
 		actx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 		defer cancel()
 		var err error
-		c, err = agent.Connect(actx, vm.DialAgent)
-		return err
+		if c, err = agent.Connect(agent.Eager(actx), vm.DialAgent); err != nil {
+			return err
+		}
+		go func() { inited <- initGuest(ctx, c, r) }()
+		return c.Accepted(actx)
 	})
 	if err != nil {
+		if c != nil {
+			c.Close()
+			<-inited
+		}
 		return nil, fmt.Errorf("guest agent not ready within %s: %w", r.AgentTimeout, err)
 	}
-	if err := rec.time(PhaseInit, func() error { return initGuest(ctx, c, r) }); err != nil {
+	if err := rec.time(PhaseInit, func() error { return <-inited }); err != nil {
 		c.Close()
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, fmt.Errorf("init guest identity: guest agent did not answer within %s: %w", r.AgentTimeout, err)

@@ -50,14 +50,16 @@ func (s *Service) prepare(r *api.ExecRequest) error {
 // addProcess checks r and adds its process: started now, or held for
 // Start.
 func (s *Service) addProcess(r *api.ExecRequest, hold bool) (*process, error) {
-	spec, err := newProcSpec(r, s.containerRoot())
+	spec, err := newProcSpec(r, s.containerRoot(), s.boot.Load())
 	if err != nil {
 		return nil, err
 	}
 	if err := s.reserve(r.Id); err != nil {
 		return nil, err
 	}
-	s.nicDown.Store(false) // a process may configure the NIC
+	// A process may configure the NIC and change the guest's files.
+	s.nicDown.Store(false)
+	s.boot.Store(nil)
 	p, err := prepareProcess(r.Id, spec, r.Terminal, r.Stdin, hold)
 	if err == nil && !hold {
 		err = p.start()
@@ -74,7 +76,9 @@ func (s *Service) addProcess(r *api.ExecRequest, hold bool) (*process, error) {
 
 func (s *Service) started(ctx context.Context, p *process) *api.ExecResponse {
 	pid := p.pid()
-	log.G(ctx).WithField("id", p.id).WithField("pid", pid).Debug("process started")
+	if debugging() {
+		log.G(ctx).WithField("id", p.id).WithField("pid", pid).Debug("process started")
+	}
 	return &api.ExecResponse{Pid: uint32(pid)}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sync"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -23,17 +24,21 @@ import (
 // whole agent, so the child is traced, stops right after its exec, and
 // gets them there (prlimit): before it runs, though after the kernel laid
 // out its memory with the agent's RLIMIT_STACK. A held process is stopped
-// (SIGSTOP) before it is let go; SIGCONT runs it. Either way the process
-// costs a plain fork and exec.
+// (SIGSTOP) before it is let go, and SIGCONT runs it; one let run while it
+// forks is not stopped. Either way the process costs a plain fork and
+// exec.
 //
 // Setting another user's rlimits takes CAP_SYS_RESOURCE, which the guest's
 // agent has. An agent without it (in tests) sets them as the process's
 // user instead, which may lower them as the process itself could.
 type forked struct {
 	cmd   *exec.Cmd
-	hold  bool
 	ready chan struct{} // closed once the fork is over
 	err   error         // the fork's, valid once ready
+
+	mu   sync.Mutex
+	hold bool // the process is to wait for run, which clears it
+	held bool // the fork stopped the process for run
 }
 
 // forkProcess starts forking cmd with s's no_new_privileges, umask and
@@ -53,12 +58,16 @@ func (f *forked) wait() error {
 	return f.err
 }
 
-// run lets a held process run.
+// run lets the process run once its fork is over, and returns the fork's
+// result.
 func (f *forked) run() error {
-	if err := f.wait(); err != nil {
+	f.mu.Lock()
+	f.hold = false
+	f.mu.Unlock()
+	if err := f.wait(); err != nil || !f.held {
 		return err
 	}
-	if err := f.cmd.Process.Signal(unix.SIGCONT); err != nil {
+	if err := unix.Kill(f.cmd.Process.Pid, unix.SIGCONT); err != nil {
 		return fmt.Errorf("let the process run: %w", err)
 	}
 	return nil
@@ -123,17 +132,28 @@ func (f *forked) setUp(s *procSpec) (tookUser bool, err error) {
 			return tookUser, fmt.Errorf("set %s to %d/%d: %w", l.Name, l.Soft, l.Hard, err)
 		}
 	}
-	if f.hold {
-		// Pending when the trace ends, it stops the process before its
-		// first instruction.
-		if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
-			return tookUser, fmt.Errorf("hold the process: %w", err)
-		}
+	if err := f.stopIfHeld(pid); err != nil {
+		return tookUser, err
 	}
 	if err := unix.PtraceDetach(pid); err != nil {
 		return tookUser, fmt.Errorf("let the process go: %w", err)
 	}
 	return tookUser, nil
+}
+
+// stopIfHeld stops a process still held: pending when the trace ends,
+// SIGSTOP stops it before its first instruction.
+func (f *forked) stopIfHeld(pid int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.hold {
+		return nil
+	}
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		return fmt.Errorf("hold the process: %w", err)
+	}
+	f.held = true
+	return nil
 }
 
 // actAs makes this thread's ids uid and gid (raw system calls: Go's would

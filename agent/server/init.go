@@ -40,7 +40,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 		{"clock", func() error { return s.setClock(r) }},
 		{"entropy", func() error { return s.addEntropy(r) }},
 		{"hostname", func() error { return s.setHostname(r) }},
-		{"files", func() error { return writeFiles(plan.files) }},
+		{"files", func() error { return s.writeFiles(plan.files) }},
 		{"network", func() error { return s.configureNetwork(plan.network) }},
 		{"rootfs", func() error { return s.setupRootfs(ctx, plan.rootfs) }},
 		{"process", func() error { return s.prepare(r.Process) }},
@@ -49,10 +49,12 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 			return nil, fmt.Errorf("init %s: %w", step.name, err)
 		}
 	}
-	log.G(ctx).WithFields(log.Fields{
-		"hostname": r.Hostname, "entropy": len(r.Entropy), "files": len(r.Files),
-		"network": r.Network != nil, "rootfs": r.Rootfs != nil, "process": r.Process.GetId(),
-	}).Debug("guest initialized")
+	if debugging() {
+		log.G(ctx).WithFields(log.Fields{
+			"hostname": r.Hostname, "entropy": len(r.Entropy), "files": len(r.Files),
+			"network": r.Network != nil, "rootfs": r.Rootfs != nil, "process": r.Process.GetId(),
+		}).Debug("guest initialized")
+	}
 	return &api.InitResponse{Version: Version}, nil
 }
 
@@ -104,6 +106,20 @@ func (s *Service) setHostname(r *api.InitRequest) error {
 		return nil
 	}
 	return s.sys.SetHostname(r.Hostname)
+}
+
+// writeFiles writes files, and forgets the guest's root as the boot left
+// it if they change what the agent read of it.
+func (s *Service) writeFiles(files []*api.File) error {
+	if b := s.boot.Load(); b != nil {
+		for _, f := range files {
+			if b.covers(f.Path) {
+				s.boot.Store(nil)
+				break
+			}
+		}
+	}
+	return writeFiles(files)
 }
 
 // configureNetwork gives the NIC cfg; nil takes the NIC down, which an

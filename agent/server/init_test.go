@@ -271,10 +271,10 @@ func TestInitLeavesADownNICAlone(t *testing.T) {
 		calls []*api.InitRequest
 		want  []bool // the Configure calls, with a network or not
 	}{
-		{"down since boot", []Option{WithNICDown()}, []*api.InitRequest{{}, {}}, nil},
+		{"down since boot", []Option{WithFreshBoot()}, []*api.InitRequest{{}, {}}, nil},
 		{"unknown", nil, []*api.InitRequest{{}, {}}, []bool{false}},
-		{"after a network", []Option{WithNICDown()}, []*api.InitRequest{{Network: &api.Network{}}, {}, {}}, []bool{true, false}},
-		{"after a process", []Option{WithNICDown()}, []*api.InitRequest{
+		{"after a network", []Option{WithFreshBoot()}, []*api.InitRequest{{Network: &api.Network{}}, {}, {}}, []bool{true, false}},
+		{"after a process", []Option{WithFreshBoot()}, []*api.InitRequest{
 			{Process: &api.ExecRequest{Id: "p", Args: []string{"true"}, Cwd: "/"}}, {}, {},
 		}, []bool{false}},
 	} {

@@ -72,11 +72,7 @@ func (p *process) start() error {
 		return fmt.Errorf("process %q is not waiting to start: %w", p.id, errdefs.ErrFailedPrecondition)
 	}
 	p.started = true
-	run := p.fork.wait
-	if p.fork.hold {
-		run = p.fork.run
-	}
-	if err := run(); err != nil {
+	if err := p.fork.run(); err != nil {
 		p.closeParentEnds()
 		return fmt.Errorf("start %q: %w", p.id, err)
 	}

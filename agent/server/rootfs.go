@@ -67,11 +67,17 @@ func checkRootfs(r *api.Rootfs) error {
 
 // containerRoot is the container's root once Init mounted one, else "".
 func (s *Service) containerRoot() string {
-	l := layout(s.stateDir)
-	if _, err := os.Stat(l.marker); err != nil {
+	if !s.rootMounted.Load() {
 		return ""
 	}
-	return l.root
+	return layout(s.stateDir).root
+}
+
+// findRootfs learns whether an earlier run of the agent mounted the
+// container's root.
+func (s *Service) findRootfs() {
+	_, err := os.Stat(layout(s.stateDir).marker)
+	s.rootMounted.Store(err == nil)
 }
 
 // setupRootfs mounts r's disk read-only under a tmpfs-backed overlay and
@@ -111,6 +117,7 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("record the rootfs: %w", err), m.undo())
 	}
+	s.rootMounted.Store(true)
 	return nil
 }
 

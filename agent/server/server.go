@@ -41,6 +41,11 @@ type Service struct {
 	// without a network leaves it: no process ran since, which might
 	// have configured it.
 	nicDown atomic.Bool
+	// boot is the guest's root as its boot left it, while nothing can
+	// have changed what it holds; nil otherwise.
+	boot atomic.Pointer[bootRoot]
+	// rootMounted says Init mounted the container's root.
+	rootMounted atomic.Bool
 
 	mu    sync.Mutex
 	procs map[string]*process
@@ -60,9 +65,16 @@ func WithNetwork(n Network) Option { return func(s *Service) { s.net = n } }
 // Init that carries a rootfs fails.
 func WithMounter(m Mounter) Option { return func(s *Service) { s.mnt = m } }
 
-// WithNICDown says the NIC is down with no addresses or routes, as the
-// guest's boot leaves it: Init without a network then has nothing to undo.
-func WithNICDown() Option { return func(s *Service) { s.nicDown.Store(true) } }
+// WithFreshBoot says the guest is as its boot left it: the agent starts
+// for the first time since. Its NIC is down and bare, so Init without a
+// network has nothing to undo; and the agent reads the guest's root now
+// (see bootRoot).
+func WithFreshBoot() Option {
+	return func(s *Service) {
+		s.nicDown.Store(true)
+		s.boot.Store(readBootRoot())
+	}
+}
 
 // WithStateDir moves the agent's state (DefaultStateDir).
 func WithStateDir(dir string) Option { return func(s *Service) { s.stateDir = dir } }
@@ -74,6 +86,7 @@ func New(sys System, opts ...Option) *Service {
 	for _, o := range opts {
 		o(s)
 	}
+	s.findRootfs()
 	return s
 }
 
@@ -89,6 +102,11 @@ func NewTTRPCServer(s *Service) (*ttrpc.Server, error) {
 	api.RegisterAgentService(srv, s)
 	return srv, nil
 }
+
+// debugging says whether debug logs are written: a restored clone's calls
+// on its way to the process skip building the ones that are not, code its
+// CPU would translate anew.
+func debugging() bool { return log.GetLevel() >= log.DebugLevel }
 
 func statusErrors(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
 	resp, err := method(ctx, unmarshal)

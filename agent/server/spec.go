@@ -35,12 +35,14 @@ type procSpec struct {
 	rlimits         []rlimit
 	umask           *uint32
 	noNewPrivileges bool
+	boot            *bootRoot // what the guest's root held at boot; nil in a container root
 }
 
 // newProcSpec checks r and resolves what the process needs in root (the
-// container's root, or "" for the guest's), so that bad input fails here
-// with a message saying what was wrong.
-func newProcSpec(r *api.ExecRequest, root string) (*procSpec, error) {
+// container's root, or "" for the guest's, looked up in boot when it is
+// not nil), so that bad input fails here with a message saying what was
+// wrong.
+func newProcSpec(r *api.ExecRequest, root string, boot *bootRoot) (*procSpec, error) {
 	rlimits, err := checkExec(r)
 	if err != nil {
 		return nil, err
@@ -49,11 +51,10 @@ func newProcSpec(r *api.ExecRequest, root string) (*procSpec, error) {
 		root: root, args: r.Args, cwd: r.Cwd, uid: r.Uid, gid: r.Gid, gids: r.AdditionalGids,
 		rlimits: rlimits, umask: r.Umask, noNewPrivileges: r.NoNewPrivileges,
 	}
-	passwd := passwdPath
-	if root != "" {
-		passwd, _ = securejoin.SecureJoin(root, "/etc/passwd")
+	if root == "" {
+		spec.boot = boot
 	}
-	home, err := homeOf(r.Uid, passwd)
+	home, err := spec.home(r.Uid)
 	if err != nil {
 		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
 	}
@@ -113,14 +114,43 @@ func (s *procSpec) checkCwd() error {
 			return fmt.Errorf("make cwd %q in the container: %w", s.cwd, errdefs.ErrInvalidArgument)
 		}
 	}
-	fi, err := os.Stat(dir)
+	mode, err := s.stat(dir)
 	if err != nil {
 		return fmt.Errorf("cwd %q does not exist in the guest: %w", s.cwd, errdefs.ErrInvalidArgument)
 	}
-	if !fi.IsDir() {
+	if !mode.IsDir() {
 		return fmt.Errorf("cwd %q is not a directory: %w", s.cwd, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// stat is os.Stat(p).Mode(), from the boot view when it knows p.
+func (s *procSpec) stat(p string) (fs.FileMode, error) {
+	if s.boot != nil {
+		if mode, exists, known := s.boot.lookup(p); known {
+			if !exists {
+				return 0, fs.ErrNotExist
+			}
+			return mode, nil
+		}
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Mode(), nil
+}
+
+// home is uid's home directory in the process's root.
+func (s *procSpec) home(uid uint32) (string, error) {
+	if s.boot != nil {
+		return s.boot.home(uid), nil
+	}
+	passwd := passwdPath
+	if s.root != "" {
+		passwd, _ = securejoin.SecureJoin(s.root, "/etc/passwd")
+	}
+	return homeOf(uid, passwd)
 }
 
 // homeOf is uid's home directory from the passwd file. As with runc, a
@@ -171,7 +201,7 @@ func (s *procSpec) lookPath(prog string) (string, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(s.cwd, p)
 		}
-		if err := checkExecutable(s.inRoot(p)); err != nil {
+		if err := s.checkExecutable(s.inRoot(p)); err != nil {
 			return "", fmt.Errorf("program %q: %w", prog, inWhere(err, where))
 		}
 		return p, nil
@@ -184,7 +214,7 @@ func (s *procSpec) lookPath(prog string) (string, error) {
 		if !filepath.IsAbs(dir) {
 			dir = filepath.Join(s.cwd, dir)
 		}
-		if p := filepath.Join(dir, prog); checkExecutable(s.inRoot(p)) == nil {
+		if p := filepath.Join(dir, prog); s.checkExecutable(s.inRoot(p)) == nil {
 			return p, nil
 		}
 	}
@@ -200,14 +230,14 @@ func inWhere(err error, where string) error {
 	return err
 }
 
-func checkExecutable(p string) error {
-	fi, err := os.Stat(p)
+func (s *procSpec) checkExecutable(p string) error {
+	mode, err := s.stat(p)
 	switch {
 	case err != nil:
 		return errNotFound
-	case fi.IsDir():
+	case mode.IsDir():
 		return fmt.Errorf("is a directory: %w", errdefs.ErrInvalidArgument)
-	case fi.Mode().Perm()&0o111 == 0:
+	case mode.Perm()&0o111 == 0:
 		return fmt.Errorf("is not executable: %w", errdefs.ErrInvalidArgument)
 	}
 	return nil

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,7 +49,7 @@ func TestNewProcSpec(t *testing.T) {
 		{"entry without a home", &api.ExecRequest{Id: "a", Args: []string{prog}, Uid: 8}, prog, []string{defaultPath}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spec, err := newProcSpec(tc.req, "")
+			spec, err := newProcSpec(tc.req, "", nil)
 			if tc.wantErr != "" {
 				if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want invalid argument saying %q", err, tc.wantErr)
@@ -68,7 +70,7 @@ func TestNewProcSpecWithoutPasswd(t *testing.T) {
 	old := passwdPath
 	passwdPath = filepath.Join(t.TempDir(), "passwd")
 	t.Cleanup(func() { passwdPath = old })
-	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"/bin/sh"}, Uid: 1000}, "")
+	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"/bin/sh"}, Uid: 1000}, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +93,7 @@ func TestNewProcSpecLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.req.Id, tc.req.Args = "a", []string{"/bin/sh"}
-			_, err := newProcSpec(tc.req, "")
+			_, err := newProcSpec(tc.req, "", nil)
 			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %v, want invalid argument saying %q", err, tc.want)
 			}
@@ -120,7 +122,7 @@ func TestNewProcSpecInRoot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"sh"}, Uid: 1000, Cwd: "/up/new"}, root)
+	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"sh"}, Uid: 1000, Cwd: "/up/new"}, root, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,9 +133,89 @@ func TestNewProcSpecInRoot(t *testing.T) {
 		t.Errorf("the missing cwd was not made inside the root: %v", err)
 	}
 	for _, prog := range []string{"hostonly", "/usr/bin/env"} {
-		_, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{prog}}, root)
+		_, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{prog}}, root, nil)
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "in the container") {
 			t.Errorf("%s: %v, want not found in the container", prog, err)
 		}
+	}
+}
+
+// TestBootRootResolves: a process in the guest's root resolves from what
+// the agent read at boot exactly as from the disk.
+func TestBootRootResolves(t *testing.T) {
+	boot := readBootRoot()
+	if boot == nil {
+		t.Fatal("cannot read the root")
+	}
+	for _, r := range []*api.ExecRequest{
+		{Id: "a", Args: []string{"sh"}, Cwd: "/"},
+		{Id: "a", Args: []string{"/bin/sh"}},
+		{Id: "a", Args: []string{"ls"}, Uid: 65534, Cwd: "/tmp"},
+		{Id: "a", Args: []string{"sh"}, Uid: 4242},
+		{Id: "a", Args: []string{"no-such-program"}},
+		{Id: "a", Args: []string{"/no/such/program"}},
+		{Id: "a", Args: []string{"usr"}, Env: []string{"PATH=/"}},
+		{Id: "a", Args: []string{"sh"}, Cwd: "/no/such/dir"},
+	} {
+		disk, diskErr := newProcSpec(r, "", nil)
+		view, viewErr := newProcSpec(r, "", boot)
+		if (diskErr == nil) != (viewErr == nil) || (diskErr != nil && diskErr.Error() != viewErr.Error()) {
+			t.Errorf("%v in %q: %v from the disk, %v from the boot view", r.Args, r.Cwd, diskErr, viewErr)
+			continue
+		}
+		if diskErr == nil && (disk.path != view.path || !slices.Equal(disk.env, view.env) || disk.cwd != view.cwd) {
+			t.Errorf("%v in %q: %s %v from the disk, %s %v from the boot view", r.Args, r.Cwd, disk.path, disk.env, view.path, view.env)
+		}
+	}
+}
+
+// TestBootRootUsed: what the boot view holds is not looked up again.
+func TestBootRootUsed(t *testing.T) {
+	boot := &bootRoot{
+		homes:   map[uint32]string{0: "/home/booted"},
+		modes:   map[string]fs.FileMode{"/": fs.ModeDir | 0o755, "/booted/prog": 0o755},
+		scanned: map[string]bool{"/booted": true},
+	}
+	spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"prog"}, Env: []string{"PATH=/booted"}, Cwd: "/"}, "", boot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.path != "/booted/prog" || !slices.Contains(spec.env, "HOME=/home/booted") {
+		t.Errorf("resolved %s %v, want the boot view's program and home", spec.path, spec.env)
+	}
+}
+
+// TestBootRootForgotten: the boot view goes once a process may have
+// changed the guest's files, or Init wrote one the view covers.
+func TestBootRootForgotten(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		init *api.InitRequest
+	}{
+		{"process", &api.InitRequest{Process: &api.ExecRequest{Id: "p", Args: []string{"true"}, Cwd: "/"}}},
+		{"passwd", &api.InitRequest{Files: []*api.File{{Path: passwdPath}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			old := passwdPath
+			passwdPath = filepath.Join(dir, "passwd")
+			t.Cleanup(func() { passwdPath = old })
+			if err := os.WriteFile(passwdPath, []byte("root:x:0:0::/root:/bin/sh\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.init.Files != nil {
+				tc.init.Files[0].Path = passwdPath
+			}
+			g := newFakeGuest(t, WithFreshBoot())
+			if g.svc.boot.Load() == nil {
+				t.Fatal("no boot view after a fresh boot")
+			}
+			if _, err := g.svc.Init(context.Background(), tc.init); err != nil {
+				t.Fatal(err)
+			}
+			if g.svc.boot.Load() != nil {
+				t.Error("the boot view outlived what changed the guest's files")
+			}
+		})
 	}
 }

@@ -50,7 +50,7 @@ func run() error {
 	}
 	opts := []server.Option{server.WithNetwork(server.Netlink{}), server.WithMounter(server.LinuxMounts{})}
 	if firstStart() {
-		opts = append(opts, server.WithNICDown())
+		opts = append(opts, server.WithFreshBoot())
 	}
 	svc := server.New(server.Linux{}, opts...)
 	srv, err := server.NewTTRPCServer(svc)

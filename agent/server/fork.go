@@ -1,11 +1,9 @@
 package server
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -19,14 +17,13 @@ import (
 // Go cannot run code between fork and exec, so the process gets the rest
 // another way. no_new_privileges and the umask belong to a thread (the
 // umask once the thread unshares its file system context): the forking
-// thread takes them and the child inherits them; the thread then ends
-// with its goroutine, never to run Go code again. rlimits belong to the
-// whole agent, so the child is traced, stops right after its exec, and
-// gets them there (prlimit): before it runs, though after the kernel laid
-// out its memory with the agent's RLIMIT_STACK. A held process is stopped
-// (SIGSTOP) before it is let go, and SIGCONT runs it; one let run while it
-// forks is not stopped. Either way the process costs a plain fork and
-// exec.
+// thread has them and the child inherits them (see forker). rlimits belong
+// to the whole agent, so the child is traced, stops right after its exec,
+// and gets them there (prlimit): before it runs, though after the kernel
+// laid out its memory with the agent's RLIMIT_STACK. A held process is
+// stopped (SIGSTOP) before it is let go, and SIGCONT runs it; one let run
+// while it forks is not stopped. Either way the process costs a plain fork
+// and exec.
 //
 // Setting another user's rlimits takes CAP_SYS_RESOURCE, which the guest's
 // agent has. An agent without it (in tests) sets them as the process's
@@ -48,7 +45,12 @@ type forked struct {
 func forkProcess(cmd *exec.Cmd, s *procSpec, hold bool, childEnds []*os.File) *forked {
 	cmd.SysProcAttr.Ptrace = true
 	f := &forked{cmd: cmd, hold: hold, ready: make(chan struct{})}
-	go f.fork(s, childEnds)
+	j := forkJob{f: f, s: s, childEnds: childEnds}
+	if fk := forkerFor(s); fk != nil {
+		fk.jobs <- j
+	} else {
+		go j.alone()
+	}
 	return f
 }
 
@@ -73,72 +75,49 @@ func (f *forked) run() error {
 	return nil
 }
 
-// fork runs on a thread of its own, which it leaves to die if it gave the
-// thread what the process inherits.
-func (f *forked) fork(s *procSpec, childEnds []*os.File) {
-	defer close(f.ready)
-	runtime.LockOSThread()
-	var tookUser bool
-	tookUser, f.err = f.forkOnThread(s, childEnds)
-	if !s.noNewPrivileges && s.umask == nil && !tookUser {
-		runtime.UnlockOSThread()
-	}
-}
-
-func (f *forked) forkOnThread(s *procSpec, childEnds []*os.File) (tookUser bool, err error) {
+// forkOnThread starts the process from this thread and sets it up; asUser
+// lets the thread take the process's user to set its rlimits.
+func (f *forked) forkOnThread(s *procSpec, childEnds []*os.File, asUser bool) error {
 	defer closeAll(childEnds)
-	if s.umask != nil {
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			return false, fmt.Errorf("set the umask: %w", err)
-		}
-		unix.Umask(int(*s.umask))
-	}
-	if s.noNewPrivileges {
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			return false, fmt.Errorf("set no_new_privileges: %w", err)
-		}
-	}
 	if err := f.cmd.Start(); err != nil {
-		return false, err
+		return err
 	}
-	if tookUser, err = f.setUp(s); err != nil {
+	if err := f.setUp(s, asUser); err != nil {
 		_ = f.cmd.Process.Kill()
 		_ = f.cmd.Wait()
+		return err
 	}
-	return tookUser, err
+	return nil
 }
 
-// setUp waits for the child's stop after its exec, sets its rlimits, stops
-// it for good if held, and lets it go.
-func (f *forked) setUp(s *procSpec) (tookUser bool, err error) {
+// setUp waits for the child's stop after its exec, sets its rlimits (as
+// its user with asUser), stops it for good if held, and lets it go.
+func (f *forked) setUp(s *procSpec, asUser bool) error {
 	pid := f.cmd.Process.Pid
 	var ws unix.WaitStatus
 	if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
-		return false, fmt.Errorf("wait for the exec: %w", err)
+		return fmt.Errorf("wait for the exec: %w", err)
 	}
 	if !ws.Stopped() {
-		return false, fmt.Errorf("the process ended before it ran (%v): %w", ws, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("the process ended before it ran (%v): %w", ws, errdefs.ErrFailedPrecondition)
+	}
+	if asUser && len(s.rlimits) > 0 {
+		if err := actAs(s.uid, s.gid); err != nil {
+			return err
+		}
 	}
 	for _, l := range s.rlimits {
-		lim := &unix.Rlimit{Cur: l.Soft, Max: l.Hard}
-		err := unix.Prlimit(pid, l.Resource, lim, nil)
-		if errors.Is(err, unix.EPERM) && !tookUser && (s.uid != 0 || s.gid != 0) {
-			if err = actAs(s.uid, s.gid); err == nil {
-				tookUser = true
-				err = unix.Prlimit(pid, l.Resource, lim, nil)
-			}
-		}
-		if err != nil {
-			return tookUser, fmt.Errorf("set %s to %d/%d: %w", l.Name, l.Soft, l.Hard, err)
+		if err := unix.Prlimit(pid, l.Resource, &unix.Rlimit{Cur: l.Soft, Max: l.Hard}, nil); err != nil {
+			return fmt.Errorf("set %s to %d/%d: %w", l.Name, l.Soft, l.Hard, err)
 		}
 	}
 	if err := f.stopIfHeld(pid); err != nil {
-		return tookUser, err
+		return err
 	}
 	if err := unix.PtraceDetach(pid); err != nil {
-		return tookUser, fmt.Errorf("let the process go: %w", err)
+		return fmt.Errorf("let the process go: %w", err)
 	}
-	return tookUser, nil
+	return nil
 }
 
 // stopIfHeld stops a process still held: pending when the trace ends,
@@ -153,17 +132,5 @@ func (f *forked) stopIfHeld(pid int) error {
 		return fmt.Errorf("hold the process: %w", err)
 	}
 	f.held = true
-	return nil
-}
-
-// actAs makes this thread's ids uid and gid (raw system calls: Go's would
-// change every thread's).
-func actAs(uid, gid uint32) error {
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
-		return fmt.Errorf("take gid %d: %w", gid, e)
-	}
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
-		return fmt.Errorf("take uid %d: %w", uid, e)
-	}
 	return nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -88,6 +90,23 @@ func TestForkedLimits(t *testing.T) {
 	out, _ := output(t, s, "plain")
 	if lines := strings.Split(out, "\n"); len(lines) < 5 || lines[0] != "0" || lines[1] == "0027" || lines[3] == "88" || lines[4] != "NoNewPrivs:\t0" {
 		t.Errorf("a plain process after a limited one printed %q, want none of its settings", out)
+	}
+	// Processes forked from one thread (a forker's) get only the umask
+	// each asks for.
+	mask := unix.Umask(0)
+	unix.Umask(mask)
+	umask := uint32(0o027)
+	for _, tc := range []struct {
+		umask *uint32
+		want  string
+	}{{&umask, "0027\n"}, {nil, fmt.Sprintf("%04o\n", mask)}} {
+		r := &api.ExecRequest{Id: fmt.Sprint("masked", tc.want), Args: []string{"sh", "-c", "umask"}, Cwd: "/", NoNewPrivileges: true, Umask: tc.umask}
+		if _, err := s.Exec(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if out, _ := output(t, s, r.Id); out != tc.want {
+			t.Errorf("a process asking for umask %v has %q, want %q", tc.umask, out, tc.want)
+		}
 	}
 }
 

@@ -92,7 +92,7 @@ func New(sys System, opts ...Option) *Service {
 
 // NewTTRPCServer returns a ttrpc server serving s. Errors reach the host as
 // status codes that errgrpc.ToNative turns back into errdefs errors. The
-// API's message codecs are built now (see warmUp).
+// forkers and the API's message codecs are made now (see warmUp).
 func NewTTRPCServer(s *Service) (*ttrpc.Server, error) {
 	warmUp()
 	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(statusErrors))

@@ -22,16 +22,18 @@ import (
 // and gets them there (prlimit): before it runs, though after the kernel
 // laid out its memory with the agent's RLIMIT_STACK. A held process is
 // stopped (SIGSTOP) before it is let go, and SIGCONT runs it; one let run
-// while it forks is not stopped. Either way the process costs a plain fork
-// and exec.
+// while it forks is not stopped, and runs as soon as it is set up. Either
+// way the process costs a plain fork and exec.
 //
 // Setting another user's rlimits takes CAP_SYS_RESOURCE, which the guest's
 // agent has. An agent without it (in tests) sets them as the process's
 // user instead, which may lower them as the process itself could.
 type forked struct {
-	cmd   *exec.Cmd
-	ready chan struct{} // closed once the fork is over
-	err   error         // the fork's, valid once ready
+	cmd     *exec.Cmd
+	execd   chan struct{} // closed once the exec is done or failed
+	execErr error         // the exec's, valid once execd
+	ready   chan struct{} // closed once the fork is over
+	err     error         // the fork's, valid once ready
 
 	mu   sync.Mutex
 	hold bool // the process is to wait for run, which clears it
@@ -44,7 +46,7 @@ type forked struct {
 // run.
 func forkProcess(cmd *exec.Cmd, s *procSpec, hold bool, childEnds []*os.File) *forked {
 	cmd.SysProcAttr.Ptrace = true
-	f := &forked{cmd: cmd, hold: hold, ready: make(chan struct{})}
+	f := &forked{cmd: cmd, hold: hold, execd: make(chan struct{}), ready: make(chan struct{})}
 	j := forkJob{f: f, s: s, childEnds: childEnds}
 	if fk := forkerFor(s); fk != nil {
 		fk.jobs <- j
@@ -60,27 +62,41 @@ func (f *forked) wait() error {
 	return f.err
 }
 
-// run lets the process run once its fork is over, and returns the fork's
-// result.
+// run lets the process run, once its exec is done: a process still being
+// set up then runs as soon as it is (an rlimit that cannot be set kills
+// it). It returns the exec's result.
 func (f *forked) run() error {
 	f.mu.Lock()
 	f.hold = false
+	held := f.held
 	f.mu.Unlock()
-	if err := f.wait(); err != nil || !f.held {
-		return err
+	if <-f.execd; f.execErr != nil {
+		return f.execErr
 	}
+	if !held {
+		return nil
+	}
+	// SIGCONT continues the stopped process, or cancels its pending stop.
 	if err := unix.Kill(f.cmd.Process.Pid, unix.SIGCONT); err != nil {
 		return fmt.Errorf("let the process run: %w", err)
 	}
 	return nil
 }
 
+// failed ends a fork that could not start the process.
+func (f *forked) failed(err error) {
+	f.execErr, f.err = err, err
+	close(f.execd)
+}
+
 // forkOnThread starts the process from this thread and sets it up; asUser
 // lets the thread take the process's user to set its rlimits.
 func (f *forked) forkOnThread(s *procSpec, childEnds []*os.File, asUser bool) error {
 	defer closeAll(childEnds)
-	if err := f.cmd.Start(); err != nil {
-		return err
+	f.execErr = f.cmd.Start()
+	close(f.execd)
+	if f.execErr != nil {
+		return f.execErr
 	}
 	if err := f.setUp(s, asUser); err != nil {
 		_ = f.cmd.Process.Kill()

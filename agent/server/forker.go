@@ -99,20 +99,28 @@ func (fk *forker) serve(nnp bool, up chan<- error) {
 func (j forkJob) alone() {
 	defer close(j.f.ready)
 	runtime.LockOSThread() // never unlocked: the thread dies with what it took
-	if j.s.umask != nil {
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			j.f.err = fmt.Errorf("set the umask: %w", err)
-			return
-		}
-		unix.Umask(int(*j.s.umask))
-	}
-	if j.s.noNewPrivileges {
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			j.f.err = fmt.Errorf("set no_new_privileges: %w", err)
-			return
-		}
+	if err := takeSettings(j.s); err != nil {
+		closeAll(j.childEnds)
+		j.f.failed(err)
+		return
 	}
 	j.f.err = j.f.forkOnThread(j.s, j.childEnds, true)
+}
+
+// takeSettings gives this thread s's umask and no_new_privileges.
+func takeSettings(s *procSpec) error {
+	if s.umask != nil {
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return fmt.Errorf("set the umask: %w", err)
+		}
+		unix.Umask(int(*s.umask))
+	}
+	if s.noNewPrivileges {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("set no_new_privileges: %w", err)
+		}
+	}
+	return nil
 }
 
 // actAs makes this thread's ids uid and gid (raw system calls: Go's would

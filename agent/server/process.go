@@ -94,11 +94,11 @@ func (p *process) discard() bool {
 	return true
 }
 
-// pid is the process's pid, 0 while (or if) it is not forked.
+// pid is the process's pid, 0 while (or if) it is not exec'd.
 func (p *process) pid() int {
 	select {
-	case <-p.fork.ready:
-		if p.fork.err == nil {
+	case <-p.fork.execd:
+		if p.fork.execErr == nil {
 			return p.cmd.Process.Pid
 		}
 	default:

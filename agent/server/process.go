@@ -55,6 +55,13 @@ func prepareProcess(id string, spec *procSpec, terminal, withStdin, hold bool) (
 		return nil, fmt.Errorf("start %q: %w", id, err)
 	}
 	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = stdio[0], stdio[1], stdio[2]
+	if stdio[0] == nil {
+		if p.cmd.Stdin, err = devNull(); err != nil {
+			p.closeParentEnds()
+			closeAll(stdio[:])
+			return nil, fmt.Errorf("start %q: open stdin: %w", id, err)
+		}
+	}
 	if terminal {
 		p.cmd.SysProcAttr.Setctty = true
 		p.cmd.SysProcAttr.Ctty = 0
@@ -106,19 +113,17 @@ func (p *process) pid() int {
 	return 0
 }
 
-// attachPipes makes the process's pipes; without stdin the child reads
-// /dev/null.
+// attachPipes makes the process's pipes; without stdin the child's is
+// left nil.
 func (p *process) attachPipes(withStdin bool) ([3]*os.File, error) {
 	var child [3]*os.File
-	var err error
 	if withStdin {
 		var w *os.File
+		var err error
 		if child[0], w, err = os.Pipe(); err != nil {
 			return child, fmt.Errorf("create stdin pipe: %w", err)
 		}
 		p.stdin = w
-	} else if child[0], err = os.Open(os.DevNull); err != nil {
-		return child, fmt.Errorf("open stdin: %w", err)
 	}
 	for i, out := range []**outputStream{&p.stdout, &p.stderr} {
 		r, w, err := os.Pipe()
@@ -262,6 +267,10 @@ func (p *process) closeParentEnds() {
 		}
 	}
 }
+
+// devNull is the stdin of processes without one, opened once: as the
+// agent starts (warmUp), so that a restored clone opens no file for it.
+var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
 
 func closeAll(files []*os.File) {
 	for _, f := range files {

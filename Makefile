@@ -15,7 +15,7 @@ CRI_TOOLS_VERSION := v1.37.0
 CNI_PLUGINS_VERSION := v1.10.0
 CNI_PLUGINS := main/bridge ipam/host-local main/loopback
 
-.PHONY: all build containerd tools deps guest test lint generate clean demo bench
+.PHONY: all build containerd tools deps guest test lint generate clean demo bench soak
 
 all: build
 
@@ -56,6 +56,11 @@ demo: deps build guest
 ## bench/results/<date>.{json,md,svg} and the README's benchmark section
 bench: deps build guest
 	$(BIN)/cocoonctl bench --readme README.md
+
+## soak: 1000 restores through containerd, 8 at a time, mixed copy/mmap, with the task,
+## the shim or QEMU killed in 10 %; fails if a restore failed or any count did not come back
+soak: deps build guest
+	$(BIN)/cocoonctl soak
 
 ## test: install what the tests need, then run every tier
 test: deps build guest lint

@@ -118,10 +118,19 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 	err := rec.time(PhaseAgent, func() error {
 		actx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 		defer cancel()
+		actx, stop := whileRunning(actx, vm)
+		defer stop()
 		var err error
-		c, err = agent.WaitReady(actx, vm.DialAgent)
+		if c, err = agent.WaitReady(actx, vm.DialAgent); err != nil {
+			if cause := context.Cause(actx); errors.Is(cause, ErrVMExited) {
+				return cause
+			}
+		}
 		return err
 	})
+	if errors.Is(err, ErrVMExited) {
+		return nil, fmt.Errorf("guest agent: %w", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("guest agent not ready within %s: %w", r.AgentTimeout, err)
 	}
@@ -130,6 +139,34 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 		return nil, fmt.Errorf("init guest identity: %w", err)
 	}
 	return c, nil
+}
+
+// ErrVMExited is the cause of a restore that failed because its
+// hypervisor process exited before the guest was up.
+var ErrVMExited = errors.New("the hypervisor exited before the guest was up")
+
+// whileRunning is ctx, cancelled with ErrVMExited if vm's process exits
+// first: waiting for the agent of a dead VM is waiting for its whole
+// timeout. stop ends the watch.
+func whileRunning(ctx context.Context, vm hypervisor.VM) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := vm.Wait(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		how := "exit status 0"
+		if err != nil {
+			how = err.Error()
+		}
+		cancel(fmt.Errorf("%w: pid %d: %s", ErrVMExited, vm.PID(), how))
+	}()
+	return ctx, func() {
+		cancel(context.Canceled)
+		<-done
+	}
 }
 
 // release unlinks the staged memory of a restore whose plan releases it

@@ -15,7 +15,7 @@ CRI_TOOLS_VERSION := v1.37.0
 CNI_PLUGINS_VERSION := v1.10.0
 CNI_PLUGINS := main/bridge ipam/host-local main/loopback
 
-.PHONY: all build containerd tools deps guest test lint generate clean demo bench soak
+.PHONY: all build containerd tools deps guest test lint generate clean demo bench fuzz soak
 
 all: build
 
@@ -65,6 +65,18 @@ soak: deps build guest
 ## test: install what the tests need, then run every tier
 test: deps build guest lint
 	$(GO) test $(GOTEST_FLAGS) ./...
+
+## fuzz: every native fuzz target in the repo for FUZZTIME each (`make test` runs their
+## seed corpora only); FUZZMINIMIZETIME bounds minimizing each new input
+FUZZTIME ?= 30s
+FUZZMINIMIZETIME ?= 100x
+fuzz:
+	@set -e; for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for target in $$($(GO) test -list '^Fuzz' $$dir | grep '^Fuzz'); do \
+			echo "== $$dir $$target ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$dir; \
+		done; \
+	done
 
 ## lint: gofmt, go vet, staticcheck
 lint:

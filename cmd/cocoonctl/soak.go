@@ -38,6 +38,8 @@ func soakCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []s
 		fs.StringVar(&f.guest, "guest", "build/guest", "guest build `dir`ectory")
 		fs.StringVar(&f.cache, "cache", "build/snapshots", "snapshot image cache `dir`ectory")
 		fs.StringVar(&f.memory, "memory", "256M", "guest memory `size` of the snapshot")
+		fs.StringVar(&f.opts.LogLevel, "log-level", "info", "`level` of containerd, the snapshotter and the shims")
+		fs.StringVar(&f.opts.Logs, "logs", "", "write the daemons' logs (the shims' included) to this `file` at the end")
 		fs.StringVar(&f.opts.BinDir, "bin", "", "`dir`ectory with containerd, ctr, cocoon-snapshotter and the shim (default: cocoonctl's own)")
 		return func(ctx context.Context, args []string) error {
 			if len(args) > 0 {

@@ -103,7 +103,7 @@ func (r *Result) mix() string {
 		part("mode", "mode "+string(hypervisor.ModeCopy), "mode "+string(hypervisor.ModeMmap)),
 		part("image", "image "+string(ImageChain), "image "+string(ImageOrdinary)) + " (busybox on the base snapshot)",
 		part("network", "net "+string(NetHost), "net "+string(NetNew), "net "+string(NetPair)) +
-			" (host: none; new: ctr's default, a namespace the shim makes; veth: a namespace the soak made, with a veth to a peer namespace)",
+			" (host: none; new: ctr's default, a namespace the shim makes; veth: a namespace the soak made with a veth to a peer namespace, which the guest pings)",
 		fmt.Sprintf("%d with an exec", counts["exec"]),
 	}, "; ")
 }

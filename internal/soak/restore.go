@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testimage"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 )
 
@@ -129,10 +130,16 @@ func (r *run) createContainer(ctx context.Context) error {
 	return nil
 }
 
-// script is init's shell script: say hello, then exit or wait for the
-// soak's SIGTERM.
+// script is init's shell script: say hello, ping the peer over a veth
+// pair, then exit or wait for the soak's SIGTERM.
 func (r *run) script() string {
 	lines := []string{"echo hello-" + r.plan.ID}
+	if r.plan.Image == ImageOrdinary {
+		lines = append(lines, "cat "+testimage.RandomFile)
+	}
+	if r.plan.Net == NetPair {
+		lines = append(lines, fmt.Sprintf("ping -c 1 -W 10 %s >/dev/null && echo %s || echo net-failed", peerAddr.IP, netOK))
+	}
 	if r.plan.SelfExit {
 		lines = append(lines, fmt.Sprintf("exit %d", exitCode))
 	} else {
@@ -254,11 +261,25 @@ func (r *run) finish(ctx context.Context) error {
 	return r.checkOutput()
 }
 
-// checkOutput checks what init printed.
+// netOK is what init prints once it reached its veth peer.
+const netOK = "net-ok"
+
+// checkOutput checks what init printed: its hello, from an ordinary image
+// the file only that image holds, and over a veth pair that it reached the
+// peer.
 func (r *run) checkOutput() error {
-	out, want := r.stdout.String(), "hello-"+r.plan.ID+"\n"
-	if !strings.Contains(out, want) {
-		return fmt.Errorf("init printed %q (stderr %q), want %q", out, r.stderr.String(), want)
+	out := r.stdout.String()
+	want := []string{"hello-" + r.plan.ID}
+	if r.plan.Image == ImageOrdinary {
+		want = append(want, strings.TrimSuffix(r.s.randomContent, "\n"))
+	}
+	if r.plan.Net == NetPair {
+		want = append(want, netOK)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w+"\n") {
+			return fmt.Errorf("init printed %q (stderr %q), want a line %s", out, r.stderr.String(), w)
+		}
 	}
 	return nil
 }
@@ -270,6 +291,9 @@ func (r *run) waitOutput(ctx context.Context) error {
 		err := r.checkOutput()
 		if err == nil {
 			return nil
+		}
+		if strings.Contains(r.stdout.String(), "net-failed\n") {
+			return fmt.Errorf("the guest could not ping its veth peer: %w", err)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("after %s: %w", exitTimeout, err)

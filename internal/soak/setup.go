@@ -39,6 +39,7 @@ func (s *soak) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.randomContent = bb.RandomContent
 	archive := filepath.Join(s.stack.Dir, "busybox.tar")
 	if err := testimage.WriteArchiveFile(ctx, archive, bb.Image); err != nil {
 		return err

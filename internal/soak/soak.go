@@ -21,7 +21,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -63,6 +62,12 @@ type Options struct {
 	SettleTimeout time.Duration
 	// RestoreTimeout bounds one restore (4 minutes when 0).
 	RestoreTimeout time.Duration
+	// LogLevel is containerd's and the snapshotter's, and so the shims';
+	// "info" when empty.
+	LogLevel string
+	// Logs, when set, is a file that gets containerd's and the
+	// snapshotter's logs (the shims' included) once the soak is over.
+	Logs string
 }
 
 func (o *Options) check() error {
@@ -86,6 +91,9 @@ func (o *Options) check() error {
 	if o.RestoreTimeout == 0 {
 		o.RestoreTimeout = 4 * time.Minute
 	}
+	if o.LogLevel == "" {
+		o.LogLevel = "info"
+	}
 	if o.Seed == 0 {
 		o.Seed = randomSeed()
 	}
@@ -101,6 +109,8 @@ type soak struct {
 	images   map[ImageKind]client.Image
 	pairs    pairs
 	tapNames map[string]struct{}
+	// randomContent is the busybox image's testimage.RandomFile.
+	randomContent string
 }
 
 // Run starts a private containerd, imports the images, warms the caches
@@ -113,7 +123,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	}
 	runID := randomHex(3)
 	stack, err := devstack.Start(ctx, devstack.Options{
-		BinDir: opts.BinDir, Namespace: "soak-" + runID, Config: stackConfig(opts), LogLevel: os.Getenv("SOAK_LOG_LEVEL"),
+		BinDir: opts.BinDir, Namespace: "soak-" + runID, Config: stackConfig(opts), LogLevel: opts.LogLevel,
 	})
 	if err != nil {
 		return nil, err
@@ -121,9 +131,8 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	dir := stack.Dir
 	s := &soak{opts: opts, stack: stack, tapNames: map[string]struct{}{}}
 	defer func() {
-		if os.Getenv("SOAK_KEEP_LOG") != "" {
-			data, _ := os.ReadFile(filepath.Join(stack.Dir, "containerd.log"))
-			os.WriteFile(os.Getenv("SOAK_KEEP_LOG"), data, 0o644)
+		if opts.Logs != "" {
+			err = errors.Join(err, os.WriteFile(opts.Logs, []byte(stack.Logs()), 0o644))
 		}
 		if err != nil {
 			err = fmt.Errorf("%w\n%s", err, tail(stack.Logs(), logTail))

@@ -79,6 +79,9 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err != nil {
 		return nil, err
 	}
+	if err := starting(cfg, d, r); err != nil {
+		return nil, err
+	}
 	src, err := l.source(ctx, cfg, r, clock)
 	if err != nil {
 		return nil, err

@@ -52,6 +52,12 @@ type Restore struct {
 	// is an ordinary OCI image, whose layers become the VM's root
 	// filesystem; empty refuses such tasks.
 	BaseImage string `toml:"base_image"`
+	// MaxGuestMemory bounds the guest memory a snapshot may restore with;
+	// 0 means the host's RAM. MaxVCPUs bounds its vCPUs; 0 means the
+	// host's CPUs. A snapshot image states both, so both are the image's
+	// to choose only within these.
+	MaxGuestMemory Size `toml:"max_guest_memory"`
+	MaxVCPUs       int  `toml:"max_vcpus"`
 	// BaseSnapshotter is the containerd snapshotter (the cocoon proxy
 	// plugin's name) the base image is staged through.
 	BaseSnapshotter string `toml:"base_snapshotter"`

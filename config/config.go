@@ -109,6 +109,10 @@ type Snapshotter struct {
 	// FlatCacheSize is the byte budget for flattened chain memory files,
 	// e.g. "64GiB"; "0" means unlimited.
 	FlatCacheSize Size `toml:"flat_cache_size"`
+	// MaxRootfsSize bounds the files of an ordinary image (sizes, holes
+	// included) converted into a VM's root filesystem image; "0" means
+	// unlimited.
+	MaxRootfsSize Size `toml:"max_rootfs_size"`
 }
 
 // Default returns the built-in defaults.
@@ -129,8 +133,9 @@ func Default() Config {
 		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},
 		Firecracker:     Firecracker{Binary: "firecracker"},
 		Snapshotter: Snapshotter{
-			Root:    "/var/lib/cocoon/snapshotter",
-			Address: "/run/cocoon/snapshotter.sock",
+			Root:          "/var/lib/cocoon/snapshotter",
+			Address:       "/run/cocoon/snapshotter.sock",
+			MaxRootfsSize: Size(32 << 30),
 		},
 	}
 }

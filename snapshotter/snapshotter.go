@@ -46,10 +46,19 @@ type Opt func(*config)
 
 type config struct {
 	flatCacheSize int64
+	maxRootfsSize int64
 	flatten       flattenFunc
 	buildImage    imageFunc // nil: mkfs.erofs
 	remove        removeFunc
 	bootID        func() (string, error)
+}
+
+// WithMaxRootfsSize bounds the files of an ordinary image's layer chain
+// (their sizes, holes included) that are converted into a rootfs image; 0
+// means unlimited. A layer can hold a sparse file of any size, which the
+// image would store in full.
+func WithMaxRootfsSize(n int64) Opt {
+	return func(c *config) { c.maxRootfsSize = n }
 }
 
 // WithFlatCacheSize sets the byte budget (allocated bytes on disk) for
@@ -102,7 +111,7 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 	}
 	s := &Snapshotter{root: root, ms: ms, flatten: cfg.flatten, buildImage: cfg.buildImage, overlayOpts: overlayOptions(root)}
 	if s.buildImage == nil {
-		b := imageBuilder{mntDir: filepath.Join(root, "mnt"), layerDir: filepath.Join(root, "snapshots"), options: s.overlayOpts}
+		b := imageBuilder{mntDir: filepath.Join(root, "mnt"), layerDir: filepath.Join(root, "snapshots"), options: s.overlayOpts, maxSize: cfg.maxRootfsSize}
 		s.buildImage = b.build
 		if _, err := exec.LookPath(mkfsErofs); err != nil {
 			log.L.WithError(err).Warn("containers on ordinary image layers cannot be prepared without " + mkfsErofs + " (Debian: erofs-utils)")

@@ -53,7 +53,7 @@ func newDirectPath(ctx context.Context, img snapshotImage, dir string) (p *direc
 	if err != nil {
 		return nil, err
 	}
-	sn, err := snapshotter.New(filepath.Join(dir, "sn"))
+	sn, err := snapshotter.New(ctx, filepath.Join(dir, "sn"))
 	if err != nil {
 		return nil, err
 	}

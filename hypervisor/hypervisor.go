@@ -171,6 +171,13 @@ type VM interface {
 	Close() error
 }
 
+// BuildReporter is a driver that can name its hypervisor's build on
+// request when its Capabilities leave Build empty (QEMU keeps the probe off
+// the restore path).
+type BuildReporter interface {
+	Build(ctx context.Context) (string, error)
+}
+
 // Snapshotter is a VM that can write a chain link of itself into dir. The VM
 // must be paused.
 type Snapshotter interface {

@@ -130,7 +130,12 @@ func makePlans(prefix string, n int, killRate, ordinaryShare float64, seed uint6
 			Point: killPoints[combo/len(killKinds)],
 			Delay: time.Duration(rng.IntN(1500)) * time.Millisecond,
 		}
-		if plans[i].Kill.Point == DuringExec {
+		// A kill after start aims at a running init, an exec kill at
+		// one beside it.
+		switch plans[i].Kill.Point {
+		case AfterStart:
+			plans[i].SelfExit = false
+		case DuringExec:
 			plans[i].Exec, plans[i].SelfExit = true, false
 		}
 	}

@@ -30,6 +30,9 @@ func TestMakePlans(t *testing.T) {
 			if k.Point == DuringExec && !p.Exec {
 				t.Fatalf("plan %s kills during an exec it does not run", p)
 			}
+			if k.Point != DuringCreate && p.SelfExit {
+				t.Fatalf("plan %s kills after start an init that exits on its own", p)
+			}
 		}
 	}
 	want := map[string]int{

@@ -196,7 +196,11 @@ func (p *progress) add(o Outcome) {
 	case o.Err != nil:
 		fmt.Fprintf(p.w, "soak: restore %s failed: %v\n", o.Plan, o.Err)
 	case o.Took > slowRestore:
-		fmt.Fprintf(p.w, "soak: restore %s took %s (kill: %v)\n", o.Plan, o.Took.Round(time.Second), o.KillErr)
+		steps := make([]string, 0, len(o.Steps))
+		for _, s := range o.Steps {
+			steps = append(steps, fmt.Sprintf("%s %s", s.Name, s.Took.Round(10*time.Millisecond)))
+		}
+		fmt.Fprintf(p.w, "soak: restore %s took %s: %s (kill: %v)\n", o.Plan, o.Took.Round(time.Second), strings.Join(steps, ", "), o.KillErr)
 	}
 	if step := max(p.total/10, 1); p.done%step == 0 || p.done == p.total {
 		fmt.Fprintf(p.w, "soak: %d/%d restores, %d failed, %s\n", p.done, p.total, p.fails, time.Since(p.start).Round(time.Second))

@@ -41,6 +41,15 @@ type Outcome struct {
 	// Killed says the kill hit its target.
 	Killed bool
 	Took   time.Duration
+	// Steps is how long each step took, in order, to say where a slow
+	// restore spent its time.
+	Steps []Step
+}
+
+// Step is one timed step of a restore.
+type Step struct {
+	Name string
+	Took time.Duration
 }
 
 // run is one restore in progress.
@@ -55,6 +64,8 @@ type run struct {
 	stdout    lockedBuffer
 	stderr    lockedBuffer
 	killed    bool
+	steps     []Step
+	last      time.Time
 	// stuck is set when the task never exited after a kill: a failure
 	// even for a killed restore.
 	stuck error
@@ -63,10 +74,12 @@ type run struct {
 // restore runs plan p through containerd and removes everything it made.
 func (s *soak) restore(ctx context.Context, p Plan) Outcome {
 	start := time.Now()
-	r := &run{s: s, plan: p}
+	r := &run{s: s, plan: p, last: start}
 	err := r.lifecycle(ctx)
+	r.step("end")
 	cleanup := r.cleanup()
-	o := Outcome{Plan: p, Killed: r.killed, Took: time.Since(start)}
+	r.step("cleanup")
+	o := Outcome{Plan: p, Killed: r.killed, Took: time.Since(start), Steps: r.steps}
 	if p.Kill == nil {
 		o.Err = errors.Join(err, cleanup)
 	} else {
@@ -82,12 +95,15 @@ func (r *run) lifecycle(ctx context.Context) error {
 	if err := r.createContainer(ctx); err != nil {
 		return err
 	}
+	r.step("container")
 	if err := r.createTask(ctx); err != nil {
 		return err
 	}
+	r.step("create")
 	if err := r.task.Start(ctx); err != nil {
 		return fmt.Errorf("start task: %w", err)
 	}
+	r.step("start")
 	if k := r.plan.Kill; k != nil && k.Point == AfterStart {
 		sleep(ctx, k.Delay)
 		return r.killAndWait(ctx)
@@ -96,8 +112,16 @@ func (r *run) lifecycle(ctx context.Context) error {
 		if err := r.exec(ctx); err != nil || r.killed {
 			return err
 		}
+		r.step("exec")
 	}
 	return r.finish(ctx)
+}
+
+// step records the time since the last step under name.
+func (r *run) step(name string) {
+	now := time.Now()
+	r.steps = append(r.steps, Step{Name: name, Took: now.Sub(r.last)})
+	r.last = now
 }
 
 func (r *run) createContainer(ctx context.Context) error {

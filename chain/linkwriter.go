@@ -30,6 +30,8 @@ type Meta struct {
 	SharedMemory bool
 	// StateFiles must already be in the output directory.
 	StateFiles []string
+	// StateMemory is Link.StateMemory.
+	StateMemory string
 }
 
 func (m Meta) link(kind Kind, memBytes int64, parent *Link) *Link {
@@ -38,7 +40,7 @@ func (m Meta) link(kind Kind, memBytes int64, parent *Link) *Link {
 		Hypervisor: m.Hypervisor, HypervisorBuild: m.HypervisorBuild, GuestOS: m.GuestOS,
 		VCPUs: m.VCPUs, MemoryBytes: memBytes, PageSize: m.pageSize(),
 		HugePages: m.HugePages, SharedMemory: m.SharedMemory,
-		StateFiles: append([]string{}, m.StateFiles...),
+		StateFiles: append([]string{}, m.StateFiles...), StateMemory: m.StateMemory,
 	}
 	if parent != nil {
 		l.Parent = parent.id

@@ -8,6 +8,7 @@ package hypervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -162,8 +163,14 @@ type VM interface {
 	Close() error
 }
 
+// ErrNoDiffBase is wrapped by a diff Snapshot that cannot be made because
+// nothing says what the VM's memory was at its restore (it was booted, or
+// its driver cannot tell): a full snapshot may still be.
+var ErrNoDiffBase = errors.New("no base for a diff snapshot")
+
 // Snapshotter is a VM that can write a chain link of itself into dir. The VM
-// must be paused.
+// must be paused. A diff link's parent is the top link of the chain the VM
+// was restored from, and it holds the pages changed since that restore.
 type Snapshotter interface {
 	Snapshot(ctx context.Context, dir string, kind SnapshotKind) error
 }

@@ -42,6 +42,10 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	if err != nil {
 		return nil, err
 	}
+	if err := checkState(staged.StatePath(StateFile), staged.Top()); err != nil {
+		return nil, err
+	}
+	var hashes *pendingHash
 	switch req.Mode {
 	case hypervisor.ModeMmap:
 		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
@@ -52,15 +56,22 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		}
 		req.Phase("fill", time.Since(t))
 		l.Memory = memory{Path: memfdChildPath, Share: true}
+		if hashes, err = hashStaged(staged, shape.MemoryBytes); err != nil {
+			a.memfd.Close()
+			return nil, err
+		}
 	default:
 		return nil, fmt.Errorf("qemu restore mode %q: want %s or %s (QEMU cannot restore lazily from a file)", req.Mode, hypervisor.ModeMmap, hypervisor.ModeCopy)
 	}
 	t := time.Now()
 	v, err := d.spawnVM(ctx, req.RunDir, l, a, true)
 	if err != nil {
+		if hashes != nil {
+			hashes.stop()
+		}
 		return nil, err
 	}
-	v.staged = staged
+	v.staged, v.hashes = staged, hashes
 	req.Phase("spawn", time.Since(t))
 	t = time.Now()
 	if err := v.load(ctx, staged.StatePath(StateFile)); err != nil {
@@ -140,4 +151,15 @@ func (v *VM) load(ctx context.Context, statePath string) error {
 // it has its own MAC and address.
 func (v *VM) noAnnounce(ctx context.Context) error {
 	return v.command(ctx, "migrate-set-parameters", map[string]any{"announce-rounds": 0})
+}
+
+// hashStaged starts hashing the staged memory of a copy restore in the
+// background: the file is released once the guest is up, and a later diff
+// snapshot compares the memfd with these hashes.
+func hashStaged(staged *chain.Staged, size int64) (*pendingHash, error) {
+	f, err := os.Open(staged.MemoryPath())
+	if err != nil {
+		return nil, fmt.Errorf("open staged memory: %w", err)
+	}
+	return hashLater(f, size, staged.Top().PageSize), nil
 }

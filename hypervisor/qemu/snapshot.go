@@ -7,32 +7,43 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/containerd/errdefs"
-
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 )
 
-// Snapshot writes a full chain link of the VM into dir: the device state
-// (migration stream without the RAM, x-ignore-shared), qemu.json, then the
-// memory through chain.WriteFull. The VM is left paused. QEMU 7.2 refuses
-// a second migration from a VM a finished one paused, so resume it (or
-// restore the link) before snapshotting again.
+// Snapshot writes a chain link of the VM into dir: the device state
+// (migration stream without guest RAM), qemu.json, then the memory.
+//   - full: every non-zero page;
+//   - diff: on the top link of the chain the VM was restored from, the pages
+//     that changed since the restore: under mmap the anonymous pages of
+//     QEMU's private mapping whose bytes differ from the staged file's, under
+//     copy the memfd's pages whose hashes differ from the restored memory's.
+//
+// A VM restored with mmap maps its RAM privately (share=off), which QEMU
+// 7.2 streams in full even with x-ignore-shared: the stream is filtered on
+// its way to disk (filterRAM) and the link says so (stateMemory).
+//
+// The VM is left paused. QEMU 7.2 refuses a second migration from a VM a
+// finished one paused, so resume it (or restore the link) before
+// snapshotting again.
 func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
-	if kind != hypervisor.SnapshotFull {
-		return fmt.Errorf("qemu snapshot kind %q: QEMU 7.2 cannot report the pages dirtied in a file-backed guest, only %q is supported", kind, hypervisor.SnapshotFull)
+	if kind != hypervisor.SnapshotFull && kind != hypervisor.SnapshotDiff {
+		return fmt.Errorf("qemu snapshot kind %q: want %q or %q", kind, hypervisor.SnapshotFull, hypervisor.SnapshotDiff)
 	}
-	if v.memPath == "" {
-		return fmt.Errorf("qemu snapshot of a VM restored with mmap: the guest's changed pages are private copy-on-write pages of QEMU (share=off), not in the memory file, so a link would miss them; restore with copy mode to checkpoint this guest: %w", errdefs.ErrFailedPrecondition)
+	ram, err := v.openRAM(ctx, kind)
+	if err != nil {
+		return err
 	}
+	defer ram.Close()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create snapshot dir: %w", err)
 	}
 	if err := v.Pause(ctx); err != nil {
 		return err
 	}
-	if err := v.saveState(ctx, filepath.Join(dir, StateFile)); err != nil {
+	stats, err := v.saveState(ctx, filepath.Join(dir, StateFile))
+	if err != nil {
 		return err
 	}
 	if err := WriteShape(dir, v.shape); err != nil {
@@ -42,7 +53,33 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err != nil {
 		return err
 	}
-	if _, err := chain.WriteFull(ctx, v.memPath, v.linkMeta(build), dir); err != nil {
+	meta := v.linkMeta(build)
+	if stats.Dropped > 0 {
+		meta.StateMemory = chain.StateMemoryFiltered
+	}
+	if kind == hypervisor.SnapshotDiff {
+		return v.writeDiff(ctx, ram, meta, dir)
+	}
+	return writeFull(ctx, ram, v.shape.MemoryBytes, meta, dir)
+}
+
+func writeFull(ctx context.Context, ram guestRAM, size int64, meta chain.Meta, dir string) error {
+	regions, err := ram.regions()
+	if err != nil {
+		return err
+	}
+	if _, err := chain.WriteFullFrom(ctx, ram, size, regions, meta, dir); err != nil {
+		return fmt.Errorf("write memory: %w", err)
+	}
+	return nil
+}
+
+func (v *VM) writeDiff(ctx context.Context, ram guestRAM, meta chain.Meta, dir string) error {
+	dirty, err := ram.changed(ctx)
+	if err != nil {
+		return fmt.Errorf("find the pages changed since the restore: %w", err)
+	}
+	if _, err := chain.WriteDiffOn(ctx, ram, dirty, v.staged.Top(), meta, dir); err != nil {
 		return fmt.Errorf("write memory: %w", err)
 	}
 	return nil
@@ -84,18 +121,20 @@ func (v *VM) build(ctx context.Context) (string, error) {
 	return build, nil
 }
 
-// saveState writes the device-state stream to path, durably.
-func (v *VM) saveState(ctx context.Context, path string) error {
+// saveState writes the device-state stream to path, durably, without
+// guest RAM: QEMU writes into a pipe and filterRAM copies it to the file.
+func (v *VM) saveState(ctx context.Context, path string) (ramStats, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
-		return fmt.Errorf("create device state: %w", err)
+		return ramStats{}, fmt.Errorf("create device state: %w", err)
 	}
 	defer f.Close()
-	if err := v.migrate(ctx, "migrate", f); err != nil {
-		return fmt.Errorf("save device state: %w", err)
+	stats, err := v.migrateFiltered(ctx, f)
+	if err != nil {
+		return stats, fmt.Errorf("save device state: %w", err)
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync device state: %w", err)
+		return stats, fmt.Errorf("sync device state: %w", err)
 	}
-	return f.Close()
+	return stats, f.Close()
 }

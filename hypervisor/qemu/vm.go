@@ -43,8 +43,11 @@ type VM struct {
 	// where changed pages are private to QEMU.
 	memPath string
 	memfd   *os.File
-	once    sync.Once
-	err     error
+	// hashes are a copy restore's page hashes of the memory it restored,
+	// what a diff snapshot compares the memfd with.
+	hashes *pendingHash
+	once   sync.Once
+	err    error
 }
 
 // PID is the QEMU process id.
@@ -106,6 +109,9 @@ func (v *VM) Close() error {
 		kerr := v.proc.kill()
 		if v.memfd != nil {
 			v.memfd.Close()
+		}
+		if v.hashes != nil {
+			v.hashes.stop()
 		}
 		v.err = errors.Join(kerr, os.RemoveAll(v.runDir))
 	})

@@ -377,17 +377,29 @@ func TestConcurrentCreate(t *testing.T) {
 }
 
 func TestCheckpoint(t *testing.T) {
-	h := newHarness(t)
-	h.create("t1", specFor("sleep"), newFifos(t, false, false))
-	h.start("t1", "")
-	dir := t.TempDir()
-	if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: dir}); err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name   string
+		noDiff bool
+		want   string
+	}{
+		{"diff", false, "diff"},
+		{"full where no diff is possible", true, "full"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.vm.noDiff = tt.noDiff
+			h.create("t1", specFor("sleep"), newFifos(t, false, false))
+			h.start("t1", "")
+			dir := t.TempDir()
+			if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: dir}); err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{tt.want + ":" + dir}; !slices.Equal(h.vm.snapshots, want) || h.vm.isPaused() {
+				t.Fatalf("snapshots %v, VM paused %v; want %v and the VM running again", h.vm.snapshots, h.vm.isPaused(), want)
+			}
+			wantTopics(t, h.events.waitTopics(t, 3), "/tasks/create", "/tasks/start", "/tasks/checkpointed")
+		})
 	}
-	if !slices.Equal(h.vm.snapshots, []string{dir}) || h.vm.isPaused() {
-		t.Fatalf("snapshots %v, VM paused %v; want one into %s and the VM running again", h.vm.snapshots, h.vm.isPaused(), dir)
-	}
-	wantTopics(t, h.events.waitTopics(t, 3), "/tasks/create", "/tasks/start", "/tasks/checkpointed")
 
 	plain := newHarness(t)
 	plain.launcher.vm = plainVM{plain.vm}

@@ -146,7 +146,9 @@ func (t *task) setPaused(v bool) {
 	t.mu.Unlock()
 }
 
-// checkpoint writes a full chain link of the VM into dir. The VM is paused
+// checkpoint writes a chain link of the VM into dir: a diff on the chain
+// the VM was restored from, holding the pages changed since, or a full
+// link where the driver cannot make one (it logs why). The VM is paused
 // for the snapshot and resumed after, unless exit asks to end the task.
 func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 	t.opMu.Lock()
@@ -165,7 +167,7 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 		}
 		t.setPaused(true)
 	}
-	if err := snap.Snapshot(ctx, dir, hypervisor.SnapshotFull); err != nil {
+	if err := t.snapshot(ctx, snap, dir); err != nil {
 		return errors.Join(fmt.Errorf("snapshot VM into %s: %w", dir, err), t.resumeAfter(ctx, wasPaused))
 	}
 	if exit {
@@ -173,6 +175,16 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 		return nil
 	}
 	return t.resumeAfter(ctx, wasPaused)
+}
+
+// snapshot writes a diff link, else a full one where no diff is possible.
+func (t *task) snapshot(ctx context.Context, snap hypervisor.Snapshotter, dir string) error {
+	err := snap.Snapshot(ctx, dir, hypervisor.SnapshotDiff)
+	if !errors.Is(err, hypervisor.ErrNoDiffBase) {
+		return err
+	}
+	log.G(ctx).WithError(err).WithField("id", t.id).Warn("checkpoint writes a full link: no diff is possible")
+	return snap.Snapshot(ctx, dir, hypervisor.SnapshotFull)
 }
 
 func (t *task) resumeAfter(ctx context.Context, wasPaused bool) error {

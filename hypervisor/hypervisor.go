@@ -174,3 +174,12 @@ var ErrNoDiffBase = errors.New("no base for a diff snapshot")
 type Snapshotter interface {
 	Snapshot(ctx context.Context, dir string, kind SnapshotKind) error
 }
+
+// LiveSnapshotter is a Snapshotter that can also be given a running VM:
+// SnapshotLive stops the guest only for the end of the snapshot (the
+// hypervisor streams what it can while the guest runs) and leaves the VM
+// paused, on error too.
+type LiveSnapshotter interface {
+	Snapshotter
+	SnapshotLive(ctx context.Context, dir string, kind SnapshotKind) error
+}

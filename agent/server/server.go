@@ -63,7 +63,8 @@ func (s *Service) Ping(ctx context.Context, _ *emptypb.Empty) (*api.PingResponse
 	return &api.PingResponse{Version: Version, KernelRelease: s.sys.KernelRelease()}, nil
 }
 
-// Init gives the guest its clone identity.
+// Init gives the guest its clone identity, and detaches the processes it
+// inherited from its snapshot (detachAll).
 func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty, error) {
 	if r.Time != nil {
 		if err := r.Time.CheckValid(); err != nil {
@@ -83,6 +84,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty,
 			return nil, err
 		}
 	}
+	s.detachAll()
 	log.G(ctx).WithField("hostname", r.Hostname).WithField("entropy", len(r.Entropy)).Info("guest initialized")
 	return &emptypb.Empty{}, nil
 }

@@ -32,6 +32,8 @@ const (
 	counterGet = "echo get > /dev/shm/ctl; cat /dev/shm/out"
 	// dirtyEight makes the guest change 8 MiB of fresh RAM (tmpfs pages).
 	dirtyEight = "dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=8 2>/dev/null"
+	// busyWriter keeps rewriting 1 MiB of tmpfs in the background.
+	busyWriter = "(while :; do dd if=/dev/urandom of=/dev/shm/busy bs=64k count=16 2>/dev/null; done) </dev/null >/dev/null 2>&1 &"
 )
 
 func sh(t *testing.T, c *agent.Client, script string) string {
@@ -137,10 +139,11 @@ func otherMode(m hypervisor.Mode) hypervisor.Mode {
 	return hypervisor.ModeMmap
 }
 
-// A diff of a restored VM holds the pages the guest changed (measured here
-// by comparing its whole memory with the staged file) and little else; its
-// device state carries no guest RAM; the parent runs on; a clone of the
-// chain + diff, in the other mode, has the file and the counter.
+// A diff of a restored VM, taken live while the guest writes memory, holds
+// the pages the guest changed (measured here by comparing its whole memory
+// at the stop with the staged file) and little else; its device state
+// carries no guest RAM; the parent runs on; a clone of the chain + diff, in
+// the other mode, has the file and the counter.
 func TestForkDiff(t *testing.T) {
 	d := newTestDriver(t)
 	for _, mode := range []hypervisor.Mode{hypervisor.ModeMmap, hypervisor.ModeCopy} {
@@ -160,13 +163,12 @@ func TestForkDiff(t *testing.T) {
 				sh(t, c, counterInc)
 			}
 			sh(t, c, dirtyEight)
+			// The guest keeps writing while the live snapshot streams.
+			sh(t, c, busyWriter)
 
 			ctx := testContext(t, 2*time.Minute)
 			link := filepath.Join(root, "fork")
-			if err := v.Pause(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := v.Snapshot(ctx, link, hypervisor.SnapshotDiff); err != nil {
+			if err := v.SnapshotLive(ctx, link, hypervisor.SnapshotDiff); err != nil {
 				t.Fatalf("diff snapshot: %v", err)
 			}
 			now := filepath.Join(root, "now")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -15,12 +16,26 @@ import (
 // streams through it (to be dropped), in fewer wake-ups than 64 KiB allow.
 const migratePipeSize = 1 << 20
 
+// Outgoing migration parameters. QEMU 7.2 throttles a migration to 128
+// MiB/s by default; this one goes to a local pipe, so it is not throttled.
+// A live migration stops the guest once what is left to send takes less
+// than migrateDowntime, and is made to stop after liveBudget at the latest
+// (the guest may dirty memory faster than the stream drains it).
+const (
+	migrateBandwidth = 64 << 30
+	migrateDowntime  = 50 // ms
+	liveBudget       = 3 * time.Second
+)
+
 // migrateFiltered migrates the VM's state into w without the guest RAM's
 // pages: QEMU writes into a pipe, filterRAM reads it. The stream is whole
 // when QEMU closes its end after the migration completed.
 func (v *VM) migrateFiltered(ctx context.Context, w io.Writer) (ramStats, error) {
 	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, migrateTimeout)
 	defer cancel()
+	if err := v.command(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": migrateBandwidth, "downtime-limit": migrateDowntime}); err != nil {
+		return ramStats{}, fmt.Errorf("set migration parameters: %w", err)
+	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return ramStats{}, fmt.Errorf("create migration pipe: %w", err)
@@ -41,7 +56,11 @@ func (v *VM) migrateFiltered(ctx context.Context, w io.Writer) (ramStats, error)
 		}
 		done <- result{st, err}
 	}()
+	// Stopping the guest makes a live migration converge; a stop of a
+	// stopped guest changes nothing.
+	stop := time.AfterFunc(liveBudget, func() { v.Pause(ctx) })
 	merr := v.migrate(ctx, "migrate", pw)
+	stop.Stop()
 	pw.Close()
 	if merr == nil {
 		select {

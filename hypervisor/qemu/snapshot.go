@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -24,13 +25,47 @@ import (
 // 7.2 streams in full even with x-ignore-shared: the stream is filtered on
 // its way to disk (filterRAM) and the link says so (stateMemory).
 //
-// The VM is left paused. QEMU 7.2 refuses a second migration from a VM a
-// finished one paused, so resume it (or restore the link) before
-// snapshotting again.
+// The VM is paused first and left paused. QEMU 7.2 refuses a second
+// migration from a VM a finished one paused, so resume it (or restore the
+// link) before snapshotting again.
 func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
+	if err := checkKind(kind); err != nil {
+		return err
+	}
+	if err := v.Pause(ctx); err != nil {
+		return err
+	}
+	return v.snapshot(ctx, dir, kind)
+}
+
+// SnapshotLive is Snapshot of a running VM that stops the guest only at
+// the end: QEMU streams the RAM of an mmap restore (to be dropped) while
+// the guest runs, as a live migration does, then stops it to save the
+// device state, after which the changed pages are read. A guest that
+// dirties memory faster than the stream converges is stopped after
+// liveBudget. The VM is left paused, on error too.
+func (v *VM) SnapshotLive(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
+	if err := checkKind(kind); err != nil {
+		return err
+	}
+	err := v.snapshot(ctx, dir, kind)
+	if err != nil {
+		if perr := v.Pause(context.WithoutCancel(ctx)); perr != nil {
+			return errors.Join(err, perr)
+		}
+	}
+	return err
+}
+
+func checkKind(kind hypervisor.SnapshotKind) error {
 	if kind != hypervisor.SnapshotFull && kind != hypervisor.SnapshotDiff {
 		return fmt.Errorf("qemu snapshot kind %q: want %q or %q", kind, hypervisor.SnapshotFull, hypervisor.SnapshotDiff)
 	}
+	return nil
+}
+
+// snapshot writes the link; the migration stops the VM if it still runs.
+func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
 	ram, err := v.openRAM(ctx, kind)
 	if err != nil {
 		return err
@@ -38,9 +73,6 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	defer ram.Close()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create snapshot dir: %w", err)
-	}
-	if err := v.Pause(ctx); err != nil {
-		return err
 	}
 	stats, err := v.saveState(ctx, filepath.Join(dir, StateFile))
 	if err != nil {

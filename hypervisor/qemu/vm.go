@@ -26,8 +26,9 @@ const (
 )
 
 var (
-	_ hypervisor.VM          = (*VM)(nil)
-	_ hypervisor.Snapshotter = (*VM)(nil)
+	_ hypervisor.VM              = (*VM)(nil)
+	_ hypervisor.Snapshotter     = (*VM)(nil)
+	_ hypervisor.LiveSnapshotter = (*VM)(nil)
 )
 
 // VM is one QEMU process and its run directory.

@@ -138,6 +138,20 @@ func (v *fakeVM) Snapshot(_ context.Context, dir string, kind hypervisor.Snapsho
 	return os.WriteFile(filepath.Join(dir, "link.json"), []byte(`{"kind":"`+string(kind)+`"}`), 0o600)
 }
 
+// liveVM snapshots a running VM and pauses it itself, as QEMU does; it
+// refuses a paused one, which the service must snapshot with Snapshot.
+type liveVM struct{ *fakeVM }
+
+func (v liveVM) SnapshotLive(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
+	if v.isPaused() {
+		return errors.New("live snapshot of a paused VM")
+	}
+	if err := v.Pause(ctx); err != nil {
+		return err
+	}
+	return v.Snapshot(ctx, dir, "live-"+kind)
+}
+
 // plainVM hides fakeVM's Snapshot: a driver that cannot checkpoint.
 type plainVM struct{ VM }
 

@@ -378,26 +378,38 @@ func TestConcurrentCreate(t *testing.T) {
 
 func TestCheckpoint(t *testing.T) {
 	for _, tt := range []struct {
-		name   string
-		noDiff bool
-		want   string
+		name                 string
+		noDiff, live, paused bool
+		want                 string
 	}{
-		{"diff", false, "diff"},
-		{"full where no diff is possible", true, "full"},
+		{"diff", false, false, false, "diff"},
+		{"full where no diff is possible", true, false, false, "full"},
+		{"live", false, true, false, "live-diff"},
+		{"paused stays paused", false, true, true, "diff"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t)
 			h.vm.noDiff = tt.noDiff
+			if tt.live {
+				h.launcher.vm = liveVM{h.vm}
+			}
 			h.create("t1", specFor("sleep"), newFifos(t, false, false))
 			h.start("t1", "")
+			topics := []string{"/tasks/create", "/tasks/start", "/tasks/checkpointed"}
+			if tt.paused {
+				if _, err := h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "t1"}); err != nil {
+					t.Fatal(err)
+				}
+				topics = slices.Insert(topics, 2, "/tasks/paused")
+			}
 			dir := t.TempDir()
 			if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: dir}); err != nil {
 				t.Fatal(err)
 			}
-			if want := []string{tt.want + ":" + dir}; !slices.Equal(h.vm.snapshots, want) || h.vm.isPaused() {
-				t.Fatalf("snapshots %v, VM paused %v; want %v and the VM running again", h.vm.snapshots, h.vm.isPaused(), want)
+			if want := []string{tt.want + ":" + dir}; !slices.Equal(h.vm.snapshots, want) || h.vm.isPaused() != tt.paused {
+				t.Fatalf("snapshots %v, VM paused %v; want %v and paused %v as before", h.vm.snapshots, h.vm.isPaused(), want, tt.paused)
 			}
-			wantTopics(t, h.events.waitTopics(t, 3), "/tasks/create", "/tasks/start", "/tasks/checkpointed")
+			wantTopics(t, h.events.waitTopics(t, len(topics)), topics...)
 		})
 	}
 

@@ -149,7 +149,8 @@ func (t *task) setPaused(v bool) {
 // checkpoint writes a chain link of the VM into dir: a diff on the chain
 // the VM was restored from, holding the pages changed since, or a full
 // link where the driver cannot make one (it logs why). The VM is paused
-// for the snapshot and resumed after, unless exit asks to end the task.
+// for the snapshot (a driver that snapshots live pauses it itself, as late
+// as it can) and resumed after, unless exit asks to end the task.
 func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 	t.opMu.Lock()
 	defer t.opMu.Unlock()
@@ -161,13 +162,17 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	wasPaused := t.isPaused()
-	if !wasPaused {
+	take := snap.Snapshot
+	if live, ok := snap.(hypervisor.LiveSnapshotter); ok && !wasPaused {
+		take = live.SnapshotLive
+	} else if !wasPaused {
 		if err := t.sb.VM.Pause(ctx); err != nil {
 			return fmt.Errorf("pause VM for checkpoint: %w", err)
 		}
-		t.setPaused(true)
 	}
-	if err := t.snapshot(ctx, snap, dir); err != nil {
+	err := t.snapshot(ctx, take, dir)
+	t.setPaused(true)
+	if err != nil {
 		return errors.Join(fmt.Errorf("snapshot VM into %s: %w", dir, err), t.resumeAfter(ctx, wasPaused))
 	}
 	if exit {
@@ -178,13 +183,13 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 }
 
 // snapshot writes a diff link, else a full one where no diff is possible.
-func (t *task) snapshot(ctx context.Context, snap hypervisor.Snapshotter, dir string) error {
-	err := snap.Snapshot(ctx, dir, hypervisor.SnapshotDiff)
+func (t *task) snapshot(ctx context.Context, take func(context.Context, string, hypervisor.SnapshotKind) error, dir string) error {
+	err := take(ctx, dir, hypervisor.SnapshotDiff)
 	if !errors.Is(err, hypervisor.ErrNoDiffBase) {
 		return err
 	}
 	log.G(ctx).WithError(err).WithField("id", t.id).Warn("checkpoint writes a full link: no diff is possible")
-	return snap.Snapshot(ctx, dir, hypervisor.SnapshotFull)
+	return take(ctx, dir, hypervisor.SnapshotFull)
 }
 
 func (t *task) resumeAfter(ctx context.Context, wasPaused bool) error {

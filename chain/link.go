@@ -190,7 +190,7 @@ func checkStateFiles(names []string) error {
 		switch {
 		case n == "" || n == "." || n == ".." || strings.ContainsAny(n, `/\`):
 			return fmt.Errorf("state file %q is not a plain file name", n)
-		case n == LinkFile || n == ExtentsFile || n == DataFile || n == StagedMemory || n == StagedChain:
+		case n == LinkFile || n == ExtentsFile || n == DataFile || n == StagedMemory || n == StagedChain || isDeltaName(n):
 			return fmt.Errorf("state file %q uses a reserved name", n)
 		case IsTemp(n):
 			return fmt.Errorf("state file %q uses the temp-file prefix %q", n, tempPrefix)

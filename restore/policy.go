@@ -38,6 +38,9 @@ type Inputs struct {
 	Config config.Restore
 	// Annotations are the OCI spec annotations (pod and container).
 	Annotations map[string]string
+	// Staged, if set, is the staged chain: the plan says how its memory
+	// was staged (StageMemory).
+	Staged *chain.Staged
 }
 
 // Plan is the policy's decision.
@@ -83,6 +86,9 @@ func Decide(in Inputs) (Plan, error) {
 	p.Mode = mode
 	p.ReleaseAfterLoad = mode == hypervisor.ModeCopy
 	p.because("%s", releaseReason(mode))
+	if err := p.memoryStaging(in); err != nil {
+		return Plan{}, err
+	}
 	return p, nil
 }
 

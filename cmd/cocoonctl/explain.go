@@ -58,14 +58,15 @@ var capabilities = func(ctx context.Context, cfg config.Config) (hypervisor.Capa
 }
 
 type explainOptions struct {
-	link, config, hypervisor string
-	annotations              annotations
+	link, staged, config, hypervisor string
+	annotations                      annotations
 }
 
 func explainCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
 	return func(fs *flag.FlagSet) func(context.Context, []string) error {
 		o := explainOptions{annotations: annotations{}}
-		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (required)")
+		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (this or --staged)")
+		fs.StringVar(&o.staged, "staged", "", "a container snapshot's staged `dir`ectory (chain.json): also says how its memory was staged and why")
 		fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
 		fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
 		fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
@@ -79,10 +80,7 @@ func explainCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, 
 }
 
 func explain(ctx context.Context, out io.Writer, o explainOptions) error {
-	if o.link == "" {
-		return errors.New("--link is required: the chain's top link directory")
-	}
-	link, err := chain.ReadLink(o.link)
+	link, staged, err := explainTarget(o)
 	if err != nil {
 		return err
 	}
@@ -100,12 +98,30 @@ func explain(ctx context.Context, out io.Writer, o explainOptions) error {
 		Link:        link,
 		Config:      cfg.Restore,
 		Annotations: o.annotations,
+		Staged:      staged,
 	})
 	if err != nil {
 		return err
 	}
 	printPlan(out, o, link, cfg.Hypervisor, caps, source, plan)
 	return nil
+}
+
+// explainTarget reads the top link from --link, or the staged chain and its
+// top link from --staged.
+func explainTarget(o explainOptions) (*chain.Link, *chain.Staged, error) {
+	switch {
+	case (o.link == "") == (o.staged == ""):
+		return nil, nil, errors.New("give one of --link (the chain's top link directory) and --staged (a staged directory)")
+	case o.link != "":
+		l, err := chain.ReadLink(o.link)
+		return l, nil, err
+	}
+	st, err := chain.OpenStaged(o.staged)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st.Top(), st, nil
 }
 
 // loadExplainConfig finds the config as the shim does and applies the
@@ -133,7 +149,11 @@ func printPlan(w io.Writer, o explainOptions, l *chain.Link, hv string, caps hyp
 	if l.HypervisorBuild != "" {
 		made += ": " + l.HypervisorBuild
 	}
-	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", o.link, l.Kind, made)
+	where := o.link
+	if o.staged != "" {
+		where = "top of the chain staged in " + o.staged
+	}
+	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", where, l.Kind, made)
 	fmt.Fprintf(w, "guest        %s, %d vCPUs, %s memory, %s pages, hugepages %s, shared memory %s\n",
 		l.GuestOS, l.VCPUs, units.BytesSize(float64(l.MemoryBytes)), units.BytesSize(float64(l.PageSize)),
 		yesNo(l.HugePages), yesNo(l.SharedMemory))

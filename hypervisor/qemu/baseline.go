@@ -20,13 +20,18 @@ type baseline interface {
 }
 
 // fileBaseline is an immutable memory file: the staged memory an mmap
-// restore maps privately, there for the VM's whole life.
+// restore maps privately, there for the VM's whole life, with the hashes
+// of the pages the restore wrote over it from staged deltas.
 type fileBaseline struct {
-	f   io.ReaderAt
-	buf []byte
+	f       io.ReaderAt
+	buf     []byte
+	written *pageHashes
 }
 
 func (b *fileBaseline) differs(off int64, page []byte) (bool, error) {
+	if h, ok := b.written.lookup(off); ok {
+		return b.written.sum(page) != h, nil
+	}
 	old := b.buf[:len(page)]
 	if _, err := b.f.ReadAt(old, off); err != nil {
 		return false, fmt.Errorf("read restored memory at %d: %w", off, err)
@@ -47,8 +52,39 @@ type hashBaseline struct {
 	zeroHash uint64
 }
 
-func newHashBaseline(size, page int64) *hashBaseline {
-	b := &hashBaseline{seed: maphash.MakeSeed(), page: page, hashes: make([]uint64, size/page)}
+// pageHashes are keyed hashes of the pages a restore wrote into the guest
+// from staged deltas, by page offset: what those pages held at the restore.
+type pageHashes struct {
+	seed maphash.Seed
+	page int64
+	m    map[int64]uint64
+}
+
+func newPageHashes(page int64) *pageHashes {
+	return &pageHashes{seed: maphash.MakeSeed(), page: page, m: map[int64]uint64{}}
+}
+
+func (h *pageHashes) sum(page []byte) uint64 { return maphash.Bytes(h.seed, page) }
+
+// add records the pages of data, written at off (a later write of a page
+// replaces an earlier one, as it did in the guest).
+func (h *pageHashes) add(off int64, data []byte) {
+	for p := int64(0); p < int64(len(data)); p += h.page {
+		h.m[off+p] = h.sum(data[p : p+h.page])
+	}
+}
+
+func (h *pageHashes) lookup(off int64) (uint64, bool) {
+	if h == nil {
+		return 0, false
+	}
+	v, ok := h.m[off]
+	return v, ok
+}
+
+func newHashBaseline(size int64, written *pageHashes) *hashBaseline {
+	page := written.page
+	b := &hashBaseline{seed: written.seed, page: page, hashes: make([]uint64, size/page)}
 	b.zeroHash = maphash.Bytes(b.seed, make([]byte, page))
 	for i := range b.hashes {
 		b.hashes[i] = b.zeroHash
@@ -71,9 +107,10 @@ func (b *hashBaseline) add(off int64, data []byte) {
 }
 
 // hashFile hashes the data extents of f, a memory of size bytes (its holes
-// are zero pages and keep the zero hash).
-func hashFile(ctx context.Context, f *os.File, size, page int64) (*hashBaseline, error) {
-	b := newHashBaseline(size, page)
+// are zero pages and keep the zero hash), then the pages written over it.
+func hashFile(ctx context.Context, f *os.File, size int64, written *pageHashes) (*hashBaseline, error) {
+	b := newHashBaseline(size, written)
+	page := b.page
 	buf := make([]byte, 1<<20)
 	for e, err := range chain.DataRegions(f) {
 		if err != nil {
@@ -92,6 +129,9 @@ func hashFile(ctx context.Context, f *os.File, size, page int64) (*hashBaseline,
 			off += int64(len(chunk))
 		}
 	}
+	for off, h := range written.m {
+		b.hashes[off/page] = h
+	}
 	return b, nil
 }
 
@@ -109,14 +149,15 @@ type pendingHash struct {
 	err    error
 }
 
-// hashLater hashes f (size bytes) in the background and closes it.
-func hashLater(f *os.File, size, page int64) *pendingHash {
+// hashLater hashes f (size bytes) and the pages written over it in the
+// background, and closes f.
+func hashLater(f *os.File, size int64, written *pageHashes) *pendingHash {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pendingHash{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		defer f.Close()
-		p.b, p.err = hashFile(ctx, f, size, page)
+		p.b, p.err = hashFile(ctx, f, size, written)
 	}()
 	return p
 }

@@ -31,7 +31,7 @@ func (v *VM) openRAM(ctx context.Context, kind hypervisor.SnapshotKind) (guestRA
 	}
 	page, size := v.pageSize(), v.shape.MemoryBytes
 	if v.memPath == "" {
-		return openPrivateRAM(v.PID(), v.staged.MemoryPath(), size, page)
+		return openPrivateRAM(v.PID(), v.staged.MemoryPath(), size, v.written)
 	}
 	r := &fileRAM{size: size, page: page}
 	if diff {
@@ -109,9 +109,10 @@ type privateRAM struct {
 	pid       int
 	m         mapping
 	page      int64
+	written   *pageHashes
 }
 
-func openPrivateRAM(pid int, staged string, size, page int64) (*privateRAM, error) {
+func openPrivateRAM(pid int, staged string, size int64, written *pageHashes) (*privateRAM, error) {
 	flat, err := os.Open(staged)
 	if err != nil {
 		return nil, fmt.Errorf("open the staged memory an mmap restore maps: %w", err)
@@ -128,7 +129,7 @@ func openPrivateRAM(pid int, staged string, size, page int64) (*privateRAM, erro
 	}
 	return &privateRAM{
 		SectionReader: io.NewSectionReader(mem, int64(m.addr), size),
-		mem:           mem, flat: flat, pid: pid, m: m, page: page,
+		mem:           mem, flat: flat, pid: pid, m: m, page: written.page, written: written,
 	}, nil
 }
 
@@ -147,14 +148,15 @@ func (r *privateRAM) regions() ([]chain.Extent, error) {
 	return anon, nil
 }
 
-// changed lists the anonymous pages whose bytes differ from the file's:
-// a page written back to what it held is not a change.
+// changed lists the anonymous pages whose bytes differ from what the
+// restore left there (the file's, or a staged delta's): a page written
+// back to what it held is not a change.
 func (r *privateRAM) changed(ctx context.Context) ([]chain.Extent, error) {
 	anon, err := anonPages(r.pid, r.m, r.page)
 	if err != nil {
 		return nil, err
 	}
-	return changedPages(ctx, r, anon, &fileBaseline{f: r.flat, buf: make([]byte, r.page)}, r.page)
+	return changedPages(ctx, r, anon, &fileBaseline{f: r.flat, buf: make([]byte, r.page), written: r.written}, r.page)
 }
 
 func (r *privateRAM) Close() error {

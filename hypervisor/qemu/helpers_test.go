@@ -70,17 +70,27 @@ type stager struct {
 	links []string
 	flat  string
 	n     int
+	// covers is how many links flat holds; the others are staged as
+	// deltas. Zero means all.
+	covers int
 	// edit, if set, changes the top link as chain.json describes it.
 	edit func(*chain.Link)
 }
 
 func newStager(t testing.TB, root string, links ...string) *stager {
+	return newDeltaStager(t, root, len(links), links...)
+}
+
+// newDeltaStager stages a flat file of the first covers links, and the
+// others' memory files as deltas, as the snapshotter does on a node that
+// has the prefix flattened.
+func newDeltaStager(t testing.TB, root string, covers int, links ...string) *stager {
 	t.Helper()
 	flat := filepath.Join(root, "flat")
-	if err := chain.Flatten(context.Background(), links, flat); err != nil {
+	if err := chain.Flatten(context.Background(), links[:covers], flat); err != nil {
 		t.Fatalf("flatten: %v", err)
 	}
-	return &stager{t: t, root: root, links: links, flat: flat}
+	return &stager{t: t, root: root, links: links, flat: flat, covers: covers}
 }
 
 func (s *stager) stage() string {
@@ -114,7 +124,15 @@ func (s *stager) stage() string {
 	if err := os.Link(s.flat, filepath.Join(dir, chain.StagedMemory)); err != nil {
 		s.t.Fatal(err)
 	}
-	if err := chain.WriteStaged(dir, links); err != nil {
+	for i := s.covers; i < len(links); i++ {
+		ext, data := chain.DeltaNames(i)
+		for src, dst := range map[string]string{chain.ExtentsFile: ext, chain.DataFile: data} {
+			if err := os.Link(filepath.Join(s.links[i], src), filepath.Join(dir, dst)); err != nil {
+				s.t.Fatal(err)
+			}
+		}
+	}
+	if err := chain.WriteStagedMemory(dir, links, chain.StagedMemoryInfo{Covers: s.covers}); err != nil {
 		s.t.Fatal(err)
 	}
 	return dir

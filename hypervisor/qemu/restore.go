@@ -45,21 +45,16 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	if err := checkState(staged.StatePath(StateFile), staged.Top()); err != nil {
 		return nil, err
 	}
+	written := newPageHashes(staged.Top().PageSize)
 	var hashes *pendingHash
 	switch req.Mode {
 	case hypervisor.ModeMmap:
 		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
 	case hypervisor.ModeCopy:
-		t := time.Now()
-		if a.memfd, err = fillMemfd(staged.MemoryPath(), shape.MemoryBytes); err != nil {
+		if a.memfd, hashes, err = fillCopy(ctx, req, staged, shape.MemoryBytes, written); err != nil {
 			return nil, err
 		}
-		req.Phase("fill", time.Since(t))
 		l.Memory = memory{Path: memfdChildPath, Share: true}
-		if hashes, err = hashStaged(staged, shape.MemoryBytes); err != nil {
-			a.memfd.Close()
-			return nil, err
-		}
 	default:
 		return nil, fmt.Errorf("qemu restore mode %q: want %s or %s (QEMU cannot restore lazily from a file)", req.Mode, hypervisor.ModeMmap, hypervisor.ModeCopy)
 	}
@@ -71,8 +66,18 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		}
 		return nil, err
 	}
-	v.staged, v.hashes = staged, hashes
+	v.staged, v.hashes, v.written = staged, hashes, written
 	req.Phase("spawn", time.Since(t))
+	// Before the load: loading virtio devices reads their rings in guest
+	// memory, which must be the chain's by then.
+	if req.Mode == hypervisor.ModeMmap && len(staged.Pending()) > 0 {
+		t = time.Now()
+		if err := v.writeDeltas(ctx); err != nil {
+			v.Close()
+			return nil, err
+		}
+		req.Phase("delta", time.Since(t))
+	}
 	t = time.Now()
 	if err := v.load(ctx, staged.StatePath(StateFile)); err != nil {
 		v.Close()
@@ -151,15 +156,4 @@ func (v *VM) load(ctx context.Context, statePath string) error {
 // it has its own MAC and address.
 func (v *VM) noAnnounce(ctx context.Context) error {
 	return v.command(ctx, "migrate-set-parameters", map[string]any{"announce-rounds": 0})
-}
-
-// hashStaged starts hashing the staged memory of a copy restore in the
-// background: the file is released once the guest is up, and a later diff
-// snapshot compares the memfd with these hashes.
-func hashStaged(staged *chain.Staged, size int64) (*pendingHash, error) {
-	f, err := os.Open(staged.MemoryPath())
-	if err != nil {
-		return nil, fmt.Errorf("open staged memory: %w", err)
-	}
-	return hashLater(f, size, staged.Top().PageSize), nil
 }

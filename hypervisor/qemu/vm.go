@@ -47,6 +47,9 @@ type VM struct {
 	// hashes are a copy restore's page hashes of the memory it restored,
 	// what a diff snapshot compares the memfd with.
 	hashes *pendingHash
+	// written are the hashes of the pages the restore wrote from staged
+	// deltas over the staged memory file.
+	written *pageHashes
 	once   sync.Once
 	err    error
 }

@@ -186,6 +186,7 @@ func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.
 		Link:        staged.Top(),
 		Config:      cfg.Restore,
 		Annotations: annotations,
+		Staged:      staged,
 	})
 	if err != nil {
 		return restore.Plan{}, nil, fmt.Errorf("restore plan: %w: %w", err, errdefs.ErrInvalidArgument)

@@ -50,8 +50,8 @@ type VM struct {
 	// written are the hashes of the pages the restore wrote from staged
 	// deltas over the staged memory file.
 	written *pageHashes
-	once   sync.Once
-	err    error
+	once    sync.Once
+	err     error
 }
 
 // PID is the QEMU process id.

@@ -118,9 +118,18 @@ func (w *linkWriter) add(off int64, b []byte) error {
 
 // finish syncs the memory files, records them in l and writes link.json.
 func (w *linkWriter) finish(l *Link) (*Link, error) {
+	return w.finishAfter(l, nil)
+}
+
+// finishAfter is finish that runs written, if set, once the memory files
+// are written and before they are synced.
+func (w *linkWriter) finishAfter(l *Link, written func() error) (*Link, error) {
 	n, extDigest, err := w.ext.close()
 	if err == nil {
 		err = w.data.Flush()
+	}
+	if err == nil && written != nil {
+		err = written()
 	}
 	for _, f := range []*os.File{w.extFile, w.dataFile} {
 		if err == nil {

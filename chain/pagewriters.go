@@ -9,30 +9,33 @@ import (
 
 // WriteFullFrom and WriteDiffOn read guest memory at guest-physical offsets
 // of mem: a file, a memfd, or another process's mapping (/proc/PID/mem).
+// written, if set, runs once every page is written (to the page cache) and
+// before the link is made durable and link.json written: a snapshot of a
+// paused VM resumes it there, since nothing reads its memory after.
 
 // WriteFullFrom writes into outDir a full link of mem, a memory of size
 // bytes: every non-zero page inside regions (any order; overlaps merged;
 // whole pages in bounds). Pages outside regions are zero and not read.
-func WriteFullFrom(ctx context.Context, mem io.ReaderAt, size int64, regions []Extent, meta Meta, outDir string) (*Link, error) {
+func WriteFullFrom(ctx context.Context, mem io.ReaderAt, size int64, regions []Extent, meta Meta, outDir string, written func() error) (*Link, error) {
 	l := meta.link(KindFull, size, nil)
-	return writePages(ctx, mem, regions, l, nil, outDir, func(p []byte) bool { return !isZero(p) })
+	return writePages(ctx, mem, regions, l, nil, outDir, func(p []byte) bool { return !isZero(p) }, written)
 }
 
 // WriteDiffOn writes into outDir a diff link on parent holding exactly the
 // pages dirty of mem (any order; overlaps merged; whole pages in bounds),
 // zero or not. parent is the link the memory was restored from, as a
 // staged chain describes it (it needs its ID).
-func WriteDiffOn(ctx context.Context, mem io.ReaderAt, dirty []Extent, parent *Link, meta Meta, outDir string) (*Link, error) {
+func WriteDiffOn(ctx context.Context, mem io.ReaderAt, dirty []Extent, parent *Link, meta Meta, outDir string, written func() error) (*Link, error) {
 	if parent == nil || parent.ID() == "" {
 		return nil, errors.New("write diff link: the parent link has no ID (read it from disk or a staged chain)")
 	}
 	l := meta.link(KindDiff, parent.MemoryBytes, parent)
-	return writePages(ctx, mem, dirty, l, parent, outDir, func([]byte) bool { return true })
+	return writePages(ctx, mem, dirty, l, parent, outDir, func([]byte) bool { return true }, written)
 }
 
 // writePages writes link l of the pages in exts of mem for which keep is
 // true.
-func writePages(ctx context.Context, mem io.ReaderAt, exts []Extent, l, parent *Link, outDir string, keep func([]byte) bool) (*Link, error) {
+func writePages(ctx context.Context, mem io.ReaderAt, exts []Extent, l, parent *Link, outDir string, keep func([]byte) bool, written func() error) (*Link, error) {
 	if err := l.checkHeader(); err != nil {
 		return nil, fmt.Errorf("write link: %w", err)
 	}
@@ -64,5 +67,5 @@ func writePages(ctx context.Context, mem io.ReaderAt, exts []Extent, l, parent *
 			off += int64(len(b))
 		}
 	}
-	return w.finish(l)
+	return w.finishAfter(l, written)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,7 +32,7 @@ func TestWriteFromReaderAt(t *testing.T) {
 	writeState(t, full, "qemu.state")
 	// Overlapping, unsorted regions covering everything.
 	regions := []Extent{{32 * testPage, 32 * testPage}, {0, 40 * testPage}}
-	got, err := WriteFullFrom(ctx, bytes.NewReader(mem0), int64(len(mem0)), regions, testMeta("qemu.state"), full)
+	got, err := WriteFullFrom(ctx, bytes.NewReader(mem0), int64(len(mem0)), regions, testMeta("qemu.state"), full, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,9 +61,23 @@ func TestWriteFromReaderAt(t *testing.T) {
 	writeState(t, diff, "qemu.state")
 	meta := testMeta("qemu.state")
 	meta.StateMemory = StateMemoryFiltered
-	l, err := WriteDiffOn(ctx, bytes.NewReader(mem1), dirty, staged.Top(), meta, diff)
+	var hooked int
+	written := func() error {
+		hooked++
+		if _, err := os.Stat(filepath.Join(diff, LinkFile)); err == nil {
+			t.Error("link.json exists when the pages are just written")
+		}
+		if fi, err := os.Stat(filepath.Join(diff, DataFile)); err != nil || fi.Size() != int64(len(dirty))*testPage {
+			t.Errorf("memory.data when the pages are written: %v, %v", fi, err)
+		}
+		return nil
+	}
+	l, err := WriteDiffOn(ctx, bytes.NewReader(mem1), dirty, staged.Top(), meta, diff, written)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if hooked != 1 {
+		t.Errorf("written ran %d times, want once", hooked)
 	}
 	if l.Memory.DataBytes != int64(len(dirty))*testPage || l.StateMemory != StateMemoryFiltered {
 		t.Fatalf("diff carries %d bytes (state memory %q), want %d (%q)", l.Memory.DataBytes, l.StateMemory, len(dirty)*testPage, StateMemoryFiltered)
@@ -87,25 +102,30 @@ func TestWriteFromReaderAtRejectsBadInput(t *testing.T) {
 		want  string
 	}{
 		{"region out of bounds", func(out string) error {
-			_, err := WriteFullFrom(ctx, bytes.NewReader(mem), int64(len(mem)), []Extent{{0, 9 * testPage}}, testMeta(), out)
+			_, err := WriteFullFrom(ctx, bytes.NewReader(mem), int64(len(mem)), []Extent{{0, 9 * testPage}}, testMeta(), out, nil)
 			return err
 		}, "out of bounds"},
 		{"region not whole pages", func(out string) error {
-			_, err := WriteFullFrom(ctx, bytes.NewReader(mem), int64(len(mem)), []Extent{{1, testPage}}, testMeta(), out)
+			_, err := WriteFullFrom(ctx, bytes.NewReader(mem), int64(len(mem)), []Extent{{1, testPage}}, testMeta(), out, nil)
 			return err
 		}, "whole 4096-byte pages"},
 		{"parent without ID", func(out string) error {
-			_, err := WriteDiffOn(ctx, bytes.NewReader(mem), []Extent{{0, testPage}}, parent, testMeta(), out)
+			_, err := WriteDiffOn(ctx, bytes.NewReader(mem), []Extent{{0, testPage}}, parent, testMeta(), out, nil)
 			return err
 		}, "no ID"},
 		{"memory shorter than the link", func(out string) error {
-			_, err := WriteFullFrom(ctx, bytes.NewReader(mem[:testPage]), int64(len(mem)), []Extent{{0, 2 * testPage}}, testMeta(), out)
+			_, err := WriteFullFrom(ctx, bytes.NewReader(mem[:testPage]), int64(len(mem)), []Extent{{0, 2 * testPage}}, testMeta(), out, nil)
 			return err
 		}, "read memory"},
+		{"written fails", func(out string) error {
+			_, err := WriteFullFrom(ctx, bytes.NewReader(mem), int64(len(mem)), []Extent{{0, testPage}}, testMeta(), out,
+				func() error { return errors.New("resume failed") })
+			return err
+		}, "resume failed"},
 		{"unknown state memory", func(out string) error {
 			m := testMeta()
 			m.StateMemory = "maybe"
-			_, err := WriteFullFrom(ctx, bytes.NewReader(mem), int64(len(mem)), nil, m, out)
+			_, err := WriteFullFrom(ctx, bytes.NewReader(mem), int64(len(mem)), nil, m, out, nil)
 			return err
 		}, `state memory "maybe"`},
 	}

@@ -175,10 +175,11 @@ type Snapshotter interface {
 	Snapshot(ctx context.Context, dir string, kind SnapshotKind) error
 }
 
-// LiveSnapshotter is a Snapshotter that can also be given a running VM:
-// SnapshotLive stops the guest only for the end of the snapshot (the
-// hypervisor streams what it can while the guest runs) and leaves the VM
-// paused, on error too.
+// LiveSnapshotter is a Snapshotter that can also snapshot a running VM and
+// leave it running: SnapshotLive stops the guest only while it captures
+// its state (the hypervisor streams what it can while the guest runs, and
+// the link is made durable after the guest runs again). The VM is left
+// running, on error too.
 type LiveSnapshotter interface {
 	Snapshotter
 	SnapshotLive(ctx context.Context, dir string, kind SnapshotKind) error

@@ -25,7 +25,7 @@ func TestRestoreWritesDeltas(t *testing.T) {
 	sh(t, c, counterStart)
 	sh(t, c, counterInc+"; "+counterInc+"; "+dirtyEight)
 	fork1 := filepath.Join(root, "fork1")
-	if err := v.SnapshotLive(testContext(t, time.Minute), fork1, hypervisor.SnapshotDiff); err != nil {
+	if err := v.Snapshot(testContext(t, time.Minute), fork1, hypervisor.SnapshotDiff); err != nil {
 		t.Fatal(err)
 	}
 	v.Close()
@@ -54,7 +54,7 @@ func TestRestoreWritesDeltas(t *testing.T) {
 			sh(t, c2, counterInc+"; echo after > /dev/shm/after")
 			fork2 := filepath.Join(dir, "fork2")
 			ctx := testContext(t, time.Minute)
-			if err := v2.SnapshotLive(ctx, fork2, hypervisor.SnapshotDiff); err != nil {
+			if err := v2.Snapshot(ctx, fork2, hypervisor.SnapshotDiff); err != nil {
 				t.Fatal(err)
 			}
 			now, restored := filepath.Join(dir, "now"), filepath.Join(dir, "restored")

@@ -36,7 +36,7 @@ const (
 	busyWriter = "(while :; do dd if=/dev/urandom of=/dev/shm/busy bs=64k count=16 2>/dev/null; done) </dev/null >/dev/null 2>&1 &"
 )
 
-func sh(t *testing.T, c *agent.Client, script string) string {
+func sh(t testing.TB, c *agent.Client, script string) string {
 	t.Helper()
 	return run(t, c, "/bin/sh", "-c", script)
 }
@@ -168,11 +168,16 @@ func TestForkDiff(t *testing.T) {
 
 			ctx := testContext(t, 2*time.Minute)
 			link := filepath.Join(root, "fork")
-			if err := v.SnapshotLive(ctx, link, hypervisor.SnapshotDiff); err != nil {
+			now := filepath.Join(root, "now")
+			// SnapshotLive, with the guest's memory dumped where it resumes
+			// the guest: what the snapshot must have captured.
+			resume := func(ctx context.Context) error {
+				dumpMemory(t, v, now)
+				return v.Resume(ctx)
+			}
+			if err := v.snapshot(ctx, link, hypervisor.SnapshotDiff, resume); err != nil {
 				t.Fatalf("diff snapshot: %v", err)
 			}
-			now := filepath.Join(root, "now")
-			dumpMemory(t, v, now)
 			changed := differingPages(t, now, s.flat) * 4096
 
 			l, err := chain.ReadLink(link)
@@ -199,9 +204,6 @@ func TestForkDiff(t *testing.T) {
 				t.Fatal("flatten of the chain + diff is not the guest's memory at the snapshot")
 			}
 
-			if err := v.Resume(ctx); err != nil {
-				t.Fatal(err)
-			}
 			sh(t, c, counterInc)
 			if n := counter(t, c); n != 4 {
 				t.Errorf("parent's counter %d after the fork and one more inc, want 4", n)
@@ -269,7 +271,7 @@ func fullNow(t *testing.T, v *VM, diffDir, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFull(ctx, ram, v.shape.MemoryBytes, v.linkMeta(build), dir); err != nil {
+	if err := writeFull(ctx, ram, v.shape.MemoryBytes, v.linkMeta(build), dir, nil); err != nil {
 		t.Fatalf("full link: %v", err)
 	}
 }
@@ -322,5 +324,45 @@ func TestForkChain(t *testing.T) {
 	}
 	if n := counter(t, c); n != 4 {
 		t.Errorf("counter %d after four forks, want 4", n)
+	}
+}
+
+// SnapshotLive leaves the VM running, whether the snapshot was written or
+// failed.
+func TestSnapshotLiveLeavesRunning(t *testing.T) {
+	d := newTestDriver(t)
+	root := t.TempDir()
+	s := newStager(t, root, bakeBare(t, d, root))
+	ctx := testContext(t, time.Minute)
+	hv, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeMmap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := hv.(*VM)
+	closeVM(t, v)
+	if err := v.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		dir string
+		ok  bool
+	}{
+		{filepath.Join(root, "live"), true},
+		{"/proc/version/live", false},
+		{filepath.Join(root, "live2"), true},
+	} {
+		err := v.SnapshotLive(ctx, tt.dir, hypervisor.SnapshotDiff)
+		if (err == nil) != tt.ok {
+			t.Fatalf("live snapshot into %s: %v, want ok=%v", tt.dir, err, tt.ok)
+		}
+		var st struct {
+			Status string `json:"status"`
+		}
+		if err := v.qmp.Execute(ctx, "query-status", nil, &st); err != nil || st.Status != "running" {
+			t.Fatalf("after a live snapshot into %s: status %q (%v), want running", tt.dir, st.Status, err)
+		}
+	}
+	if _, err := chain.ReadLink(filepath.Join(root, "live2")); err != nil {
+		t.Errorf("second live snapshot of a VM: %v", err)
 	}
 }

@@ -2,9 +2,15 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"slices"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -78,13 +84,21 @@ func (r *fileRAM) regions() ([]chain.Extent, error) {
 }
 
 // changed compares every page the memory holds data for with its hash,
-// and lists the pages that were not zero but are holes now.
+// and lists the pages that were not zero but are holes now. It reads the
+// memory through a mapping, with a worker per CPU: under copy, nothing
+// tracks what the guest wrote, so all of its data is hashed while it is
+// stopped.
 func (r *fileRAM) changed(ctx context.Context) ([]chain.Extent, error) {
 	data, err := r.regions()
 	if err != nil {
 		return nil, err
 	}
-	out, err := changedPages(ctx, r.File, data, r.base, r.page)
+	mem, err := unix.Mmap(int(r.Fd()), 0, int(r.size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map guest memory: %w", err)
+	}
+	defer unix.Munmap(mem)
+	out, err := changedMapped(ctx, mem, data, r.base, r.page)
 	if err != nil {
 		return nil, err
 	}
@@ -98,6 +112,75 @@ func (r *fileRAM) changed(ctx context.Context) ([]chain.Extent, error) {
 		prev = e.End()
 	}
 	return out, nil
+}
+
+// changedMapped lists the pages of exts (sorted) in mem that differ from
+// base, splitting the pages among a worker per CPU.
+func changedMapped(ctx context.Context, mem []byte, exts []chain.Extent, base baseline, page int64) ([]chain.Extent, error) {
+	workers := runtime.GOMAXPROCS(0)
+	parts := splitPages(exts, page, workers)
+	found := make([][]chain.Extent, len(parts))
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			found[i], errs[i] = changedIn(ctx, mem, part, base, page)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return slices.Concat(found...), nil
+}
+
+// changedIn lists the pages of exts in mem that differ from base.
+func changedIn(ctx context.Context, mem []byte, exts []chain.Extent, base baseline, page int64) ([]chain.Extent, error) {
+	var out []chain.Extent
+	for _, e := range exts {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		for off := e.Offset; off < e.End(); off += page {
+			d, err := base.differs(off, mem[off:off+page])
+			if err != nil {
+				return nil, err
+			}
+			if d {
+				out = addPage(out, off, page)
+			}
+		}
+	}
+	return out, nil
+}
+
+// splitPages cuts exts (sorted) into at most n runs of about as many pages,
+// in order.
+func splitPages(exts []chain.Extent, page int64, n int) [][]chain.Extent {
+	var total int64
+	for _, e := range exts {
+		total += e.Length
+	}
+	share := max((total/page+int64(n)-1)/int64(n), 1) * page
+	var parts [][]chain.Extent
+	var cur []chain.Extent
+	var size int64
+	for _, e := range exts {
+		for e.Length > 0 {
+			take := min(e.Length, share-size)
+			cur = append(cur, chain.Extent{Offset: e.Offset, Length: take})
+			e.Offset, e.Length, size = e.Offset+take, e.Length-take, size+take
+			if size == share {
+				parts, cur, size = append(parts, cur), nil, 0
+			}
+		}
+	}
+	if len(cur) > 0 {
+		parts = append(parts, cur)
+	}
+	return parts
 }
 
 // privateRAM is an mmap restore's memory: QEMU maps the staged file
@@ -183,17 +266,22 @@ func changedPages(ctx context.Context, mem io.ReaderAt, exts []chain.Extent, bas
 				if err != nil {
 					return nil, err
 				}
-				if !d {
-					continue
-				}
-				if last := len(out) - 1; last >= 0 && out[last].End() == off+p {
-					out[last].Length += page
-				} else {
-					out = append(out, chain.Extent{Offset: off + p, Length: page})
+				if d {
+					out = addPage(out, off+p, page)
 				}
 			}
 			off += int64(len(chunk))
 		}
 	}
 	return out, nil
+}
+
+// addPage appends the page at off to sorted extents, merging it into the
+// last one when adjacent.
+func addPage(exts []chain.Extent, off, page int64) []chain.Extent {
+	if last := len(exts) - 1; last >= 0 && exts[last].End() == off {
+		exts[last].Length += page
+		return exts
+	}
+	return append(exts, chain.Extent{Offset: off, Length: page})
 }

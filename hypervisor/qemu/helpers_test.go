@@ -86,6 +86,9 @@ func newStager(t testing.TB, root string, links ...string) *stager {
 // has the prefix flattened.
 func newDeltaStager(t testing.TB, root string, covers int, links ...string) *stager {
 	t.Helper()
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	flat := filepath.Join(root, "flat")
 	if err := chain.Flatten(context.Background(), links[:covers], flat); err != nil {
 		t.Fatalf("flatten: %v", err)

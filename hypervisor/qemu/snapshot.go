@@ -35,23 +35,24 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err := v.Pause(ctx); err != nil {
 		return err
 	}
-	return v.snapshot(ctx, dir, kind)
+	return v.snapshot(ctx, dir, kind, nil)
 }
 
-// SnapshotLive is Snapshot of a running VM that stops the guest only at
-// the end: QEMU streams the RAM of an mmap restore (to be dropped) while
-// the guest runs, as a live migration does, then stops it to save the
-// device state, after which the changed pages are read. A guest that
-// dirties memory faster than the stream converges is stopped after
-// liveBudget. The VM is left paused, on error too.
+// SnapshotLive is Snapshot of a running VM that stops its guest only while
+// it captures the state: QEMU streams the RAM of an mmap restore (to be
+// dropped) while the guest runs, as a live migration does, stops it to save
+// the device state, the changed pages are written to the page cache, and
+// the guest runs again before the link is made durable. A guest that
+// dirties memory faster than the stream drains is stopped after
+// liveBudget. The VM is left running, on error too.
 func (v *VM) SnapshotLive(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
 	if err := checkKind(kind); err != nil {
 		return err
 	}
-	err := v.snapshot(ctx, dir, kind)
+	err := v.snapshot(ctx, dir, kind, v.Resume)
 	if err != nil {
-		if perr := v.Pause(context.WithoutCancel(ctx)); perr != nil {
-			return errors.Join(err, perr)
+		if rerr := v.Resume(context.WithoutCancel(ctx)); rerr != nil {
+			return errors.Join(err, rerr)
 		}
 	}
 	return err
@@ -65,7 +66,9 @@ func checkKind(kind hypervisor.SnapshotKind) error {
 }
 
 // snapshot writes the link; the migration stops the VM if it still runs.
-func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
+// Once the state and the pages are written, resume (if set) runs before
+// the files are synced.
+func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind, resume func(context.Context) error) error {
 	ram, err := v.openRAM(ctx, kind)
 	if err != nil {
 		return err
@@ -74,10 +77,6 @@ func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create snapshot dir: %w", err)
 	}
-	stats, err := v.saveState(ctx, filepath.Join(dir, StateFile))
-	if err != nil {
-		return err
-	}
 	if err := WriteShape(dir, v.shape); err != nil {
 		return err
 	}
@@ -85,34 +84,67 @@ func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err != nil {
 		return err
 	}
+	state, err := os.OpenFile(filepath.Join(dir, StateFile), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("create device state: %w", err)
+	}
+	defer state.Close()
+	stats, err := v.migrateFiltered(ctx, state)
+	if err != nil {
+		return fmt.Errorf("save device state: %w", err)
+	}
 	meta := v.linkMeta(build)
 	if stats.Dropped > 0 {
 		meta.StateMemory = chain.StateMemoryFiltered
 	}
-	if kind == hypervisor.SnapshotDiff {
-		return v.writeDiff(ctx, ram, meta, dir)
+	written := func() error {
+		if resume != nil {
+			if err := resume(ctx); err != nil {
+				return err
+			}
+		}
+		return syncFiles(state, filepath.Join(dir, ShapeFile))
 	}
-	return writeFull(ctx, ram, v.shape.MemoryBytes, meta, dir)
+	if kind == hypervisor.SnapshotDiff {
+		return v.writeDiff(ctx, ram, meta, dir, written)
+	}
+	return writeFull(ctx, ram, v.shape.MemoryBytes, meta, dir, written)
 }
 
-func writeFull(ctx context.Context, ram guestRAM, size int64, meta chain.Meta, dir string) error {
+func writeFull(ctx context.Context, ram guestRAM, size int64, meta chain.Meta, dir string, written func() error) error {
 	regions, err := ram.regions()
 	if err != nil {
 		return err
 	}
-	if _, err := chain.WriteFullFrom(ctx, ram, size, regions, meta, dir); err != nil {
+	if _, err := chain.WriteFullFrom(ctx, ram, size, regions, meta, dir, written); err != nil {
 		return fmt.Errorf("write memory: %w", err)
 	}
 	return nil
 }
 
-func (v *VM) writeDiff(ctx context.Context, ram guestRAM, meta chain.Meta, dir string) error {
+func (v *VM) writeDiff(ctx context.Context, ram guestRAM, meta chain.Meta, dir string, written func() error) error {
 	dirty, err := ram.changed(ctx)
 	if err != nil {
 		return fmt.Errorf("find the pages changed since the restore: %w", err)
 	}
-	if _, err := chain.WriteDiffOn(ctx, ram, dirty, v.staged.Top(), meta, dir); err != nil {
+	if _, err := chain.WriteDiffOn(ctx, ram, dirty, v.staged.Top(), meta, dir, written); err != nil {
 		return fmt.Errorf("write memory: %w", err)
+	}
+	return nil
+}
+
+// syncFiles makes state and the file at path durable.
+func syncFiles(state *os.File, path string) error {
+	if err := state.Sync(); err != nil {
+		return fmt.Errorf("sync device state: %w", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	return nil
 }
@@ -151,22 +183,4 @@ func (v *VM) build(ctx context.Context) (string, error) {
 		build += " (" + pkg + ")"
 	}
 	return build, nil
-}
-
-// saveState writes the device-state stream to path, durably, without
-// guest RAM: QEMU writes into a pipe and filterRAM copies it to the file.
-func (v *VM) saveState(ctx context.Context, path string) (ramStats, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return ramStats{}, fmt.Errorf("create device state: %w", err)
-	}
-	defer f.Close()
-	stats, err := v.migrateFiltered(ctx, f)
-	if err != nil {
-		return stats, fmt.Errorf("save device state: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		return stats, fmt.Errorf("sync device state: %w", err)
-	}
-	return stats, f.Close()
 }

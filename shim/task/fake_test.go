@@ -138,7 +138,7 @@ func (v *fakeVM) Snapshot(_ context.Context, dir string, kind hypervisor.Snapsho
 	return os.WriteFile(filepath.Join(dir, "link.json"), []byte(`{"kind":"`+string(kind)+`"}`), 0o600)
 }
 
-// liveVM snapshots a running VM and pauses it itself, as QEMU does; it
+// liveVM snapshots a running VM and leaves it running, as QEMU does; it
 // refuses a paused one, which the service must snapshot with Snapshot.
 type liveVM struct{ *fakeVM }
 
@@ -149,7 +149,10 @@ func (v liveVM) SnapshotLive(ctx context.Context, dir string, kind hypervisor.Sn
 	if err := v.Pause(ctx); err != nil {
 		return err
 	}
-	return v.Snapshot(ctx, dir, "live-"+kind)
+	if err := v.Snapshot(ctx, dir, "live-"+kind); err != nil {
+		return err
+	}
+	return v.Resume(ctx)
 }
 
 // plainVM hides fakeVM's Snapshot: a driver that cannot checkpoint.

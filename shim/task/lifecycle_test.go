@@ -10,6 +10,7 @@ import (
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -419,6 +420,31 @@ func TestCheckpoint(t *testing.T) {
 	plain.start("t1", "")
 	_, err := plain.svc.Checkpoint(plain.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: t.TempDir()})
 	wantCode(t, err, errdefs.ErrNotImplemented)
+}
+
+// A checkpoint that ends the task snapshots a paused VM, even where the
+// driver could snapshot it live: nothing may run after the snapshot.
+func TestCheckpointExitPausesFirst(t *testing.T) {
+	h := newHarness(t)
+	h.launcher.vm = liveVM{h.vm}
+	h.create("t1", specFor("sleep"), newFifos(t, false, false))
+	h.start("t1", "")
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: dir, Options: opts}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"diff:" + dir}; !slices.Equal(h.vm.snapshots, want) {
+		t.Fatalf("snapshots %v, want %v (paused, not live)", h.vm.snapshots, want)
+	}
+	select {
+	case <-h.vm.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the VM still runs after a checkpoint with exit")
+	}
 }
 
 func TestPids(t *testing.T) {

@@ -148,9 +148,10 @@ func (t *task) setPaused(v bool) {
 
 // checkpoint writes a chain link of the VM into dir: a diff on the chain
 // the VM was restored from, holding the pages changed since, or a full
-// link where the driver cannot make one (it logs why). The VM is paused
-// for the snapshot (a driver that snapshots live pauses it itself, as late
-// as it can) and resumed after, unless exit asks to end the task.
+// link where the driver cannot make one (it logs why). A running VM whose
+// driver snapshots live is stopped only while its state is captured;
+// otherwise the VM is paused for the snapshot and resumed after, unless
+// exit asks to end the task.
 func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 	t.opMu.Lock()
 	defer t.opMu.Unlock()
@@ -162,17 +163,19 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	wasPaused := t.isPaused()
-	take := snap.Snapshot
-	if live, ok := snap.(hypervisor.LiveSnapshotter); ok && !wasPaused {
-		take = live.SnapshotLive
-	} else if !wasPaused {
+	if live, ok := snap.(hypervisor.LiveSnapshotter); ok && !wasPaused && !exit {
+		if err := t.snapshot(ctx, live.SnapshotLive, dir); err != nil {
+			return fmt.Errorf("snapshot VM into %s: %w", dir, err)
+		}
+		return nil
+	}
+	if !wasPaused {
 		if err := t.sb.VM.Pause(ctx); err != nil {
 			return fmt.Errorf("pause VM for checkpoint: %w", err)
 		}
+		t.setPaused(true)
 	}
-	err := t.snapshot(ctx, take, dir)
-	t.setPaused(true)
-	if err != nil {
+	if err := t.snapshot(ctx, snap.Snapshot, dir); err != nil {
 		return errors.Join(fmt.Errorf("snapshot VM into %s: %w", dir, err), t.resumeAfter(ctx, wasPaused))
 	}
 	if exit {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -65,7 +64,7 @@ func (s *Staged) DeltaPaths(i int) (extents, data string) {
 // must write only where a failed restore loses nothing (a VM's private
 // memory, which the failure throws away).
 func ReadPages(ctx context.Context, extentsPath, dataPath string, l *Link, fn func(off int64, data []byte) error) error {
-	data, err := os.Open(dataPath)
+	data, err := OpenLinkFile(dataPath, l.MemoryBytes)
 	if err != nil {
 		return fmt.Errorf("read link pages: %w", err)
 	}
@@ -73,7 +72,7 @@ func ReadPages(ctx context.Context, extentsPath, dataPath string, l *Link, fn fu
 	br := bufio.NewReaderSize(data, ioChunk)
 	h := digest.SHA256.Hash()
 	c := extentChecker{memBytes: l.MemoryBytes, pageSize: l.PageSize}
-	_, extDigest, err := readExtents(extentsPath, func(e Extent) error {
+	_, extDigest, err := readExtents(extentsPath, maxExtentsSize(l.MemoryBytes, l.PageSize), func(e Extent) error {
 		if err := c.check(e); err != nil {
 			return err
 		}

@@ -106,7 +106,9 @@ type RestoreRequest struct {
 	// OnPhase, if set, is told how long each restore phase took.
 	OnPhase func(phase string, d time.Duration)
 	// NetNS, if set, is the network namespace (an open nsfs file, e.g. /proc/PID/ns/net or
-	// /run/netns/X) the hypervisor process runs in; nil keeps the caller's namespace.
+	// /run/netns/X) the hypervisor process runs in; nil keeps the caller's namespace, or,
+	// for a hypervisor that would make a tap of its own for a NIC without one, gives it an
+	// empty namespace of its own, so nothing lands on the host.
 	NetNS *os.File
 	// NIC, if set, backs the snapshot's network device with a tap in NetNS; nil leaves the
 	// device without a backend (the guest keeps its NIC down).
@@ -116,13 +118,20 @@ type RestoreRequest struct {
 	Disk string
 }
 
+// RootfsSerial is the serial of every snapshot's rootfs block slot: the
+// guest agent finds the disk RestoreRequest.Disk backs by it.
+const RootfsSerial = "cocoon-rootfs"
+
 // NIC is a tap device in the VM's network namespace. The tap is persistent (created with
 // TUNSETPERSIST, IFF_TAP|IFF_NO_PI, no vnet header) and owned by the caller, who deletes it.
 type NIC struct {
 	// TapName names the tap in NetNS, for VMMs that open it themselves.
 	TapName string
 	// TapFile is an open queue of the tap, for VMMs that take an fd (QEMU). The driver hands
-	// it to the VMM; the caller closes its own copy after Restore returns.
+	// it to the VMM; the caller closes its own copy after Restore returns. Drivers of VMMs
+	// that open the tap by name close it first instead: a single-queue tap takes one queue,
+	// so the VMM's open fails with EBUSY while it is open (the caller's Close then returns
+	// os.ErrClosed).
 	TapFile *os.File
 }
 
@@ -167,6 +176,13 @@ type VM interface {
 // nothing says what the VM's memory was at its restore (it was booted, or
 // its driver cannot tell): a full snapshot may still be.
 var ErrNoDiffBase = errors.New("no base for a diff snapshot")
+
+// BuildReporter is a driver that can name its hypervisor's build on
+// request when its Capabilities leave Build empty (QEMU keeps the probe off
+// the restore path).
+type BuildReporter interface {
+	Build(ctx context.Context) (string, error)
+}
 
 // Snapshotter is a VM that can write a chain link of itself into dir. The VM
 // must be paused. A diff link's parent is the top link of the chain the VM

@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 func serveForTest(root, address string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	sn, err := New(root)
+	sn, err := New(context.Background(), root)
 	if err != nil {
 		os.Stderr.WriteString(err.Error() + "\n")
 		return 1
@@ -189,6 +189,9 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			err = sn.Commit(ctx, "bad", key)
 			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "not a valid snapshot link") || !strings.Contains(err.Error(), tc.why) {
 				t.Fatalf("commit of a bad link: %v, want an invalid-argument error naming the bad link", err)
+			}
+			if n := strings.Count(err.Error(), "invalid argument"); n != 1 {
+				t.Fatalf("commit error over gRPC says invalid argument %d times, want once: %v", n, err)
 			}
 			t.Logf("commit error: %v", err)
 			if _, err := sn.Stat(ctx, "bad"); !errdefs.IsNotFound(err) {

@@ -6,8 +6,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/containerd/continuity/fs"
-
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore/staging"
 )
@@ -79,7 +77,7 @@ func stageStateFiles(top *chain.Link, topDir, dir string) error {
 				topDir, file, chain.StagedMemory, chain.StagedChain)
 		}
 		// A private copy: the shim patches these files for its VM.
-		if err := fs.CopyFile(filepath.Join(dir, file), filepath.Join(topDir, file)); err != nil {
+		if err := chain.CopyStateFile(filepath.Join(topDir, file), filepath.Join(dir, file)); err != nil {
 			return fmt.Errorf("copy state file %s: %w", file, err)
 		}
 	}

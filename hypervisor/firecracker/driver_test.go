@@ -108,7 +108,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string,
 	if err := v.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"PUT snapshot/load", "PATCH vm", "PATCH vm", "PUT snapshot/create", "PATCH vm", "PUT actions"}
+	want := []string{"PUT snapshot/load", "GET vm/config", "PATCH vm", "PATCH vm", "PUT snapshot/create", "PATCH vm", "PUT actions"}
 	if got := apifake.Ops(t, record); !slices.Equal(got, want) {
 		t.Errorf("requests %v, want %v", got, want)
 	}
@@ -221,13 +221,5 @@ func TestStateMachineViolations(t *testing.T) {
 	}
 	if err := snap.Snapshot(ctx, t.TempDir(), hypervisor.SnapshotDiff); err == nil {
 		t.Error("diff snapshot: want an error")
-	}
-}
-
-func TestRestoreRefusesAttachments(t *testing.T) {
-	d, record := newDriver(t, apifake.Fake{})
-	drivertest.RefusesAttachments(t, d, stageChain(t))
-	if pids := apifake.PIDs(t, record); len(pids) != 0 {
-		t.Errorf("fake pids %v, want none started", pids)
 	}
 }

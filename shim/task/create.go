@@ -32,7 +32,7 @@ const InitGuestID = "init"
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
 	pid, err := s.create(ctx, r)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	return &taskAPI.CreateTaskResponse{Pid: uint32(pid)}, nil
 }
@@ -62,7 +62,9 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
-	req.Created = h.created
+	if h.hasCreateHooks() {
+		req.Created = h.created
+	}
 	t, err := s.launch(ctx, req, spec, init)
 	if err != nil {
 		return 0, err
@@ -170,15 +172,18 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 		cwd = "/"
 	}
 	return ProcessSpec{
-		ID:             id,
-		Args:           p.Args,
-		Env:            p.Env,
-		Cwd:            cwd,
-		UID:            p.User.UID,
-		GID:            p.User.GID,
-		AdditionalGIDs: p.User.AdditionalGids,
-		Terminal:       terminal,
-		Stdin:          stdin,
+		ID:              id,
+		Args:            p.Args,
+		Env:             p.Env,
+		Cwd:             cwd,
+		UID:             p.User.UID,
+		GID:             p.User.GID,
+		AdditionalGIDs:  p.User.AdditionalGids,
+		Terminal:        terminal,
+		Stdin:           stdin,
+		Rlimits:         p.Rlimits,
+		NoNewPrivileges: p.NoNewPrivileges,
+		Umask:           p.User.Umask,
 	}, nil
 }
 
@@ -193,7 +198,7 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 			return LaunchRequest{}, err
 		}
 	}
-	configPath, err := configPathOf(r)
+	configPath, configBody, err := configOf(r)
 	if err != nil {
 		return LaunchRequest{}, err
 	}
@@ -203,7 +208,7 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 	}
 	return LaunchRequest{
 		ID: r.ID, Namespace: ns, Bundle: r.Bundle, Spec: spec,
-		StagedDir: staged, Rootfs: image, ConfigPath: configPath, Hostname: hostname,
+		StagedDir: staged, Rootfs: image, ConfigPath: configPath, ConfigBody: configBody, Hostname: hostname,
 	}, nil
 }
 
@@ -245,20 +250,26 @@ func isBind(m *types.Mount) bool {
 	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }
 
-// configPathOf reads ConfigPath from the runtime options
-// (io.containerd.runtime.v1.Options, what ctr --runtime-config-path and a
-// CRI runtime class send).
-func configPathOf(r *taskAPI.CreateTaskRequest) (string, error) {
+// configOf reads the runtime options (io.containerd.runtime.v1.Options,
+// what ctr --runtime-config-path and a CRI runtime class send): a config
+// file's path, or the config inline. containerd's CRI plugin sends a
+// handler's options table as ConfigBody when it has no ConfigPath, so
+// `options = { restore = { mode = "copy" } }` is a config of its own, and
+// a mistyped key fails like one in a file.
+func configOf(r *taskAPI.CreateTaskRequest) (path, body string, err error) {
 	if r.Options == nil || len(r.Options.GetValue()) == 0 {
-		return "", nil
+		return "", "", nil
 	}
 	v, err := typeurl.UnmarshalAny(r.Options)
 	if err != nil {
-		return "", fmt.Errorf("decode runtime options: %w: %w", err, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("decode runtime options: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	opts, ok := v.(*runtimeoptions.Options)
 	if !ok {
-		return "", fmt.Errorf("runtime options are %T, want io.containerd.runtime.v1.Options: %w", v, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("runtime options are %T, want io.containerd.runtime.v1.Options: %w", v, errdefs.ErrInvalidArgument)
 	}
-	return opts.ConfigPath, nil
+	if opts.ConfigPath != "" && opts.ConfigBody != nil {
+		return "", "", fmt.Errorf("runtime options set both ConfigPath and a config body: want one: %w", errdefs.ErrInvalidArgument)
+	}
+	return opts.ConfigPath, string(opts.ConfigBody), nil
 }

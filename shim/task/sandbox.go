@@ -8,23 +8,14 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
-
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
-// ProcessSpec is a process to run in the guest.
-type ProcessSpec struct {
-	// ID names the process to the guest agent; unique within the VM.
-	ID             string
-	Args, Env      []string
-	Cwd            string
-	UID, GID       uint32
-	AdditionalGIDs []uint32
-	Terminal       bool
-	// Stdin gives the process a stdin stream (else /dev/null).
-	Stdin bool
-}
+// ProcessSpec is a process to run in the guest, as the agent takes it; its
+// ID names it to the agent and is unique within the VM.
+type ProcessSpec = agent.ExecRequest
 
 // Exit is how a process ended.
 type Exit struct {
@@ -39,7 +30,10 @@ type GuestProcess struct {
 	ID string
 }
 
-// Guest is the agent inside a task's VM, as the service uses it.
+// Guest is the agent inside a task's VM, as the service uses it. Calls
+// that answer at once (all but Wait and the stdio streams) are bounded by
+// the implementation's configured call timeout (agent.call_timeout), the
+// one owner of that deadline: callers pass their context only.
 type Guest interface {
 	// Exec starts p and returns its guest pid, 0 if the agent does not
 	// report pids.
@@ -125,8 +119,10 @@ type LaunchRequest struct {
 	Rootfs *chain.StagedRootfs
 	// Containerd is containerd's gRPC address, for staging a base image.
 	Containerd string
-	// ConfigPath is the runtime options' config file, if any.
+	// ConfigPath is the runtime options' config file, if any; ConfigBody
+	// their inline config, if any (never both).
 	ConfigPath string
+	ConfigBody string
 	Hostname   string
 	// Spawned, when set, is called once the hypervisor process exists,
 	// before the guest is brought up, so the service can record the VM

@@ -71,8 +71,13 @@ func loadChainImage(ctx context.Context, cl *client.Client, name string) (*chain
 	return ci, nil
 }
 
+// contentInfo is the part of a content store checkLayers asks.
+type contentInfo interface {
+	Info(ctx context.Context, dgst digest.Digest) (content.Info, error)
+}
+
 // checkLayers checks every layer is a link layer, present in cs.
-func (ci *chainImage) checkLayers(ctx context.Context, cs content.Store) error {
+func (ci *chainImage) checkLayers(ctx context.Context, cs contentInfo) error {
 	notChain := func(why string) error {
 		return fmt.Errorf("image %s is not a cocoon snapshot-chain image (%s): forking a task of an ordinary OCI image, which runs on its runtime class's base snapshot with the image as a disk, is not supported yet", ci.name, why)
 	}
@@ -169,20 +174,9 @@ func writeFrom(path string, r io.Reader) error {
 // stores it as a layer, and creates image name = parent's layers + it,
 // unpacked into snapshotter. It returns the link and the layer count.
 func registerFork(ctx context.Context, cl *client.Client, parent *chainImage, dir, name, snapshotter string) (*chain.Link, int, error) {
-	l, err := chain.ReadLink(dir)
+	l, layers, err := checkForkLink(ctx, parent, dir)
 	if err != nil {
-		return nil, 0, fmt.Errorf("the task's checkpoint: %w", err)
-	}
-	var after *chain.Link
-	layers := []ocispec.Descriptor{}
-	if l.Kind == chain.KindDiff {
-		after, layers = parent.top, slices.Clone(parent.manifest.Layers)
-	}
-	if _, err := chain.Validate(dir, after); err != nil {
-		return nil, 0, fmt.Errorf("the task's link does not follow image %s: %w", parent.name, err)
-	}
-	if err := chain.VerifyData(ctx, dir, l); err != nil {
-		return nil, 0, fmt.Errorf("the task's link: %w", err)
+		return nil, 0, err
 	}
 	cs := cl.ContentStore()
 	layer, err := writeLayerBlob(ctx, cs, dir)
@@ -205,6 +199,29 @@ func registerFork(ctx context.Context, cl *client.Client, parent *chainImage, di
 		return nil, 0, fmt.Errorf("unpack image %s into %s: %w", name, snapshotter, err)
 	}
 	return l, len(layers), nil
+}
+
+// checkForkLink checks the link in dir can top the image's chain: a diff
+// on its top link (same parent, memory layout, hypervisor and guest), or a
+// full link, which starts a chain of its own; its data must match its
+// digest. It returns the link and the layers it follows.
+func checkForkLink(ctx context.Context, parent *chainImage, dir string) (*chain.Link, []ocispec.Descriptor, error) {
+	l, err := chain.ReadLink(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the task's checkpoint: %w", err)
+	}
+	var after *chain.Link
+	layers := []ocispec.Descriptor{}
+	if l.Kind == chain.KindDiff {
+		after, layers = parent.top, slices.Clone(parent.manifest.Layers)
+	}
+	if _, err := chain.Validate(dir, after); err != nil {
+		return nil, nil, fmt.Errorf("the task's link does not follow image %s: %w", parent.name, err)
+	}
+	if err := chain.VerifyData(ctx, dir, l); err != nil {
+		return nil, nil, fmt.Errorf("the task's link: %w", err)
+	}
+	return l, layers, nil
 }
 
 // writeLayerBlob stores the link in dir as a layer blob.

@@ -1,7 +1,9 @@
 // Package qemu drives QEMU (qemu-system-x86_64, microvm machine) over QMP:
 // cold boot with guest RAM in a shared file (for baking snapshots), full
-// snapshots into chain links, and restores of staged chains in copy or mmap
-// mode. Each VM is one supervised process with a private run directory.
+// and diff snapshots into chain links (live, the guest stopped only while
+// its state is captured), and restores of staged chains in copy or mmap
+// mode, the top links of a chain staged with deltas written into the
+// guest. Each VM is one supervised process with a private run directory.
 package qemu
 
 import (

@@ -65,6 +65,9 @@ func forkCommand(out io.Writer, hibernate bool) func(fs *flag.FlagSet) func(cont
 }
 
 func fork(ctx context.Context, out io.Writer, o forkOptions, id string) error {
+	if _, err := os.Stat(o.address); err != nil {
+		return fmt.Errorf("containerd socket: %w (--address)", err)
+	}
 	cl, err := client.New(o.address, client.WithDefaultNamespace(o.namespace))
 	if err != nil {
 		return fmt.Errorf("connect to containerd at %s: %w", o.address, err)

@@ -73,4 +73,3 @@ func memTotalGiB() int64 {
 	}
 	return int64(si.Totalram) * int64(si.Unit) >> 30
 }
-

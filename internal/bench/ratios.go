@@ -40,10 +40,10 @@ type alternative struct {
 // variantRatio compares a variant of shim mmap (network, ordinary) with
 // plain shim mmap at one N, and the phase the variant changes most.
 type variantRatio struct {
-	N              int     `json:"n"`
-	BaseP50Ms      float64 `json:"baseP50Ms"`
-	P50Ms          float64 `json:"p50Ms"`
-	P50OverBase    float64 `json:"p50OverBase"`
+	N           int     `json:"n"`
+	BaseP50Ms   float64 `json:"baseP50Ms"`
+	P50Ms       float64 `json:"p50Ms"`
+	P50OverBase float64 `json:"p50OverBase"`
 	// Phase's medians are nil in a cell that has no such phase.
 	Phase          string   `json:"phase"`
 	BasePhaseP50Ms *float64 `json:"basePhaseP50Ms,omitempty"`

@@ -63,4 +63,3 @@ func replaceSection(path, body string) error {
 	}
 	return nil
 }
-

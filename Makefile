@@ -6,20 +6,38 @@ GUEST := $(CURDIR)/build/guest
 CMDS := $(notdir $(wildcard cmd/*))
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 
-.PHONY: all build containerd deps guest test lint generate clean demo bench
+# Test tools built at pinned versions by `go install pkg@version`, each in its own
+# module graph: cri-tools drags kubectl, kubelet and ginkgo into a go.mod that
+# lists it as a tool, and the CNI plugins v1.10.0 would raise go.mod's go
+# version and containerd's own dependencies. CNI plugins go to bin/cni, the
+# CRI plugin's bin_dirs and cnitest's.
+CRI_TOOLS_VERSION := v1.37.0
+CNI_PLUGINS_VERSION := v1.10.0
+CNI_PLUGINS := main/bridge ipam/host-local main/loopback
+
+.PHONY: all build containerd tools deps guest test lint generate clean demo bench fuzz
 
 all: build
 
-## build: every binary into bin/ (the guest agent static), plus containerd and ctr
-build: containerd
+## build: every binary into bin/ (the guest agent static), plus containerd, ctr and the test tools
+build: containerd tools
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(filter-out cocoon-agent,$(CMDS)))
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/cocoon-agent ./cmd/cocoon-agent
 
-## containerd: containerd v2.4.2 and ctr, pinned as go.mod tools
+## containerd: containerd v2.4.2, ctr and containerd-shim-runc-v2, pinned as go.mod tools
 containerd:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr
+	$(GO) build -o $(BIN)/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+
+## tools: crictl and the CNI plugins bridge, host-local and loopback (bin/cni) for the CRI tier
+tools:
+	@mkdir -p $(BIN)/cni
+	GOBIN=$(BIN) $(GO) install -ldflags '-X sigs.k8s.io/cri-tools/pkg/version.Version=$(CRI_TOOLS_VERSION)' \
+		sigs.k8s.io/cri-tools/cmd/crictl@$(CRI_TOOLS_VERSION)
+	GOBIN=$(BIN)/cni $(GO) install -ldflags '-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(CNI_PLUGINS_VERSION)' \
+		$(addprefix github.com/containernetworking/plugins/plugins/,$(addsuffix @$(CNI_PLUGINS_VERSION),$(CNI_PLUGINS)))
 
 ## deps: the Debian packages the guest build and the tests need
 deps:
@@ -42,6 +60,18 @@ bench: deps build guest
 ## test: install what the tests need, then run every tier
 test: deps build guest lint
 	$(GO) test $(GOTEST_FLAGS) ./...
+
+## fuzz: every native fuzz target in the repo for FUZZTIME each (`make test` runs their
+## seed corpora only); FUZZMINIMIZETIME bounds minimizing each new input
+FUZZTIME ?= 30s
+FUZZMINIMIZETIME ?= 100x
+fuzz:
+	@set -e; for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for target in $$($(GO) test -list '^Fuzz' $$dir | grep '^Fuzz'); do \
+			echo "== $$dir $$target ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$dir; \
+		done; \
+	done
 
 ## lint: gofmt, go vet, staticcheck
 lint:

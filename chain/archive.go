@@ -2,11 +2,11 @@ package chain
 
 import (
 	"archive/tar"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path"
 	"strings"
@@ -15,8 +15,13 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// maxMetadataBlob bounds the JSON blobs (index, manifest, config) read into memory.
-const maxMetadataBlob = 4 << 20
+// Bounds on what ReadArchive reads into memory: the JSON blobs (index,
+// manifest, config) and the number of tar entries it indexes (a chain image
+// has one blob per link plus a manifest and a config).
+const (
+	maxMetadataBlob   = 4 << 20
+	maxArchiveEntries = 1 << 16
+)
 
 // Archive is what ReadArchive found in an OCI image layout tar of a chain.
 type Archive struct {
@@ -29,11 +34,14 @@ type Archive struct {
 }
 
 // ReadArchive reads an archive Pack wrote (or any OCI layout tar of one
-// chain image), verifying every blob's digest, the index → manifest → config
-// structure, that each diff ID is its (uncompressed) layer's digest, and that
-// the layers' links form a chain. It streams: memory data is not held.
+// chain image), verifying the digest of every blob the index references,
+// the index → manifest → config structure, that each diff ID is its
+// (uncompressed) layer's digest, and that the layers' links form a chain.
+// A first pass notes where each blob lies without reading it; then only
+// the referenced blobs are read, the layers streamed: memory use does not
+// grow with the archive, and blobs nothing references are never read.
 func ReadArchive(file string) (*Archive, error) {
-	f, err := os.Open(file)
+	f, err := openRegular(file, 0, math.MaxInt64)
 	if err != nil {
 		return nil, fmt.Errorf("read archive: %w", err)
 	}
@@ -49,21 +57,28 @@ func ReadArchive(file string) (*Archive, error) {
 	return a, nil
 }
 
-// archiveContents is what one pass over the tar collects.
+// archiveContents is what the first pass over the tar found.
 type archiveContents struct {
+	f      io.ReaderAt
 	layout bool
 	index  []byte
-	small  map[digest.Digest][]byte // blobs small enough to be metadata
-	links  map[digest.Digest]*Link  // blobs that are link layers
-	errs   map[digest.Digest]error  // why a blob is not a link layer
+	blobs  map[digest.Digest]blobSection
 }
 
-func scanArchive(r io.Reader) (*archiveContents, error) {
-	c := &archiveContents{
-		small: map[digest.Digest][]byte{}, links: map[digest.Digest]*Link{}, errs: map[digest.Digest]error{},
-	}
-	tr := tar.NewReader(r)
-	for {
+// blobSection is where a blob's bytes lie in the archive.
+type blobSection struct {
+	name      string
+	off, size int64
+}
+
+func (b blobSection) reader(r io.ReaderAt) io.Reader { return io.NewSectionReader(r, b.off, b.size) }
+
+// scanArchive reads the tar's headers, the layout file and the index, and
+// notes each blob's section; the tar reader seeks past the blobs' bytes.
+func scanArchive(f *os.File) (*archiveContents, error) {
+	c := &archiveContents{f: f, blobs: map[digest.Digest]blobSection{}}
+	tr := tar.NewReader(f)
+	for n := 0; ; n++ {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			return c, nil
@@ -71,58 +86,66 @@ func scanArchive(r io.Reader) (*archiveContents, error) {
 		if err != nil {
 			return nil, fmt.Errorf("not an OCI image layout tar: %w", err)
 		}
+		if n == maxArchiveEntries {
+			return nil, fmt.Errorf("more than %d tar entries: not a chain image", maxArchiveEntries)
+		}
 		if hdr.Typeflag != tar.TypeReg {
 			continue
 		}
 		switch name := path.Clean(hdr.Name); {
 		case name == ocispec.ImageLayoutFile:
-			var l ocispec.ImageLayout
-			if err := json.NewDecoder(io.LimitReader(tr, maxMetadataBlob)).Decode(&l); err != nil || l.Version != ocispec.ImageLayoutVersion {
-				return nil, fmt.Errorf("%s: want image layout version %s", name, ocispec.ImageLayoutVersion)
+			if err := c.readLayout(tr, hdr.Size, name); err != nil {
+				return nil, err
 			}
-			c.layout = true
 		case name == ocispec.ImageIndexFile:
-			if c.index, err = readSmall(tr, hdr.Size, name); err != nil {
+			if c.index != nil {
+				return nil, fmt.Errorf("%s appears twice", name)
+			}
+			if c.index, err = readSmall(tr, hdr.Size, name, maxMetadataBlob); err != nil {
 				return nil, err
 			}
 		case strings.HasPrefix(name, "blobs/"):
-			if err := c.blob(tr, hdr, name); err != nil {
+			if err := c.noteBlob(f, hdr, name); err != nil {
 				return nil, err
 			}
 		}
 	}
 }
 
-// blob verifies one blob's digest and keeps it if small, or its link if it
-// is a link layer.
-func (c *archiveContents) blob(r io.Reader, hdr *tar.Header, name string) error {
+func (c *archiveContents) readLayout(r io.Reader, size int64, name string) error {
+	b, err := readSmall(r, size, name, maxMetadataBlob)
+	if err != nil {
+		return err
+	}
+	var l ocispec.ImageLayout
+	if err := json.Unmarshal(b, &l); err != nil || l.Version != ocispec.ImageLayoutVersion {
+		return fmt.Errorf("%s: want image layout version %s", name, ocispec.ImageLayoutVersion)
+	}
+	c.layout = true
+	return nil
+}
+
+// noteBlob records where the blob of the entry hdr, just read, lies.
+func (c *archiveContents) noteBlob(f *os.File, hdr *tar.Header, name string) error {
 	rest, _ := strings.CutPrefix(name, "blobs/")
 	dgst := digest.Digest(strings.Replace(rest, "/", ":", 1))
 	if err := dgst.Validate(); err != nil {
 		return fmt.Errorf("%s: not a blob name: %w", name, err)
 	}
-	v := dgst.Verifier()
-	tee := io.TeeReader(r, v)
-	var src io.Reader = tee
-	if hdr.Size <= maxMetadataBlob {
-		b, err := io.ReadAll(tee)
-		if err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
+	if _, ok := c.blobs[dgst]; ok {
+		return fmt.Errorf("%s appears twice", name)
+	}
+	for k := range hdr.PAXRecords {
+		// A sparse entry's bytes in the tar are not its content.
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return fmt.Errorf("%s: a sparse tar entry, want a plain file", name)
 		}
-		c.small[dgst] = b
-		src = bytes.NewReader(b)
 	}
-	if l, err := peekLink(src); err != nil {
-		c.errs[dgst] = err
-	} else {
-		c.links[dgst] = l
-	}
-	if _, err := io.Copy(io.Discard, tee); err != nil {
+	off, err := f.Seek(0, io.SeekCurrent)
+	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
-	if !v.Verified() {
-		return fmt.Errorf("%s: content does not match its digest", name)
-	}
+	c.blobs[dgst] = blobSection{name: name, off: off, size: hdr.Size}
 	return nil
 }
 
@@ -136,7 +159,7 @@ func peekLink(r io.Reader) (*Link, error) {
 	if path.Clean(hdr.Name) != LinkFile {
 		return nil, fmt.Errorf("first entry is %q, want %s", hdr.Name, LinkFile)
 	}
-	b, err := readSmall(tr, hdr.Size, LinkFile)
+	b, err := readSmall(tr, hdr.Size, LinkFile, maxLinkJSON)
 	if err != nil {
 		return nil, err
 	}
@@ -147,13 +170,16 @@ func peekLink(r io.Reader) (*Link, error) {
 	return l, nil
 }
 
-func readSmall(r io.Reader, size int64, name string) ([]byte, error) {
-	if size > maxMetadataBlob {
-		return nil, fmt.Errorf("%s: %d bytes, larger than %d", name, size, maxMetadataBlob)
+func readSmall(r io.Reader, size int64, name string, maxSize int64) ([]byte, error) {
+	if size > maxSize {
+		return nil, fmt.Errorf("%s: %d bytes, larger than %d", name, size, maxSize)
 	}
-	b, err := io.ReadAll(io.LimitReader(r, maxMetadataBlob))
+	b, err := io.ReadAll(io.LimitReader(r, size))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if int64(len(b)) != size {
+		return nil, fmt.Errorf("read %s: %d of its %d bytes", name, len(b), size)
 	}
 	return b, nil
 }
@@ -193,18 +219,35 @@ func (c *archiveContents) resolve() (*Archive, error) {
 	return a, nil
 }
 
+// blob returns where the blob of descriptor d lies, checking its size.
+func (c *archiveContents) blob(d ocispec.Descriptor) (blobSection, error) {
+	b, ok := c.blobs[d.Digest]
+	if !ok {
+		return blobSection{}, fmt.Errorf("blob %s (%s) is missing", d.Digest, d.MediaType)
+	}
+	if b.size != d.Size {
+		return blobSection{}, fmt.Errorf("blob %s is %d bytes, its descriptor says %d", d.Digest, b.size, d.Size)
+	}
+	return b, nil
+}
+
+// json reads, verifies and decodes the metadata blob of descriptor d.
 func (c *archiveContents) json(d ocispec.Descriptor, mediaType string, v any) error {
 	if d.MediaType != mediaType {
 		return fmt.Errorf("descriptor %s has media type %q, want %q", d.Digest, d.MediaType, mediaType)
 	}
-	b, ok := c.small[d.Digest]
-	if !ok {
-		return fmt.Errorf("blob %s (%s) is missing", d.Digest, mediaType)
+	b, err := c.blob(d)
+	if err != nil {
+		return err
 	}
-	if int64(len(b)) != d.Size {
-		return fmt.Errorf("blob %s is %d bytes, its descriptor says %d", d.Digest, len(b), d.Size)
+	data, err := readSmall(b.reader(c.f), b.size, b.name, maxMetadataBlob)
+	if err != nil {
+		return err
 	}
-	if err := json.Unmarshal(b, v); err != nil {
+	if digest.FromBytes(data) != d.Digest {
+		return fmt.Errorf("%s: content does not match its digest", b.name)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("parse %s %s: %w", mediaType, d.Digest, err)
 	}
 	return nil
@@ -222,12 +265,9 @@ func (c *archiveContents) layers(a *Archive) error {
 		if ids[i] != d.Digest {
 			return fmt.Errorf("layer %d: diff ID %s is not the layer digest %s", i, ids[i], d.Digest)
 		}
-		l, ok := c.links[d.Digest]
-		if !ok {
-			if err := c.errs[d.Digest]; err != nil {
-				return fmt.Errorf("layer %d %s: %w", i, d.Digest, err)
-			}
-			return fmt.Errorf("layer %d %s is missing", i, d.Digest)
+		l, err := c.layer(d)
+		if err != nil {
+			return fmt.Errorf("layer %d %s: %w", i, d.Digest, err)
 		}
 		if id := d.Annotations[AnnotationLinkID]; id != "" && id != l.ID().String() {
 			return fmt.Errorf("layer %d: annotation says link %s, layer holds %s", i, id, l.ID())
@@ -235,4 +275,26 @@ func (c *archiveContents) layers(a *Archive) error {
 		a.Links = append(a.Links, l)
 	}
 	return nil
+}
+
+// layer streams the layer blob of d once: its link.json is parsed on the
+// way, and the whole blob must match the digest.
+func (c *archiveContents) layer(d ocispec.Descriptor) (*Link, error) {
+	b, err := c.blob(d)
+	if err != nil {
+		return nil, err
+	}
+	v := d.Digest.Verifier()
+	tee := io.TeeReader(b.reader(c.f), v)
+	l, linkErr := peekLink(tee)
+	if _, err := io.Copy(io.Discard, tee); err != nil {
+		return nil, fmt.Errorf("read %s: %w", b.name, err)
+	}
+	if !v.Verified() {
+		return nil, fmt.Errorf("%s: content does not match its digest", b.name)
+	}
+	if linkErr != nil {
+		return nil, linkErr
+	}
+	return l, nil
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"os"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -87,10 +86,17 @@ func (ew *extentWriter) close() (int64, digest.Digest, error) {
 	return ew.count, digest.NewDigest(digest.SHA256, ew.h), nil
 }
 
-// readExtents streams the records of an extents file to fn, checking the
-// header and the record framing, and returns the count and file digest.
-func readExtents(path string, fn func(Extent) error) (int64, digest.Digest, error) {
-	f, err := os.Open(path)
+// maxExtentsSize bounds memory.extents of a memory of memBytes in pages of
+// pageSize: at most one record per page (adjacent ones are merged).
+func maxExtentsSize(memBytes, pageSize int64) int64 {
+	return extentsHeaderSize + memBytes/pageSize*extentRecordSize
+}
+
+// readExtents streams the records of an extents file of at most maxSize
+// bytes to fn, checking the header and the record framing, and returns the
+// count and file digest.
+func readExtents(path string, maxSize int64, fn func(Extent) error) (int64, digest.Digest, error) {
+	f, err := OpenLinkFile(path, maxSize)
 	if err != nil {
 		return 0, "", fmt.Errorf("read extents: %w", err)
 	}

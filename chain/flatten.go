@@ -61,7 +61,7 @@ func Flatten(ctx context.Context, linkDirs []string, outPath string) error {
 // written from br's buffer without a copy.
 func replay(ctx context.Context, out *os.File, dir string, l *Link, fresh bool, br *bufio.Reader) error {
 	dataPath := filepath.Join(dir, DataFile)
-	data, err := os.Open(dataPath)
+	data, err := OpenLinkFile(dataPath, l.MemoryBytes)
 	if err != nil {
 		return fmt.Errorf("replay link: %w", err)
 	}
@@ -69,7 +69,7 @@ func replay(ctx context.Context, out *os.File, dir string, l *Link, fresh bool, 
 	br.Reset(data)
 	h := digest.SHA256.Hash()
 	c := extentChecker{memBytes: l.MemoryBytes, pageSize: l.PageSize}
-	_, extDigest, err := readExtents(filepath.Join(dir, ExtentsFile), func(e Extent) error {
+	_, extDigest, err := readExtents(filepath.Join(dir, ExtentsFile), maxExtentsSize(l.MemoryBytes, l.PageSize), func(e Extent) error {
 		if err := c.check(e); err != nil {
 			return err
 		}

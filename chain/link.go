@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -22,9 +20,6 @@ const (
 	StagedMemory = "memory"
 	StagedChain  = "chain.json"
 )
-
-// maxLinkJSON bounds link.json so a corrupt or hostile file cannot exhaust memory.
-const maxLinkJSON = 1 << 20
 
 // Kind is a link's kind.
 type Kind string
@@ -72,17 +67,9 @@ func (l *Link) ID() digest.Digest { return l.id }
 // or state files; Validate does.
 func ReadLink(dir string) (*Link, error) {
 	path := filepath.Join(dir, LinkFile)
-	f, err := os.Open(path)
+	b, err := ReadLinkFile(path, maxLinkJSON)
 	if err != nil {
 		return nil, fmt.Errorf("read link: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxLinkJSON+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(b) > maxLinkJSON {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxLinkJSON)
 	}
 	l, err := ParseLink(b)
 	if err != nil {

@@ -81,7 +81,7 @@ func startLink(outDir string, l *Link, parent *Link) (*linkWriter, error) {
 		return nil, fmt.Errorf("write link: %s already holds a link", outDir)
 	}
 	for _, name := range l.StateFiles {
-		if err := checkRegular(filepath.Join(outDir, name)); err != nil {
+		if err := checkStateFile(filepath.Join(outDir, name)); err != nil {
 			return nil, fmt.Errorf("write link: state file: %w", err)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"path/filepath"
 	"time"
@@ -202,7 +201,7 @@ func writeLayer(w io.Writer, dir string, l *Link) error {
 	tw := tar.NewWriter(w)
 	names := append([]string{LinkFile, ExtentsFile, DataFile}, l.StateFiles...)
 	for _, name := range names {
-		if err := addFile(tw, filepath.Join(dir, name), name); err != nil {
+		if err := addFile(tw, filepath.Join(dir, name), name, fileBound(name, l)); err != nil {
 			return fmt.Errorf("pack: %w", err)
 		}
 	}
@@ -212,8 +211,23 @@ func writeLayer(w io.Writer, dir string, l *Link) error {
 	return nil
 }
 
-func addFile(tw *tar.Writer, src, name string) error {
-	f, err := os.Open(src)
+// fileBound is the largest size the file name of link l may have.
+func fileBound(name string, l *Link) int64 {
+	switch name {
+	case LinkFile:
+		return maxLinkJSON
+	case ExtentsFile:
+		return maxExtentsSize(l.MemoryBytes, l.PageSize)
+	case DataFile:
+		return l.Memory.DataBytes
+	}
+	return MaxStateFile
+}
+
+// addFile copies the link file src into tw as name; src is opened as
+// OpenLinkFile does, since Validate's checks do not hold a file open.
+func addFile(tw *tar.Writer, src, name string, maxSize int64) error {
+	f, err := OpenLinkFile(src, maxSize)
 	if err != nil {
 		return err
 	}

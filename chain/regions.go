@@ -3,6 +3,7 @@ package chain
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 )
 
@@ -12,9 +13,10 @@ type memFile struct {
 	size int64
 }
 
-// openMemory opens a memory image and checks its size is whole pages.
+// openMemory opens a memory image, a regular file (opened without
+// blocking), and checks its size is whole pages.
 func openMemory(path string, pageSize int64) (*memFile, error) {
-	f, err := os.Open(path)
+	f, err := openRegular(path, 0, math.MaxInt64)
 	if err != nil {
 		return nil, fmt.Errorf("open memory: %w", err)
 	}
@@ -23,7 +25,7 @@ func openMemory(path string, pageSize int64) (*memFile, error) {
 		f.Close()
 		return nil, fmt.Errorf("open memory: %w", err)
 	}
-	if !fi.Mode().IsRegular() || fi.Size() <= 0 || fi.Size()%pageSize != 0 {
+	if fi.Size() <= 0 || fi.Size()%pageSize != 0 {
 		f.Close()
 		return nil, fmt.Errorf("memory %s: %d bytes is not a non-empty regular file of whole %d-byte pages", path, fi.Size(), pageSize)
 	}

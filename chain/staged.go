@@ -3,7 +3,6 @@ package chain
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/opencontainers/go-digest"
@@ -60,7 +59,7 @@ func WriteStaged(dir string, links []*Link) error {
 // OpenStaged reads dir/chain.json and checks that its links form a chain.
 func OpenStaged(dir string) (*Staged, error) {
 	path := filepath.Join(dir, StagedChain)
-	b, err := os.ReadFile(path)
+	b, err := ReadLinkFile(path, maxStagedChain)
 	if err != nil {
 		return nil, fmt.Errorf("open staged chain: %w", err)
 	}

@@ -2,7 +2,6 @@ package chain
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 )
 
@@ -40,7 +39,7 @@ func ValidateDir(dir string) (*Link, error) {
 // checkFiles checks the state and memory files of the link l in dir.
 func checkFiles(dir string, l *Link) error {
 	for _, name := range l.StateFiles {
-		if err := checkRegular(filepath.Join(dir, name)); err != nil {
+		if err := checkStateFile(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("state file: %w", err)
 		}
 	}
@@ -51,7 +50,7 @@ func checkFiles(dir string, l *Link) error {
 func checkMemory(dir string, l *Link) error {
 	path := filepath.Join(dir, ExtentsFile)
 	c := extentChecker{memBytes: l.MemoryBytes, pageSize: l.PageSize}
-	n, dgst, err := readExtents(path, c.check)
+	n, dgst, err := readExtents(path, maxExtentsSize(l.MemoryBytes, l.PageSize), c.check)
 	if err != nil {
 		return err
 	}
@@ -64,12 +63,14 @@ func checkMemory(dir string, l *Link) error {
 		return fmt.Errorf("%s: extents cover %d bytes, %s says %d data bytes", path, c.sum, LinkFile, l.Memory.DataBytes)
 	}
 	data := filepath.Join(dir, DataFile)
-	fi, err := os.Stat(data)
+	f, err := OpenLinkFile(data, l.MemoryBytes)
 	if err != nil {
 		return fmt.Errorf("memory data: %w", err)
 	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file", data)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("memory data: %w", err)
 	}
 	if fi.Size() != c.sum {
 		return fmt.Errorf("%s: %d bytes, the extents cover %d", data, fi.Size(), c.sum)
@@ -77,15 +78,13 @@ func checkMemory(dir string, l *Link) error {
 	return nil
 }
 
-func checkRegular(path string) error {
-	fi, err := os.Stat(path)
+// checkStateFile checks that path is a state file OpenLinkFile accepts.
+func checkStateFile(path string) error {
+	f, err := OpenLinkFile(path, MaxStateFile)
 	if err != nil {
 		return err
 	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file", path)
-	}
-	return nil
+	return f.Close()
 }
 
 // ValidateChain validates link dirs, oldest first, as one chain.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
 	"github.com/opencontainers/go-digest"
@@ -17,7 +16,7 @@ import (
 // the link was written or unpacked, while the bytes are in the page cache.
 func VerifyData(ctx context.Context, dir string, l *Link) error {
 	path := filepath.Join(dir, DataFile)
-	f, err := os.Open(path)
+	f, err := OpenLinkFile(path, l.MemoryBytes)
 	if err != nil {
 		return fmt.Errorf("verify memory data: %w", err)
 	}

@@ -159,25 +159,6 @@ func unknownKeys(e *toml.StrictMissingError) string {
 	return strings.Join(keys, ", ")
 }
 
-// Load reads the file at path. An empty path resolves as Resolve does.
-func Load(path string) (Config, error) {
-	if path == "" {
-		var ok bool
-		if path, ok = Resolve(""); !ok {
-			return Default(), nil
-		}
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, fmt.Errorf("read config: %w", err)
-	}
-	c, err := Parse(data)
-	if err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", path, err)
-	}
-	return c, nil
-}
-
 // Resolve picks the config file: explicit (runtime options ConfigPath), else
 // $COCOON_CONFIG, else DefaultPath if it exists. ok is false when none
 // applies and the built-in defaults should be used.

@@ -115,6 +115,10 @@ type RestoreRequest struct {
 	Disk string
 }
 
+// RootfsSerial is the serial of every snapshot's rootfs block slot: the
+// guest agent finds the disk RestoreRequest.Disk backs by it.
+const RootfsSerial = "cocoon-rootfs"
+
 // NIC is a tap device in the VM's network namespace. The tap is persistent (created with
 // TUNSETPERSIST, IFF_TAP|IFF_NO_PI, no vnet header) and owned by the caller, who deletes it.
 type NIC struct {

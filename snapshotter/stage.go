@@ -6,8 +6,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/containerd/continuity/fs"
-
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
@@ -41,7 +39,7 @@ func (s *Snapshotter) stageLinks(ctx context.Context, lc layerChain, dir string)
 				topDir, file, chain.StagedMemory, chain.StagedChain)
 		}
 		// A private copy: the shim patches these files for its VM.
-		if err := fs.CopyFile(filepath.Join(dir, file), filepath.Join(topDir, file)); err != nil {
+		if err := chain.CopyStateFile(filepath.Join(topDir, file), filepath.Join(dir, file)); err != nil {
 			return name, fmt.Errorf("copy state file %s: %w", file, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+	"time"
 )
 
 // command is one subcommand. run gets the flag set already parsed.
@@ -44,13 +45,49 @@ func run(args []string) int {
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer cancelOnSignal(cancel)()
 	if err := do(ctx, fs.Args()); err != nil {
 		fmt.Fprintf(os.Stderr, "cocoonctl %s: %v\n", c.name, err)
 		return 1
 	}
 	return 0
+}
+
+// stopGrace is how long a command may take to return once SIGINT or
+// SIGTERM cancelled its context (to stop what it started) before cocoonctl
+// exits anyway: a command stuck in a call that ignores its context must
+// not make the signal useless.
+var stopGrace = 10 * time.Second
+
+// cancelOnSignal cancels the command's context on the first SIGINT or
+// SIGTERM, restores their default action so that a second one kills at
+// once, and exits stopGrace later if the command has not returned. The
+// returned func, called when the command returns, ends the watch.
+func cancelOnSignal(cancel context.CancelFunc) (stop func()) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+			return
+		case sig := <-sigs:
+			signal.Reset(os.Interrupt, syscall.SIGTERM)
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(stopGrace):
+				fmt.Fprintf(os.Stderr, "cocoonctl: %v: the command did not stop within %v\n", sig, stopGrace)
+				os.Exit(128 + int(sig.(syscall.Signal)))
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(done)
+	}
 }
 
 func usage() {

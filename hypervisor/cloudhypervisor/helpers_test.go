@@ -15,12 +15,14 @@ func TestMain(m *testing.M) {
 }
 
 // testConfig is a config.json as Cloud Hypervisor writes it, with a field
-// this driver has never heard of.
+// this driver has never heard of (holding no string, so it is kept).
 const testConfig = `{"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":65536,"shared":false},` +
+	`"payload":{"kernel":"/old/vmlinux","cmdline":"console=ttyS0","initramfs":"/old/initrd"},` +
+	`"rng":{"src":"/dev/urandom","iommu":false},` +
 	`"serial":{"file":null,"mode":"Socket","socket":"/old/serial.sock"},` +
 	`"console":{"file":null,"mode":"Off","socket":null},` +
 	`"vsock":{"cid":3,"socket":"/old/vsock.sock","id":"_vsock0"},` +
-	`"future_device":{"path":"/keep/me","n":[1,2,3]}}`
+	`"future_device":{"on":true,"n":[1,2,3]}}`
 
 // stageChain writes a one-link Cloud Hypervisor chain and stages it as the
 // snapshotter would: memory, private state files and chain.json.

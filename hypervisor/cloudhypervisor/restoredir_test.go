@@ -8,7 +8,7 @@ import (
 )
 
 func TestPatchConfig(t *testing.T) {
-	out, err := patchConfig([]byte(testConfig), "/run/vm1")
+	out, err := patchConfig([]byte(testConfig), "/run/vm1", hostBackends{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,6 +21,7 @@ func TestPatchConfig(t *testing.T) {
 	}
 	want["vsock"].(map[string]any)["socket"] = "/run/vm1/vsock.sock"
 	want["serial"].(map[string]any)["socket"] = "/run/vm1/serial.sock"
+	want["payload"] = map[string]any{"kernel": nil, "cmdline": "console=ttyS0", "initramfs": nil}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("patched config\n got %v\nwant %v", got, want)
 	}
@@ -35,13 +36,13 @@ func TestPatchConfigErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := patchConfig([]byte(tt.in), "/run/vm1"); err == nil || !strings.Contains(err.Error(), tt.want) {
+			if _, err := patchConfig([]byte(tt.in), "/run/vm1", hostBackends{}); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("err = %v, want one containing %q", err, tt.want)
 			}
 		})
 	}
 	long := "/" + strings.Repeat("d", 120)
-	if _, err := patchConfig([]byte(testConfig), long); err == nil || !strings.Contains(err.Error(), "unix sockets allow") {
+	if _, err := patchConfig([]byte(testConfig), long, hostBackends{}); err == nil || !strings.Contains(err.Error(), "unix sockets allow") {
 		t.Errorf("long run dir: err = %v", err)
 	}
 }

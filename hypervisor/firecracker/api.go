@@ -36,7 +36,16 @@ func (e *APIError) Error() string {
 
 // call sends method path with body as JSON and expects a 2xx answer.
 func (c *apiClient) call(ctx context.Context, method, path string, body any) error {
-	err := c.rest.Do(ctx, method, path, body)
+	return apiError(method, path, c.rest.Do(ctx, method, path, body))
+}
+
+// get sends GET path and decodes the 2xx answer into out.
+func (c *apiClient) get(ctx context.Context, path string, out any) error {
+	return apiError("GET", path, c.rest.Get(ctx, path, out))
+}
+
+// apiError names the request in err, an *APIError for a non-2xx answer.
+func apiError(method, path string, err error) error {
 	var status *vmmapi.StatusError
 	switch {
 	case errors.As(err, &status):

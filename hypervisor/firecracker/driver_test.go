@@ -108,7 +108,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string,
 	if err := v.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"PUT snapshot/load", "PATCH vm", "PATCH vm", "PUT snapshot/create", "PATCH vm", "PUT actions"}
+	want := []string{"PUT snapshot/load", "GET vm/config", "PATCH vm", "PATCH vm", "PUT snapshot/create", "PATCH vm", "PUT actions"}
 	if got := apifake.Ops(t, record); !slices.Equal(got, want) {
 		t.Errorf("requests %v, want %v", got, want)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
@@ -28,10 +29,11 @@ type vsockOverride struct {
 
 // snapshotLoad is the PUT /snapshot/load body (SnapshotLoadParams).
 type snapshotLoad struct {
-	SnapshotPath  string         `json:"snapshot_path"`
-	MemBackend    memBackend     `json:"mem_backend"`
-	ResumeVM      bool           `json:"resume_vm"`
-	VsockOverride *vsockOverride `json:"vsock_override,omitempty"`
+	SnapshotPath     string            `json:"snapshot_path"`
+	MemBackend       memBackend        `json:"mem_backend"`
+	ResumeVM         bool              `json:"resume_vm"`
+	VsockOverride    *vsockOverride    `json:"vsock_override,omitempty"`
+	NetworkOverrides []networkOverride `json:"network_overrides,omitempty"`
 }
 
 // Restore spawns Firecracker and loads req.StagedDir into it, paused. On
@@ -116,17 +118,30 @@ func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreReq
 	return nil
 }
 
-// load loads the snapshot paused and, for copy restores, drops the name
-// of the private copy once Firecracker has mapped it (the staged memory is
-// the caller's, see hypervisor.ModeCopy).
+// load loads the snapshot paused, refuses it if its devices use host ends
+// this restore did not give (see checkRestored) and, for copy restores,
+// drops the name of the private copy once Firecracker has mapped it (the
+// staged memory is the caller's, see hypervisor.ModeCopy).
 func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend memBackend) error {
+	vmstate := v.staged.StatePath(vmstateFile)
+	// Firecracker reads it whole: it must be a bounded regular file.
+	f, err := chain.OpenLinkFile(vmstate, chain.MaxStateFile)
+	if err != nil {
+		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
+	}
+	f.Close()
+	host := hostBackends{Vsock: filepath.Join(v.RunDir, vsockSock)}
 	body := snapshotLoad{
-		SnapshotPath:  v.staged.StatePath(vmstateFile),
-		MemBackend:    backend,
-		VsockOverride: &vsockOverride{UDSPath: filepath.Join(v.RunDir, vsockSock)},
+		SnapshotPath:     vmstate,
+		MemBackend:       backend,
+		VsockOverride:    &vsockOverride{UDSPath: host.Vsock},
+		NetworkOverrides: host.overrides(),
 	}
 	begin := time.Now()
 	if err := v.api.call(ctx, "PUT", "snapshot/load", body); err != nil {
+		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
+	}
+	if err := v.checkRestored(ctx, host); err != nil {
 		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
 	}
 	req.Phase("load", time.Since(begin))

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
 // machineType is the only machine this driver builds: the RAM backend id
@@ -31,7 +33,7 @@ const (
 // its serial.
 const (
 	rootfsID     = "rootfs"
-	rootfsSerial = "cocoon-rootfs"
+	rootfsSerial = hypervisor.RootfsSerial
 )
 
 // memory is the guest RAM backend: a file QEMU maps shared (writes reach

@@ -2,10 +2,12 @@ package apifake
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 )
 
@@ -23,12 +25,13 @@ type FC struct {
 	// Exit is called when the guest has shut down.
 	Exit func()
 
-	mu    sync.Mutex
-	state string // "Not started" until loaded, then Running or Paused
-	dirty bool   // dirty page tracking on: Diff snapshots allowed
-	vmst  []byte
-	mem   *guestMemory
-	vsock net.Listener
+	mu     sync.Mutex
+	state  string // "Not started" until loaded, then Running or Paused
+	dirty  bool   // dirty page tracking on: Diff snapshots allowed
+	vmst   []byte
+	config fcDevices // what GET /vm/config reports
+	mem    *guestMemory
+	vsock  net.Listener
 }
 
 const fcFresh = "Not started"
@@ -58,6 +61,8 @@ func (f *FC) Handle(method, op string, body []byte) Response {
 		return Response{Status: http.StatusOK, Body: map[string]string{"firecracker_version": f.Version}}
 	case "PUT snapshot/load":
 		return f.load(body)
+	case "GET vm/config":
+		return Response{Status: http.StatusOK, Body: f.config}
 	case "PATCH vm":
 		return f.patchVM(body)
 	case "PUT snapshot/create":
@@ -80,6 +85,10 @@ type fcLoad struct {
 	VsockOverride *struct {
 		UDSPath string `json:"uds_path"`
 	} `json:"vsock_override"`
+	NetworkOverrides []struct {
+		IfaceID     string `json:"iface_id"`
+		HostDevName string `json:"host_dev_name"`
+	} `json:"network_overrides"`
 }
 
 func (f *FC) load(body []byte) Response {
@@ -120,16 +129,56 @@ func (f *FC) loadFiles(p fcLoad) error {
 	if err != nil {
 		return err
 	}
+	if f.config, err = restoredDevices(f.vmst, p); err != nil {
+		return err
+	}
 	if p.VsockOverride != nil {
 		f.vsock, err = ServeHybridVsock(p.VsockOverride.UDSPath)
 	}
 	return err
 }
 
-// fakeVMState is the fake's vmstate format: only what it needs to set up
-// guest memory the way Firecracker does from a real vmstate.
+// fakeVMState is the fake's vmstate format: what it needs to set up guest
+// memory the way Firecracker does from a real vmstate, and the devices a
+// real vmstate restores, with the host ends Firecracker opens on load.
 type fakeVMState struct {
 	MemoryBytes int `json:"memory_bytes"`
+	// Devices absent: the guest has one vsock device and nothing else.
+	Devices *fcDevices `json:"devices"`
+}
+
+// fcDevices is the device part of FullVmConfiguration, as GET /vm/config
+// reports a restored VM's devices.
+type fcDevices struct {
+	Drives []map[string]any `json:"drives,omitempty"`
+	Net    []map[string]any `json:"network-interfaces,omitempty"`
+	Pmem   []map[string]any `json:"pmem,omitempty"`
+	Vsock  map[string]any   `json:"vsock,omitempty"`
+}
+
+// restoredDevices applies the load's overrides to the devices vmstate
+// carries, failing as Firecracker does on an override that matches no
+// device. A vmstate that is not the fake's JSON restores a vsock device.
+func restoredDevices(vmstate []byte, p fcLoad) (fcDevices, error) {
+	var st fakeVMState
+	if json.Unmarshal(vmstate, &st) != nil || st.Devices == nil {
+		st.Devices = &fcDevices{Vsock: map[string]any{"guest_cid": 3, "uds_path": ""}}
+	}
+	d := *st.Devices
+	for _, o := range p.NetworkOverrides {
+		i := slices.IndexFunc(d.Net, func(n map[string]any) bool { return n["iface_id"] == o.IfaceID })
+		if i < 0 {
+			return fcDevices{}, fmt.Errorf("unknown network device %q", o.IfaceID)
+		}
+		d.Net[i]["host_dev_name"] = o.HostDevName
+	}
+	if p.VsockOverride != nil {
+		if d.Vsock == nil {
+			return fcDevices{}, errors.New("unknown vsock device")
+		}
+		d.Vsock["uds_path"] = p.VsockOverride.UDSPath
+	}
+	return d, nil
 }
 
 // uffdBackend registers guest memory of the size the vmstate names with

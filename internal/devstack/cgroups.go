@@ -5,18 +5,32 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
-// absentNamespaceCgroups lists the cgroup dirs of namespace ns, in every
+// absentCgroups lists the top-level cgroup dirs called name, in every
 // cgroup hierarchy, that do not exist yet. containerd's default spec puts
-// a task's cgroup at /<namespace>/<id>; the shims remove the task's but
-// leave the namespace's, which the stack removes on Close if it was not
-// there before the stack started.
-func absentNamespaceCgroups(ns string) []string {
-	if ns == "" || ns == "." || ns == ".." || filepath.Base(ns) != ns {
+// a task's cgroup at /<namespace>/<id>, a CRI stack's pods use
+// CgroupParent; the shims and runc remove the tasks' cgroups but leave
+// these parents, which the stack removes on Close if they were not there
+// before it started.
+func absentCgroups(name string) []string {
+	var dirs []string
+	for _, dir := range hierarchyDirs(name) {
+		if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+			dirs = append(dirs, dir)
+		}
+	}
+	return dirs
+}
+
+// hierarchyDirs is the top-level cgroup dir name in every cgroup hierarchy;
+// nil unless name is one path element.
+func hierarchyDirs(name string) []string {
+	if name == "" || name == "." || name == ".." || filepath.Base(name) != name {
 		return nil
 	}
 	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
@@ -24,14 +38,8 @@ func absentNamespaceCgroups(ns string) []string {
 		return nil
 	}
 	var dirs []string
-	seen := map[string]bool{}
 	for _, m := range mounts {
-		dir := filepath.Join(m.Mountpoint, ns)
-		if seen[dir] {
-			continue
-		}
-		seen[dir] = true
-		if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		if dir := filepath.Join(m.Mountpoint, name); !slices.Contains(dirs, dir) {
 			dirs = append(dirs, dir)
 		}
 	}

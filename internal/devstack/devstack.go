@@ -1,9 +1,12 @@
 // Package devstack starts a private containerd v2.4.2 with cocoon-snapshotter
 // registered as the proxy snapshotter "cocoon" and the cocoon shim on PATH,
-// for the demo, the benchmark and the end-to-end tests. Everything lives
-// under one short temp dir; Close stops only the processes it started (and
-// the shims and VMs they started, found by that dir) and removes every
-// mount, socket and file it made.
+// for the demo, the benchmark and the end-to-end tests; with Options.CRI
+// also its CRI plugin (runc and cocoon runtime handlers, CNI), running
+// inside a network namespace the caller made, driven by crictl. Everything
+// lives under one short temp dir; Close stops only the processes it started
+// (and the shims, VMs and pods they started, found by that dir and the
+// cgroup parent named after it) and removes every mount, socket and file
+// it made.
 //
 //	s, err := devstack.Start(ctx, devstack.Options{BinDir: "bin"})
 //	if err != nil { ... }
@@ -60,6 +63,9 @@ type Options struct {
 	Env []string
 	// LogLevel of containerd and the snapshotter; "debug" when empty.
 	LogLevel string
+	// CRI, when set, enables containerd's CRI plugin and runs containerd
+	// inside CRI.NetNS; Namespace then defaults to CRINamespace.
+	CRI *CRI
 }
 
 // Stack is a running private containerd and cocoon-snapshotter.
@@ -74,7 +80,14 @@ type Stack struct {
 	RunDir             string // the shims' [shim] run_dir
 	Namespace          string
 	BinDir             string
+	// CgroupParent is the cgroup a CRI pod's config names as its
+	// linux.cgroup_parent ("/" + the dir's name): the stack claims it and
+	// removes it, and finds what is left in it.
+	CgroupParent string
+	// PodLogDir is a dir for the CRI pods' logs (log_directory).
+	PodLogDir string
 
+	cri    *CRI
 	procs  []*proc
 	client *client.Client
 	// cgroups are the namespace's cgroup dirs that did not exist when
@@ -88,13 +101,11 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.BinDir == "" {
 		return nil, errors.New("start devstack: no bin dir: want the directory make build fills")
 	}
+	if err := checkBinaries(opts); err != nil {
+		return nil, err
+	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("start devstack: containerd and its snapshot mounts need root: run as root")
-	}
-	for _, name := range []string{"containerd", "ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
-		if _, err := os.Stat(filepath.Join(opts.BinDir, name)); err != nil {
-			return nil, fmt.Errorf("start devstack: %s missing in %s (make build): %w", name, opts.BinDir, err)
-		}
 	}
 	dir, err := os.MkdirTemp("/tmp", dirPrefix)
 	if err != nil {
@@ -107,9 +118,31 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	return st, nil
 }
 
+// checkBinaries checks that the stack's binaries are built and, for CRI,
+// that its options are complete.
+func checkBinaries(opts Options) error {
+	names := []string{"containerd", "ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"}
+	if opts.CRI != nil {
+		if err := opts.CRI.validate(); err != nil {
+			return fmt.Errorf("start devstack: %w", err)
+		}
+		names = append(names, "crictl", "containerd-shim-runc-v2")
+	}
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(opts.BinDir, name)); err != nil {
+			return fmt.Errorf("start devstack: %s missing in %s (make build): %w", name, opts.BinDir, err)
+		}
+	}
+	return nil
+}
+
 func newStack(dir string, opts Options) *Stack {
 	ns := opts.Namespace
-	if ns == "" {
+	switch {
+	case ns != "":
+	case opts.CRI != nil:
+		ns = CRINamespace
+	default:
 		ns = DefaultNamespace
 	}
 	bin, _ := filepath.Abs(opts.BinDir)
@@ -125,7 +158,10 @@ func newStack(dir string, opts Options) *Stack {
 		RunDir:             filepath.Join(dir, "run"),
 		Namespace:          ns,
 		BinDir:             bin,
-		cgroups:            absentNamespaceCgroups(ns),
+		CgroupParent:       "/" + filepath.Base(dir),
+		PodLogDir:          filepath.Join(dir, "pods"),
+		cri:                opts.CRI,
+		cgroups:            absentCgroups(ns),
 	}
 }
 
@@ -140,7 +176,7 @@ func (s *Stack) start(ctx context.Context, opts Options) error {
 	if err := s.writeCocoonConfig(opts.Config); err != nil {
 		return err
 	}
-	sn, err := s.spawn("cocoon-snapshotter", nil, "--config", s.ConfigPath, "--root", s.SnapshotterRoot,
+	sn, err := s.spawn("cocoon-snapshotter", nil, nil, "--config", s.ConfigPath, "--root", s.SnapshotterRoot,
 		"--address", s.SnapshotterAddress, "--log-level", level)
 	if err != nil {
 		return err
@@ -156,11 +192,23 @@ func (s *Stack) start(ctx context.Context, opts Options) error {
 		"PATH=" + s.BinDir + ":" + os.Getenv("PATH"),
 		config.EnvPath + "=" + s.ConfigPath,
 	}, opts.Env...)
-	ctrd, err := s.spawn("containerd", env, "--config", ctrdCfg)
+	var wrap []string
+	if s.cri != nil {
+		// Not ip netns exec: its private mount namespace would hide the
+		// snapshotter's mounts from containerd and containerd's from us.
+		wrap = []string{"nsenter", "--net=" + s.cri.NetNS, "--"}
+	}
+	ctrd, err := s.spawn("containerd", wrap, env, "--config", ctrdCfg)
 	if err != nil {
 		return err
 	}
-	return s.waitContainerd(ctx, ctrd)
+	if err := s.waitContainerd(ctx, ctrd); err != nil {
+		return err
+	}
+	if s.cri != nil {
+		return s.startCRI(ctx)
+	}
+	return nil
 }
 
 // waitContainerd waits until containerd p serves.
@@ -221,6 +269,9 @@ func (s *Stack) writeCocoonConfig(c *config.Config) error {
 const containerdConfigTemplate = `version = 3
 root = "{{.Root}}"
 state = "{{.State}}"
+{{- if .CRIEnabled}}
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+{{- else}}
 disabled_plugins = [
   "io.containerd.grpc.v1.cri",
   "io.containerd.cri.v1.images",
@@ -228,6 +279,7 @@ disabled_plugins = [
   "io.containerd.podsandbox.controller.v1.podsandbox",
   "io.containerd.nri.v1.nri",
 ]
+{{- end}}
 
 [debug]
   level = "{{.Level}}"
@@ -251,7 +303,12 @@ disabled_plugins = [
   schedule_delay = "0ms"
 
 [plugins."io.containerd.transfer.v1.local"]
-  unpack_config = [{ platform = "linux/amd64", snapshotter = "{{.Snapshotter}}" }]
+  unpack_config = [
+    { platform = "linux/amd64", snapshotter = "{{.Snapshotter}}" },
+{{- if .CRIEnabled}}
+    { platform = "linux/amd64", snapshotter = "{{.Overlayfs}}" },
+{{- end}}
+  ]
 
 [proxy_plugins.{{.Snapshotter}}]
   type = "snapshot"
@@ -263,10 +320,18 @@ func (s *Stack) containerdConfig(extra, level string) (string, error) {
 	var b strings.Builder
 	data := struct {
 		*Stack
-		Level, Snapshotter string
-	}{s, level, Snapshotter}
+		Level, Snapshotter, Overlayfs string
+		CRIEnabled                    bool
+	}{s, level, Snapshotter, Overlayfs, s.cri != nil}
 	if err := template.Must(template.New("config").Parse(containerdConfigTemplate)).Execute(&b, data); err != nil {
 		return "", fmt.Errorf("render containerd config: %w", err)
+	}
+	if s.cri != nil {
+		cri, err := s.criConfig()
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(cri)
 	}
 	b.WriteString("\n" + extra)
 	path := filepath.Join(s.Dir, "containerd.toml")

@@ -135,11 +135,11 @@ func TestNamespaceCgroups(t *testing.T) {
 		}
 	})
 	for _, bad := range []string{"", "..", "a/b"} {
-		if got := absentNamespaceCgroups(bad); got != nil {
+		if got := absentCgroups(bad); got != nil {
 			t.Errorf("namespace %q claims cgroup dirs %v", bad, got)
 		}
 	}
-	claimed := absentNamespaceCgroups(ns)
+	claimed := absentCgroups(ns)
 	if len(claimed) == 0 {
 		t.Fatal("no cgroup hierarchy is mounted to test with")
 	}
@@ -153,7 +153,7 @@ func TestNamespaceCgroups(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(busy, "busy"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if got := absentNamespaceCgroups(ns); len(got) != 0 {
+	if got := absentCgroups(ns); len(got) != 0 {
 		t.Fatalf("existing namespace dirs claimed: %v", got)
 	}
 	if err := removeEmptyCgroups(claimed); err != nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ const serveTimeout = 30 * time.Second
 // proc is one daemon the stack started.
 type proc struct {
 	name string
+	wrap []string // a command that runs bin/name, such as nsenter
 	env  []string // added to this process's environment
 	args []string
 	cmd  *exec.Cmd
@@ -25,9 +27,10 @@ type proc struct {
 	done chan struct{}
 }
 
-// spawn starts bin/name and adds it to the stack's daemons.
-func (s *Stack) spawn(name string, env []string, args ...string) (*proc, error) {
-	p := &proc{name: name, env: env, args: args, log: filepath.Join(s.Dir, name+".log")}
+// spawn starts bin/name, through wrap if given (its args end with "--"),
+// and adds it to the stack's daemons.
+func (s *Stack) spawn(name string, wrap, env []string, args ...string) (*proc, error) {
+	p := &proc{name: name, wrap: wrap, env: env, args: args, log: filepath.Join(s.Dir, name+".log")}
 	if err := s.run(p); err != nil {
 		return nil, err
 	}
@@ -44,7 +47,8 @@ func (s *Stack) run(p *proc) error {
 		return fmt.Errorf("open %s log: %w", p.name, err)
 	}
 	defer f.Close()
-	cmd := exec.Command(filepath.Join(s.BinDir, p.name), p.args...)
+	argv := append(append(slices.Clone(p.wrap), filepath.Join(s.BinDir, p.name)), p.args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -37,6 +37,9 @@ func (s *Stack) Close() error {
 	}
 	var errs []error
 	if _, err := os.Stat(s.Address); err == nil && len(s.procs) > 0 {
+		if s.cri != nil {
+			errs = append(errs, s.removePods())
+		}
 		errs = append(errs, deleteContainers(s.Address))
 	}
 	if s.client != nil {
@@ -68,14 +71,14 @@ func Destroy(dir string) error {
 }
 
 // sweep kills what still refers to dir, unmounts everything under it and
-// removes it.
+// removes it, and removes the CRI pods' cgroup parent named after it.
 func sweep(dir string) error {
 	killAll(processesUsing(dir))
 	err := unmountAll(dir)
 	if rerr := os.RemoveAll(dir); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("remove %s: %w", dir, rerr))
 	}
-	return err
+	return errors.Join(err, removeEmptyCgroups(hierarchyDirs(filepath.Base(dir))))
 }
 
 // deleteContainers deletes every task and container of the containerd at
@@ -158,8 +161,9 @@ func waitGone(pids []int, d time.Duration) {
 }
 
 // processesUsing lists the other processes whose command line or working
-// dir names dir or a path below it. dir is a fresh temp dir, so these can
-// only be the stack's daemons, shims (re-parented to PID 1) and VMs.
+// dir names dir or a path below it, or that sit in the stack's cgroup
+// parent (a CRI pod's processes). dir is a fresh temp dir, so these can
+// only be the stack's daemons, shims (re-parented to PID 1), VMs and pods.
 func processesUsing(dir string) []int {
 	var pids []int
 	des, _ := os.ReadDir("/proc")
@@ -168,20 +172,42 @@ func processesUsing(dir string) []int {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", de.Name(), "cmdline"))
-		cwd, _ := os.Readlink(filepath.Join("/proc", de.Name(), "cwd"))
-		for _, s := range append(strings.Split(string(cmdline), "\x00"), cwd) {
-			if s == dir || strings.Contains(s, dir+"/") {
-				pids = append(pids, pid)
-				break
-			}
+		if refersTo(de.Name(), dir) || inCgroup(de.Name(), "/"+filepath.Base(dir)) {
+			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
 
+// refersTo reports whether process pid's command line or cwd names dir.
+func refersTo(pid, dir string) bool {
+	cmdline, _ := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+	cwd, _ := os.Readlink(filepath.Join("/proc", pid, "cwd"))
+	for _, s := range append(strings.Split(string(cmdline), "\x00"), cwd) {
+		if s == dir || strings.Contains(s, dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// inCgroup reports whether process pid is in cgroup parent or below it,
+// in any hierarchy.
+func inCgroup(pid, parent string) bool {
+	data, _ := os.ReadFile(filepath.Join("/proc", pid, "cgroup"))
+	for _, line := range strings.Split(string(data), "\n") {
+		// hierarchy-ID:controllers:path
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && (parts[2] == parent || strings.HasPrefix(parts[2], parent+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
 // Leftovers describes what a torn-down stack left behind in dir (its Dir
-// before Close): processes, mounts or the dir itself. Empty means clean.
+// before Close): processes, mounts, its cgroup parent or the dir itself.
+// Empty means clean.
 func Leftovers(dir string) []string {
 	var out []string
 	for _, pid := range processesUsing(dir) {
@@ -190,6 +216,11 @@ func Leftovers(dir string) []string {
 	}
 	for _, mp := range mountsUnder(dir) {
 		out = append(out, "mount "+mp)
+	}
+	for _, cg := range hierarchyDirs(filepath.Base(dir)) {
+		if _, err := os.Lstat(cg); err == nil {
+			out = append(out, "cgroup "+cg)
+		}
 	}
 	if _, err := os.Lstat(dir); err == nil {
 		out = append(out, "dir "+dir)

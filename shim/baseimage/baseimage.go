@@ -86,7 +86,7 @@ func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotte
 		return nil, fmt.Errorf("stage base image %s in snapshotter %s: %w", image, snapshotter, err)
 	}
 	if b.Dir, err = bindSource(mounts); err != nil {
-		return nil, fmt.Errorf("base image %s: %w", image, err)
+		return nil, fmt.Errorf("base image %s is not a cocoon snapshot image (its layers must be chain links): %w", image, err)
 	}
 	if _, err := chain.OpenStaged(b.Dir); err != nil {
 		return nil, fmt.Errorf("base image %s is not a cocoon snapshot image (its layers must be chain links): %w: %w", image, err, errdefs.ErrInvalidArgument)
@@ -121,7 +121,7 @@ func baseChainID(ctx context.Context, client *containerd.Client, snapshotter, re
 // bindSource is the directory a staged chain's single bind mount shows.
 func bindSource(mounts []mount.Mount) (string, error) {
 	if len(mounts) != 1 || (mounts[0].Type != "bind" && mounts[0].Type != "rbind") {
-		return "", fmt.Errorf("snapshot mounts %v are not a staged chain (one bind mount): %w", mounts, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("its snapshot mounts as %d %s mount(s), not as a staged chain (one bind mount): %w", len(mounts), mountType(mounts), errdefs.ErrInvalidArgument)
 	}
 	return mounts[0].Source, nil
 }
@@ -133,6 +133,13 @@ func (b *Snapshot) Record() *state.Base {
 
 // Key is the snapshot key and lease id of task id's base snapshot.
 func Key(id string) string { return leasePrefix + id }
+
+func mountType(mounts []mount.Mount) string {
+	if len(mounts) == 0 {
+		return "no"
+	}
+	return mounts[0].Type
+}
 
 // Release removes the base snapshot and its lease; it is idempotent.
 func (b *Snapshot) Release() error {

@@ -29,13 +29,16 @@ import (
 // Name is the runtime name containerd knows this shim by.
 const Name = "io.containerd.cocoon.v2"
 
-// GroupLabels are the annotations that put several tasks into one shim
-// process (each still gets its own VM), first match wins: a Kubernetes pod's
-// containers share the shim of their sandbox, as with runc.
-var GroupLabels = []string{
-	"io.cocoon.group",
-	"io.kubernetes.cri.sandbox-id",
-}
+// Annotations that put several tasks into one shim process (each task
+// still gets its own VM); see groupOf for the rule.
+const (
+	// AnnotationSandboxID is set by containerd's CRI plugin on a pod's
+	// sandbox and on each of its containers.
+	AnnotationSandboxID = "io.kubernetes.cri.sandbox-id"
+	// AnnotationGroup groups tasks that are not in a pod (ctr, nerdctl,
+	// the containerd client).
+	AnnotationGroup = "io.cocoon.group"
+)
 
 // Manager implements shim.Shim for cocoon.
 type Manager struct {
@@ -123,8 +126,17 @@ func serverCommand(ctx context.Context, id, containerdAddress string, debugLog b
 	return cmd, nil
 }
 
-// groupOf returns the shim group of task id: the first GroupLabels
-// annotation in the bundle's OCI spec, else the id itself.
+// groupOf returns the shim group of task id, from the annotations of its
+// bundle's OCI spec:
+//
+//   - a pod's sandbox and containers share one shim, as with runc: the CRI
+//     sandbox ID decides, and io.cocoon.group is ignored, so no annotation a
+//     pod may carry (runtimes pass pod annotations through) can put its
+//     container into another pod's shim;
+//   - other tasks with io.cocoon.group share the shim of that group, in a
+//     name space of its own ("group:" + name: IDs cannot hold a colon), so a
+//     group can be neither a pod nor another task;
+//   - any other task has a shim of its own.
 func groupOf(id, specPath string) (string, error) {
 	data, err := os.ReadFile(specPath)
 	if err != nil {
@@ -136,10 +148,11 @@ func groupOf(id, specPath string) (string, error) {
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return "", fmt.Errorf("decode bundle spec %s: %w", specPath, err)
 	}
-	for _, label := range GroupLabels {
-		if g := spec.Annotations[label]; g != "" {
-			return g, nil
-		}
+	if sandbox := spec.Annotations[AnnotationSandboxID]; sandbox != "" {
+		return sandbox, nil
+	}
+	if g := spec.Annotations[AnnotationGroup]; g != "" {
+		return "group:" + g, nil
 	}
 	return id, nil
 }

@@ -83,9 +83,12 @@ func TestGroupOf(t *testing.T) {
 		want        string
 	}{
 		{"no annotations", nil, "t1"},
-		{"pod sandbox", map[string]string{"io.kubernetes.cri.sandbox-id": "pod1"}, "pod1"},
-		{"cocoon group wins", map[string]string{"io.kubernetes.cri.sandbox-id": "pod1", "io.cocoon.group": "g"}, "g"},
-		{"empty value ignored", map[string]string{"io.cocoon.group": ""}, "t1"},
+		{"pod sandbox", map[string]string{AnnotationSandboxID: "pod1"}, "pod1"},
+		{"sandbox wins over a group", map[string]string{AnnotationSandboxID: "pod1", AnnotationGroup: "g"}, "pod1"},
+		{"group outside a pod", map[string]string{AnnotationGroup: "g"}, "group:g"},
+		{"group named like a pod", map[string]string{AnnotationGroup: "pod1"}, "group:pod1"},
+		{"empty value ignored", map[string]string{AnnotationGroup: ""}, "t1"},
+		{"empty sandbox ignored", map[string]string{AnnotationSandboxID: "", AnnotationGroup: "g"}, "group:g"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,7 +124,7 @@ func TestStartGroups(t *testing.T) {
 		if err := os.Mkdir(bundle, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		writeSpec(t, bundle, map[string]string{"io.kubernetes.cri.sandbox-id": "pod"})
+		writeSpec(t, bundle, map[string]string{AnnotationSandboxID: "pod"})
 		t.Chdir(bundle)
 		res, err := m.Start(ctx, &bootapi.BootstrapParams{
 			InstanceID: id, ContainerdGrpcAddress: "/run/test.sock", SocketDir: &socketDir,
@@ -143,6 +146,64 @@ func TestStartGroups(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "c2", "server.pid")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("second task of the group spawned its own server (stat: %v)", err)
+	}
+}
+
+// TestStartIsolatesPods starts tasks of two pods and tasks outside pods
+// through Start: a pod's containers share its shim whatever io.cocoon.group
+// they carry, and no group annotation reaches another pod's shim or
+// another task's.
+func TestStartIsolatesPods(t *testing.T) {
+	t.Setenv(fakeServerEnv, "1")
+	socketDir, err := os.MkdirTemp("/tmp", "cocoon-mgr-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(socketDir) })
+	root := t.TempDir()
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	m := New(Name)
+	tasks := []struct {
+		id          string
+		annotations map[string]string
+		shim        string // tasks with the same letter must share a shim
+	}{
+		{"podA", map[string]string{AnnotationSandboxID: "podA"}, "A"},
+		{"a1", map[string]string{AnnotationSandboxID: "podA", AnnotationGroup: "shared"}, "A"},
+		{"podB", map[string]string{AnnotationSandboxID: "podB"}, "B"},
+		{"b1", map[string]string{AnnotationSandboxID: "podB", AnnotationGroup: "podA"}, "B"},
+		{"b2", map[string]string{AnnotationSandboxID: "podB", AnnotationGroup: "shared"}, "B"},
+		{"t1", map[string]string{AnnotationGroup: "podA"}, "G"},
+		{"t2", map[string]string{AnnotationGroup: "podA"}, "G"},
+		{"t3", map[string]string{AnnotationGroup: "t4"}, "H"},
+		{"t4", nil, "T"},
+	}
+	addrs := map[string]string{} // shim letter -> address
+	seen := map[string]string{}  // address -> shim letter
+	for _, task := range tasks {
+		bundle := filepath.Join(root, task.id)
+		if err := os.Mkdir(bundle, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeSpec(t, bundle, task.annotations)
+		t.Chdir(bundle)
+		res, err := m.Start(ctx, &bootapi.BootstrapParams{
+			InstanceID: task.id, ContainerdGrpcAddress: "/run/test.sock", SocketDir: &socketDir,
+			LogLevel: bootapi.LogLevel_LOG_LEVEL_INFO,
+		})
+		if err != nil {
+			t.Fatalf("Start(%s): %v", task.id, err)
+		}
+		if other, ok := seen[res.Address]; ok && other != task.shim {
+			t.Errorf("task %s (shim %s) joined the shim of %s", task.id, task.shim, other)
+		}
+		if want, ok := addrs[task.shim]; ok && want != res.Address {
+			t.Errorf("task %s did not join shim %s", task.id, task.shim)
+		}
+		if _, ok := seen[res.Address]; !ok {
+			stopFakeServer(t, bundle)
+		}
+		addrs[task.shim], seen[res.Address] = res.Address, task.shim
 	}
 }
 

@@ -193,7 +193,7 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 			return LaunchRequest{}, err
 		}
 	}
-	configPath, err := configPathOf(r)
+	configPath, configBody, err := configOf(r)
 	if err != nil {
 		return LaunchRequest{}, err
 	}
@@ -203,7 +203,7 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 	}
 	return LaunchRequest{
 		ID: r.ID, Namespace: ns, Bundle: r.Bundle, Spec: spec,
-		StagedDir: staged, Rootfs: image, ConfigPath: configPath, Hostname: hostname,
+		StagedDir: staged, Rootfs: image, ConfigPath: configPath, ConfigBody: configBody, Hostname: hostname,
 	}, nil
 }
 
@@ -245,20 +245,26 @@ func isBind(m *types.Mount) bool {
 	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }
 
-// configPathOf reads ConfigPath from the runtime options
-// (io.containerd.runtime.v1.Options, what ctr --runtime-config-path and a
-// CRI runtime class send).
-func configPathOf(r *taskAPI.CreateTaskRequest) (string, error) {
+// configOf reads the runtime options (io.containerd.runtime.v1.Options,
+// what ctr --runtime-config-path and a CRI runtime class send): a config
+// file's path, or the config inline. containerd's CRI plugin sends a
+// handler's options table as ConfigBody when it has no ConfigPath, so
+// `options = { restore = { mode = "copy" } }` is a config of its own, and
+// a mistyped key fails like one in a file.
+func configOf(r *taskAPI.CreateTaskRequest) (path, body string, err error) {
 	if r.Options == nil || len(r.Options.GetValue()) == 0 {
-		return "", nil
+		return "", "", nil
 	}
 	v, err := typeurl.UnmarshalAny(r.Options)
 	if err != nil {
-		return "", fmt.Errorf("decode runtime options: %w: %w", err, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("decode runtime options: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	opts, ok := v.(*runtimeoptions.Options)
 	if !ok {
-		return "", fmt.Errorf("runtime options are %T, want io.containerd.runtime.v1.Options: %w", v, errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("runtime options are %T, want io.containerd.runtime.v1.Options: %w", v, errdefs.ErrInvalidArgument)
 	}
-	return opts.ConfigPath, nil
+	if opts.ConfigPath != "" && opts.ConfigBody != nil {
+		return "", "", fmt.Errorf("runtime options set both ConfigPath and a config body: want one: %w", errdefs.ErrInvalidArgument)
+	}
+	return opts.ConfigPath, string(opts.ConfigBody), nil
 }

@@ -64,30 +64,32 @@ func TestRootfsOf(t *testing.T) {
 	}
 }
 
-func TestConfigPathOf(t *testing.T) {
-	good, err := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: "/etc/c.toml"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runc, err := typeurl.MarshalAnyToProto(&options.Options{BinaryName: "runc"})
-	if err != nil {
-		t.Fatal(err)
+func TestConfigOf(t *testing.T) {
+	anyOf := func(m any) *taskAPI.CreateTaskRequest {
+		a, err := typeurl.MarshalAnyToProto(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &taskAPI.CreateTaskRequest{Options: a}
 	}
 	tests := []struct {
-		name    string
-		req     *taskAPI.CreateTaskRequest
-		want    string
-		wantErr bool
+		name     string
+		req      *taskAPI.CreateTaskRequest
+		wantPath string
+		wantBody string
+		wantErr  bool
 	}{
-		{"none", &taskAPI.CreateTaskRequest{}, "", false},
-		{"runtime options", &taskAPI.CreateTaskRequest{Options: good}, "/etc/c.toml", false},
-		{"runc options", &taskAPI.CreateTaskRequest{Options: runc}, "", true},
+		{"none", &taskAPI.CreateTaskRequest{}, "", "", false},
+		{"config path", anyOf(&runtimeoptions.Options{ConfigPath: "/etc/c.toml"}), "/etc/c.toml", "", false},
+		{"inline body (a CRI handler's options table)", anyOf(&runtimeoptions.Options{ConfigBody: []byte("[restore]\nmode = \"copy\"\n")}), "", "[restore]\nmode = \"copy\"\n", false},
+		{"both", anyOf(&runtimeoptions.Options{ConfigPath: "/etc/c.toml", ConfigBody: []byte("x = 1")}), "", "", true},
+		{"runc options", anyOf(&options.Options{BinaryName: "runc"}), "", "", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := configPathOf(tt.req)
-			if (err != nil) != tt.wantErr || got != tt.want {
-				t.Fatalf("configPathOf = %q, %v; want %q, error %v", got, err, tt.want, tt.wantErr)
+			path, body, err := configOf(tt.req)
+			if (err != nil) != tt.wantErr || path != tt.wantPath || body != tt.wantBody {
+				t.Fatalf("configOf = %q, %q, %v; want %q, %q, error %v", path, body, err, tt.wantPath, tt.wantBody, tt.wantErr)
 			}
 		})
 	}

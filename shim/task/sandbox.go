@@ -125,8 +125,10 @@ type LaunchRequest struct {
 	Rootfs *chain.StagedRootfs
 	// Containerd is containerd's gRPC address, for staging a base image.
 	Containerd string
-	// ConfigPath is the runtime options' config file, if any.
+	// ConfigPath is the runtime options' config file, if any; ConfigBody
+	// their inline config, if any (never both).
 	ConfigPath string
+	ConfigBody string
 	Hostname   string
 	// Spawned, when set, is called once the hypervisor process exists,
 	// before the guest is brought up, so the service can record the VM

@@ -131,6 +131,16 @@ func TestLaunchMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestLaunchInlineConfig: a CRI handler's options table arrives as the
+// config body; a key it does not know fails the launch naming it.
+func TestLaunchInlineConfig(t *testing.T) {
+	l, d := newLauncher(t)
+	_, err := l.Launch(context.Background(), task.LaunchRequest{ID: "t1", StagedDir: stageChain(t), ConfigBody: "NoSuchOption = true\n"})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "NoSuchOption") || len(d.restores) != 0 {
+		t.Fatalf("Launch with an unknown inline option: %v after %d restores, want an invalid argument naming it and no restore", err, len(d.restores))
+	}
+}
+
 func TestLaunchBadConfig(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(path, []byte("[restore]\nmood = \"happy\"\n"), 0o600); err != nil {

@@ -23,8 +23,12 @@ import (
 // VMM that never answers a request must not hang the caller.
 const callTimeout = 2 * time.Minute
 
-// maxErrorBody bounds how much of an error response is read.
-const maxErrorBody = 4096
+// Bounds on how much of a response is read: an error's start, and a whole
+// answer Get decodes.
+const (
+	maxErrorBody = 4096
+	maxResponse  = 1 << 20
+)
 
 // Client sends requests to the API on one unix socket.
 type Client struct {
@@ -62,31 +66,65 @@ func (e *StatusError) Error() string {
 func (c *Client) Do(ctx context.Context, method, path string, body any) error {
 	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, callTimeout)
 	defer cancel()
+	resp, err := c.send(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// Get sends GET path and decodes the 2xx JSON answer, at most 1 MiB, into
+// out; errors are as Do's.
+func (c *Client) Get(ctx context.Context, path string, out any) error {
+	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := c.send(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+	if err != nil {
+		return fmt.Errorf("read response: %w", transportError(err))
+	}
+	if len(b) > maxResponse {
+		return fmt.Errorf("response larger than %d bytes", maxResponse)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("decode response: %w", err)
+	}
+	return nil
+}
+
+// send sends the request and returns a 2xx response for the caller to
+// read and close; any other answer is a *StatusError.
+func (c *Client) send(ctx context.Context, method, path string, body any) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return fmt.Errorf("encode request: %w", err)
+			return nil, fmt.Errorf("encode request: %w", err)
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return fmt.Errorf("build request: %w", err)
+		return nil, fmt.Errorf("build request: %w", err)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return transportError(err)
+		return nil, transportError(err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 == 2 {
-		return nil
-	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	return &StatusError{Status: resp.StatusCode, Body: msg}
+	return nil, &StatusError{Status: resp.StatusCode, Body: msg}
 }
 
 // transportError drops the *url.Error wrapping, which only repeats the

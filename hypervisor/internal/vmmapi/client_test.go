@@ -94,3 +94,37 @@ func TestDoTransportErrors(t *testing.T) {
 		t.Errorf("unencodable body: err = %v", err)
 	}
 }
+
+func TestGet(t *testing.T) {
+	tests := []struct {
+		name    string
+		status  int
+		answer  string
+		want    int
+		wantErr string
+	}{
+		{"decoded", 200, `{"n":7}`, 7, ""},
+		{"refused", 404, "no such thing", 0, "status 404: no such thing"},
+		{"not json", 200, "{", 0, "decode response"},
+		{"too large", 200, `{"n":7,"pad":"` + strings.Repeat("x", maxResponse) + `"}`, 0, "larger than"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sock, got := serve(t, tt.status, tt.answer)
+			var out struct{ N int }
+			err := New(sock, "http://localhost/").Get(context.Background(), "vm/config", &out)
+			if r := <-got; r.method != "GET" || r.path != "/vm/config" {
+				t.Errorf("server saw %+v", r)
+			}
+			if tt.wantErr == "" {
+				if err != nil || out.N != tt.want {
+					t.Fatalf("Get = %+v, %v", out, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Get error %v, want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}

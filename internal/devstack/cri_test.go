@@ -1,0 +1,99 @@
+package devstack
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// TestContainerdConfigCRI renders a CRI stack's containerd config and reads
+// it back as containerd would: the CRI plugins are enabled, both
+// snapshotters unpack imports, the sandbox image is pinned and every
+// handler has its runtime type, snapshotter, annotations and options.
+func TestContainerdConfigCRI(t *testing.T) {
+	dir := t.TempDir()
+	s := newStack(dir, Options{BinDir: dir, CRI: &CRI{
+		NetNS: "/var/run/netns/x", CNIBinDir: "/cni/bin", CNIConfDir: "/cni/net.d",
+		SandboxArchive: "/a.tar", SandboxImage: "localhost/p/pause:1",
+		Handlers: []Handler{{Name: "odd-name", RuntimeType: Runtime, Options: map[string]any{"Flag": true, "Quote": `a"b`}}},
+	}})
+	path, err := s.containerdConfig("", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Disabled []string       `toml:"disabled_plugins"`
+		Plugins  map[string]any `toml:"plugins"`
+	}
+	if err := toml.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("config does not parse: %v\n%s", err, data)
+	}
+	if strings.Join(cfg.Disabled, ",") != "io.containerd.nri.v1.nri" {
+		t.Errorf("disabled plugins %v, want only NRI", cfg.Disabled)
+	}
+	get := func(keys ...string) any {
+		var v any = cfg.Plugins
+		for _, k := range keys {
+			m, ok := v.(map[string]any)
+			if !ok {
+				return nil
+			}
+			v = m[k]
+		}
+		return v
+	}
+	runtimes := []string{"io.containerd.cri.v1.runtime", "containerd", "runtimes"}
+	for _, tc := range []struct {
+		keys []string
+		want any
+	}{
+		{[]string{"io.containerd.cri.v1.images", "pinned_images", "sandbox"}, "localhost/p/pause:1"},
+		{[]string{"io.containerd.cri.v1.runtime", "cni", "conf_dir"}, "/cni/net.d"},
+		{[]string{"io.containerd.cri.v1.runtime", "containerd", "default_runtime_name"}, RuncHandler},
+		{append(runtimes, RuncHandler, "runtime_type"), "io.containerd.runc.v2"},
+		{append(runtimes, RuncHandler, "options", "Root"), filepath.Join(dir, "runc")},
+		{append(runtimes, CocoonHandler, "snapshotter"), Snapshotter},
+		{append(runtimes, CocoonHandler, "options", "ConfigPath"), s.ConfigPath},
+		{append(runtimes, "odd-name", "options", "Flag"), true},
+		{append(runtimes, "odd-name", "options", "Quote"), `a"b`},
+	} {
+		if got := get(tc.keys...); got != tc.want {
+			t.Errorf("%s = %v, want %v", strings.Join(tc.keys, "."), got, tc.want)
+		}
+	}
+	ann, _ := get(append(runtimes, CocoonHandler, "pod_annotations")...).([]any)
+	if len(ann) != 1 || ann[0] != "io.cocoon.*" {
+		t.Errorf("cocoon pod_annotations %v, want [io.cocoon.*]", ann)
+	}
+	unpack, _ := get("io.containerd.transfer.v1.local", "unpack_config").([]any)
+	if len(unpack) != 2 {
+		t.Errorf("unpack_config %v, want the cocoon and overlayfs snapshotters", unpack)
+	}
+}
+
+func TestStartRejectsIncompleteCRI(t *testing.T) {
+	netns := filepath.Join(t.TempDir(), "netns")
+	for _, tc := range []struct {
+		name string
+		cri  CRI
+		want string
+	}{
+		{"empty", CRI{}, "NetNS, CNIBinDir, CNIConfDir, SandboxArchive, SandboxImage empty"},
+		{"no image", CRI{NetNS: netns, CNIBinDir: "b", CNIConfDir: "c", SandboxArchive: "a"}, "SandboxImage empty"},
+		{"missing netns", CRI{NetNS: netns, CNIBinDir: "b", CNIConfDir: "c", SandboxArchive: "a", SandboxImage: "i"}, "network namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Start(t.Context(), Options{BinDir: t.TempDir(), CRI: &tc.cri})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Start = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

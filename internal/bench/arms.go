@@ -20,6 +20,7 @@ type armSet struct {
 	stagers []stager
 	direct  *directPath
 	shim    *shimStack // nil unless an arm runs through containerd
+	cold    *coldArm
 }
 
 // stager stages the snapshot chain for one clone and removes it again.
@@ -58,11 +59,10 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 		set.add(armID{Path: PathRunc}, runcArm{s: set.shim}, nil)
 	}
 	if has(PathCold) {
-		cold, err := newColdArm(img, o.Guest, filepath.Join(tmp, "cold"))
-		if err != nil {
+		if set.cold, err = newColdArm(img, o.Guest, filepath.Join(tmp, "cold")); err != nil {
 			return set, err
 		}
-		set.add(armID{Path: PathCold}, cold, nil)
+		set.add(armID{Path: PathCold}, set.cold, nil)
 	}
 	mmap := hypervisor.ModeMmap
 	if len(o.NetworkNs) > 0 {
@@ -121,6 +121,9 @@ func (set *armSet) close() error {
 	}
 	if set.direct != nil {
 		errs = append(errs, set.direct.close())
+	}
+	if set.cold != nil {
+		errs = append(errs, set.cold.close())
 	}
 	return errors.Join(errs...)
 }

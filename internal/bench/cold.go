@@ -22,9 +22,16 @@ import (
 // runtime without snapshots pays.
 type coldArm struct {
 	driver *qemu.Driver
-	spec   qemu.BootSpec // all but RunDir
+	spec   qemu.BootSpec // all but RunDir and MemPath
 	dir    string        // the clones' run dirs go here
+	// memDir holds the guest RAM files, on tmpfs as anonymous memory
+	// would be: a file on disk would be written back while the guest
+	// runs and after, slowing whatever runs next.
+	memDir string
 }
+
+// memDirParent is the tmpfs the guest RAM files go on.
+const memDirParent = "/dev/shm"
 
 // newColdArm reads the machine the snapshot was baked on from its shape,
 // so the boot matches it (the command line already has the TSC hint a TCG
@@ -38,7 +45,12 @@ func newColdArm(img stackrun.SnapshotImage, guest, dir string) (*coldArm, error)
 	if err != nil {
 		return nil, err
 	}
+	memDir, err := os.MkdirTemp(memDirParent, "cocoon-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("cold boot: guest RAM dir: %w", err)
+	}
 	return &coldArm{
+		memDir: memDir,
 		driver: qemu.New(cfg.QEMU),
 		spec: qemu.BootSpec{
 			Kernel: filepath.Join(guest, "vmlinuz"), Initrd: filepath.Join(guest, "initramfs.cpio.gz"),
@@ -50,23 +62,24 @@ func newColdArm(img stackrun.SnapshotImage, guest, dir string) (*coldArm, error)
 
 func (a *coldArm) start(ctx context.Context, id string) (*clone, error) {
 	spec := a.spec
-	spec.RunDir = filepath.Join(a.dir, id)
+	spec.RunDir, spec.MemPath = filepath.Join(a.dir, id), filepath.Join(a.memDir, id)
 	start := time.Now()
 	vm, err := a.driver.Boot(ctx, spec)
 	if err != nil {
-		return nil, fmt.Errorf("cold boot %s: %w", id, err)
+		return nil, errors.Join(fmt.Errorf("cold boot %s: %w", id, err), removeIfAny(spec.MemPath))
 	}
+	closeVM := func() error { return errors.Join(vm.Close(), removeIfAny(spec.MemPath)) }
 	booted := time.Now()
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	c, err := agent.WaitReady(actx, vm.DialAgent)
 	cancel()
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("cold boot %s: %w; guest console ends: %s", id, err, consoleTail(vm.SerialLog())), vm.Close())
+		return nil, errors.Join(fmt.Errorf("cold boot %s: %w; guest console ends: %s", id, err, consoleTail(vm.SerialLog())), closeVM())
 	}
 	ready := time.Now()
 	stop := func(context.Context) error {
 		c.Close()
-		return vm.Close()
+		return closeVM()
 	}
 	if err := startProcess(ctx, c); err != nil {
 		return nil, errors.Join(err, stop(ctx))
@@ -79,6 +92,15 @@ func (a *coldArm) start(ctx context.Context, id string) (*clone, error) {
 			{Name: phaseStarted, Duration: time.Since(ready)},
 		},
 	}, nil
+}
+
+func (a *coldArm) close() error { return os.RemoveAll(a.memDir) }
+
+func removeIfAny(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // consoleTail is the end of a guest's console log, for an error.

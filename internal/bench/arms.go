@@ -64,12 +64,11 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 		}
 		set.add(armID{Path: PathCold}, set.cold, nil)
 	}
-	mmap := hypervisor.ModeMmap
 	if len(o.NetworkNs) > 0 {
-		set.add(armID{Path: PathShim, Mode: string(mmap), Variant: VariantNetwork}, newNetworkArm(shimArm{s: set.shim, mode: mmap}), o.NetworkNs)
+		set.add(armID{Path: PathShim, Mode: mmap, Variant: VariantNetwork}, newNetworkArm(shimArm{s: set.shim, mode: hypervisor.ModeMmap}), o.NetworkNs)
 	}
 	if len(o.OrdinaryNs) > 0 {
-		set.add(armID{Path: PathShim, Mode: string(mmap), Variant: VariantOrdinary}, shimArm{s: set.shim, mode: mmap, image: set.shim.busybox}, o.OrdinaryNs)
+		set.add(armID{Path: PathShim, Mode: mmap, Variant: VariantOrdinary}, shimArm{s: set.shim, mode: hypervisor.ModeMmap, image: set.shim.busybox}, o.OrdinaryNs)
 	}
 	fmt.Fprintf(out, "%d arms: %v\n", len(set.arms), set.labels())
 	return set, nil

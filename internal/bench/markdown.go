@@ -65,7 +65,7 @@ func (r *results) alternativeTable(b *strings.Builder) {
 	cs := cells(r.Cells)
 	for _, a := range r.Alternatives {
 		runc, cold := cs.find(armID{Path: PathRunc}, a.N), cs.find(armID{Path: PathCold}, a.N)
-		mmap, cp := cs.find(armID{Path: PathShim, Mode: "mmap"}, a.N), cs.find(armID{Path: PathShim, Mode: "copy"}, a.N)
+		mmap, cp := cs.find(armID{Path: PathShim, Mode: mmap}, a.N), cs.find(armID{Path: PathShim, Mode: copyMode}, a.N)
 		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", a.N,
 			p50p95(runc), p50p95(mmap), p50p95(cp), p50p95(cold),
 			times(a.MmapOverRunc), times(a.CopyOverRunc), times(a.ColdOverMmap), times(a.ColdOverCopy),

@@ -4,7 +4,14 @@ import (
 	"math"
 	"slices"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
+)
+
+// The modes the comparisons name, as cells record them.
+const (
+	mmap     = string(hypervisor.ModeMmap)
+	copyMode = string(hypervisor.ModeCopy)
 )
 
 // modeRatio compares copy with mmap on one path at one N.
@@ -88,7 +95,7 @@ func (r *results) fillRatios() {
 		if c.Variant != "" {
 			continue
 		}
-		if m := cs.find(armID{Path: c.Path, Mode: "mmap"}, c.N); c.Mode == "copy" && m != nil {
+		if m := cs.find(armID{Path: c.Path, Mode: mmap}, c.N); c.Mode == copyMode && m != nil {
 			r.ModeRatios = append(r.ModeRatios, modeRatio{Path: c.Path, N: c.N,
 				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), VMMCopyOverMap: ratio(c.VMMP50Ms, m.VMMP50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB),
 				HeldMmapOverCp: ratio(m.HeldMiB, c.HeldMiB), RAMMmapOverCpy: ratio(m.GuestMiB, c.GuestMiB)})
@@ -126,15 +133,15 @@ func (cs cells) alternative(n int) (alternative, bool) {
 	direct := func(mode string) float64 { return p50(cs.find(armID{Path: PathDirect, Mode: mode}, n)) }
 	return alternative{
 		N:            n,
-		MmapOverRunc: ratio(shim("mmap"), p50(runc)), CopyOverRunc: ratio(shim("copy"), p50(runc)),
-		ColdOverMmap: ratio(p50(cold), direct("mmap")), ColdOverCopy: ratio(p50(cold), direct("copy")),
+		MmapOverRunc: ratio(shim(mmap), p50(runc)), CopyOverRunc: ratio(shim(copyMode), p50(runc)),
+		ColdOverMmap: ratio(p50(cold), direct(mmap)), ColdOverCopy: ratio(p50(cold), direct(copyMode)),
 	}, true
 }
 
 // variant is the row of variant against plain shim mmap at N, if both ran.
 func (cs cells) variant(variant string, n int) (variantRatio, bool) {
-	base := cs.find(armID{Path: PathShim, Mode: "mmap"}, n)
-	v := cs.find(armID{Path: PathShim, Mode: "mmap", Variant: variant}, n)
+	base := cs.find(armID{Path: PathShim, Mode: mmap}, n)
+	v := cs.find(armID{Path: PathShim, Mode: mmap, Variant: variant}, n)
 	if base == nil || v == nil {
 		return variantRatio{}, false
 	}

@@ -74,13 +74,11 @@ func (s *Snapshotter) commitLink(ctx context.Context, name, key string, a active
 		err = chain.VerifyData(ctx, dir, link)
 	}
 	if err != nil {
-		// The cause goes in the message only: a second %w would reach gRPC
-		// clients as an extra error detail and print "invalid argument" twice.
 		why := "not a valid snapshot link"
 		if held, _ := holdsLink(dir); parent != nil && !held {
 			why += " (every layer on a link must be one)"
 		}
-		return fmt.Errorf("commit %s as %s: %s: %v: %w", key, name, why, err, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("commit %s as %s: %s: %w: %w", key, name, why, err, errdefs.ErrInvalidArgument)
 	}
 	usage, err := fs.DiskUsage(ctx, dir)
 	if err != nil {

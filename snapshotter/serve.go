@@ -38,7 +38,7 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, address string) error 
 	defer os.Remove(address)
 
 	srv := grpc.NewServer()
-	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
+	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(wire{sn}))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.G(ctx).WithField("address", address).Info("serving snapshots API")

@@ -190,6 +190,9 @@ func TestCommitRejectsBadLink(t *testing.T) {
 			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "not a valid snapshot link") || !strings.Contains(err.Error(), tc.why) {
 				t.Fatalf("commit of a bad link: %v, want an invalid-argument error naming the bad link", err)
 			}
+			if n := strings.Count(err.Error(), "invalid argument"); n != 1 {
+				t.Fatalf("commit error over gRPC says invalid argument %d times, want once: %v", n, err)
+			}
 			t.Logf("commit error: %v", err)
 			if _, err := sn.Stat(ctx, "bad"); !errdefs.IsNotFound(err) {
 				t.Errorf("a rejected link was published: Stat = %v", err)

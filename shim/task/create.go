@@ -32,7 +32,7 @@ const InitGuestID = "init"
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
 	pid, err := s.create(ctx, r)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	return &taskAPI.CreateTaskResponse{Pid: uint32(pid)}, nil
 }

@@ -58,7 +58,7 @@ func TestKillWhileOutputDrains(t *testing.T) {
 			h.guest.signalErr = tt.agentErr
 			h.guest.mu.Unlock()
 			_, err = h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "t1", ExecID: tt.execID, Signal: uint32(tt.sig)})
-			if !errors.Is(errNative(err), errdefs.ErrNotFound) {
+			if !errors.Is(err, errdefs.ErrNotFound) {
 				t.Fatalf("Kill of a process whose output drains: %v, want not found", err)
 			}
 			if h.vm.exited() {

@@ -12,7 +12,6 @@ import (
 	"github.com/containerd/containerd/api/types"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -64,7 +63,7 @@ func TestExecExitsBeforeInit(t *testing.T) {
 	if _, err := h.svc.Exec(h.ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.svc.Exec(h.ctx, req); !errors.Is(errNative(err), errdefs.ErrAlreadyExists) {
+	if _, err := h.svc.Exec(h.ctx, req); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("second Exec e1: %v, want already exists", err)
 	}
 	h.start("t1", "e1")
@@ -88,7 +87,7 @@ func TestExecExitsBeforeInit(t *testing.T) {
 	wantTopics(t, h.events.waitTopics(t, 7),
 		"/tasks/create", "/tasks/start", "/tasks/exec-added", "/tasks/exec-started",
 		"/tasks/exit:e1", "/tasks/exit:t1", "/tasks/delete")
-	if _, err := h.svc.Exec(h.ctx, execSpec(t, "echo")); !errors.Is(errNative(err), errdefs.ErrNotFound) {
+	if _, err := h.svc.Exec(h.ctx, execSpec(t, "echo")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Exec after Delete: %v, want not found", err)
 	}
 }
@@ -100,7 +99,7 @@ func TestExecAfterInitExit(t *testing.T) {
 	h.wait("t1", "")
 	req := execSpec(t, "echo")
 	req.ExecID = "late"
-	if _, err := h.svc.Exec(h.ctx, req); !errors.Is(errNative(err), errdefs.ErrFailedPrecondition) {
+	if _, err := h.svc.Exec(h.ctx, req); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Exec after init exit: %v, want failed precondition", err)
 	}
 }
@@ -143,7 +142,7 @@ func TestKill(t *testing.T) {
 				t.Fatalf("VM exited %v, want %v", h.vm.exited(), tt.wantVMDead)
 			}
 			_, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "t1", Signal: uint32(tt.sig)})
-			if !errors.Is(errNative(err), errdefs.ErrNotFound) {
+			if !errors.Is(err, errdefs.ErrNotFound) {
 				t.Fatalf("Kill of a finished process: %v, want not found", err)
 			}
 			h.delete("t1", "")
@@ -176,7 +175,7 @@ func TestKillAll(t *testing.T) {
 func TestPauseResume(t *testing.T) {
 	h := newHarness(t)
 	h.create("t1", specFor("sleep"), newFifos(t, false, false))
-	if _, err := h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "t1"}); !errors.Is(errNative(err), errdefs.ErrFailedPrecondition) {
+	if _, err := h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "t1"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Pause of a created task: %v, want failed precondition", err)
 	}
 	h.start("t1", "")
@@ -192,7 +191,7 @@ func TestPauseResume(t *testing.T) {
 	if st := h.status("t1", ""); st != tasktypes.Status_RUNNING || h.vm.isPaused() {
 		t.Fatalf("status %v, VM paused %v; want RUNNING", st, h.vm.isPaused())
 	}
-	if _, err := h.svc.Resume(h.ctx, &taskAPI.ResumeRequest{ID: "t1"}); !errors.Is(errNative(err), errdefs.ErrFailedPrecondition) {
+	if _, err := h.svc.Resume(h.ctx, &taskAPI.ResumeRequest{ID: "t1"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Resume of a running task: %v, want failed precondition", err)
 	}
 	wantTopics(t, h.events.waitTopics(t, 4), "/tasks/create", "/tasks/start", "/tasks/paused", "/tasks/resumed")
@@ -279,7 +278,7 @@ func TestResizeWithoutTerminal(t *testing.T) {
 	h.create("t1", specFor("sleep"), newFifos(t, false, false))
 	h.start("t1", "")
 	_, err := h.svc.ResizePty(h.ctx, &taskAPI.ResizePtyRequest{ID: "t1", Width: 1, Height: 1})
-	if !errors.Is(errNative(err), errdefs.ErrFailedPrecondition) {
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("ResizePty without a terminal: %v, want failed precondition", err)
 	}
 }
@@ -289,7 +288,7 @@ func TestDeleteRunning(t *testing.T) {
 	h.create("t1", specFor("sleep"), newFifos(t, false, false))
 	h.start("t1", "")
 	_, err := h.svc.Delete(h.ctx, &taskAPI.DeleteRequest{ID: "t1"})
-	if !errors.Is(errNative(err), errdefs.ErrFailedPrecondition) {
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Delete of a running task: %v, want failed precondition", err)
 	}
 }
@@ -442,8 +441,6 @@ func TestShutdownWithTasks(t *testing.T) {
 	}
 	<-h.svc.sd.Done()
 }
-
-func errNative(err error) error { return errgrpc.ToNative(err) }
 
 // waitStdout waits until the shim has written want to stdout.
 func (s *stdioFifos) waitStdout(t *testing.T, want string) {

@@ -45,13 +45,10 @@ func newProcess(execID string, spec ProcessSpec, sio stdio.Stdio) *process {
 	}
 }
 
-// Status is the process's status; paused applies only while it runs.
-func (p *process) Status(paused bool) tasktypes.Status {
+// Status is the process's own status: created, running or stopped.
+func (p *process) Status() tasktypes.Status {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.status == tasktypes.Status_RUNNING && paused {
-		return tasktypes.Status_PAUSED
-	}
 	return p.status
 }
 

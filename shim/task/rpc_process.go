@@ -25,16 +25,16 @@ const maxSignal = 64
 func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	t, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	began := time.Now()
 	if err := t.start(ctx, p); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if r.ExecID == "" {
 		t.recordPhase(ctx, startedPhase, time.Since(began))
 		if err := t.poststart(ctx); err != nil {
-			return nil, toGRPC(err)
+			return nil, err
 		}
 	}
 	return &taskAPI.StartResponse{Pid: t.pidOf(p)}, nil
@@ -44,22 +44,22 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*ptypes.Empty, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if r.Spec == nil {
-		return nil, toGRPC(fmt.Errorf("exec %s has no process spec: %w", r.ExecID, errdefs.ErrInvalidArgument))
+		return nil, fmt.Errorf("exec %s has no process spec: %w", r.ExecID, errdefs.ErrInvalidArgument)
 	}
 	var spec specs.Process
 	if err := json.Unmarshal(r.Spec.GetValue(), &spec); err != nil {
-		return nil, toGRPC(fmt.Errorf("decode exec %s process spec: %w: %w", r.ExecID, err, errdefs.ErrInvalidArgument))
+		return nil, fmt.Errorf("decode exec %s process spec: %w: %w", r.ExecID, err, errdefs.ErrInvalidArgument)
 	}
 	ps, err := guestProcess("exec-"+r.ExecID, &spec, r.Terminal, r.Stdin != "")
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	sio := stdio.Stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}
 	if _, err := t.addExec(r.ExecID, ps, sio); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	return empty, nil
 }
@@ -68,9 +68,9 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 func (s *Service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
 	t, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
-	st := p.Status(t.isPaused())
+	st := t.statusOf(p)
 	resp := &taskAPI.StateResponse{
 		ID:       t.processID(p),
 		Bundle:   t.bundle,
@@ -94,11 +94,11 @@ func (s *Service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 func (s *Service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
 	_, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	e, err := p.Wait(ctx)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	return &taskAPI.WaitResponse{ExitStatus: e.Status, ExitedAt: protobuf.ToTimestamp(e.At)}, nil
 }
@@ -107,13 +107,13 @@ func (s *Service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.Wa
 func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Empty, error) {
 	t, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if r.Signal == 0 || r.Signal > maxSignal {
-		return nil, toGRPC(fmt.Errorf("signal %d: want 1..%d: %w", r.Signal, maxSignal, errdefs.ErrInvalidArgument))
+		return nil, fmt.Errorf("signal %d: want 1..%d: %w", r.Signal, maxSignal, errdefs.ErrInvalidArgument)
 	}
 	if err := t.kill(p, unix.Signal(r.Signal), r.All); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	return empty, nil
 }
@@ -122,16 +122,16 @@ func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*ptypes.Emp
 func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*ptypes.Empty, error) {
 	t, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if !p.stdio.Terminal {
-		return nil, toGRPC(fmt.Errorf("process %s has no terminal: %w", p.spec.ID, errdefs.ErrFailedPrecondition))
+		return nil, fmt.Errorf("process %s has no terminal: %w", p.spec.ID, errdefs.ErrFailedPrecondition)
 	}
-	if st := p.Status(false); st != tasktypes.Status_RUNNING {
-		return nil, toGRPC(fmt.Errorf("process %s is %s, want running: %w", p.spec.ID, st, errdefs.ErrFailedPrecondition))
+	if st := p.Status(); st != tasktypes.Status_RUNNING {
+		return nil, fmt.Errorf("process %s is %s, want running: %w", p.spec.ID, st, errdefs.ErrFailedPrecondition)
 	}
 	if err := t.sb.Guest.ResizePty(ctx, p.spec.ID, r.Width, r.Height); err != nil {
-		return nil, toGRPC(fmt.Errorf("resize pty in guest: %w", err))
+		return nil, fmt.Errorf("resize pty in guest: %w", err)
 	}
 	return empty, nil
 }
@@ -140,7 +140,7 @@ func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptypes.Empty, error) {
 	_, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if pio := p.getIO(); r.Stdin && pio != nil {
 		pio.CloseStdin()
@@ -153,24 +153,24 @@ func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*ptyp
 func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	t, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if err := s.delete(ctx, t, p); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	e := p.Exit()
 	return &taskAPI.DeleteResponse{Pid: t.pidOf(p), ExitStatus: e.Status, ExitedAt: protobuf.ToTimestamp(e.At)}, nil
 }
 
 func (s *Service) delete(ctx context.Context, t *task, p *process) error {
-	if st := p.Status(false); st == tasktypes.Status_RUNNING {
+	if st := p.Status(); st == tasktypes.Status_RUNNING {
 		return fmt.Errorf("process %s is running: kill it first: %w", t.processID(p), errdefs.ErrFailedPrecondition)
 	}
 	if p.execID != "" {
 		return t.deleteExec(ctx, p)
 	}
 	// A stopped init's exit event may still be on its way; it goes first.
-	if p.Status(false) == tasktypes.Status_STOPPED {
+	if p.Status() == tasktypes.Status_STOPPED {
 		if _, err := p.Wait(ctx); err != nil {
 			return err
 		}

@@ -18,10 +18,10 @@ import (
 func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.Empty, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if err := t.pause(ctx); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	s.send(&eventstypes.TaskPaused{ContainerID: r.ID})
 	return empty, nil
@@ -31,10 +31,10 @@ func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*ptypes.E
 func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes.Empty, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if err := t.resume(ctx); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	s.send(&eventstypes.TaskResumed{ContainerID: r.ID})
 	return empty, nil
@@ -44,17 +44,17 @@ func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*ptypes
 func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*ptypes.Empty, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if r.Path == "" {
-		return nil, toGRPC(fmt.Errorf("checkpoint of %s has no path: %w", r.ID, errdefs.ErrInvalidArgument))
+		return nil, fmt.Errorf("checkpoint of %s has no path: %w", r.ID, errdefs.ErrInvalidArgument)
 	}
 	exit, err := checkpointExit(r)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if err := t.checkpoint(ctx, r.Path, exit); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	s.send(&eventstypes.TaskCheckpointed{ContainerID: r.ID})
 	return empty, nil
@@ -81,15 +81,15 @@ func checkpointExit(r *taskAPI.CheckpointTaskRequest) (bool, error) {
 func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	m, err := t.stats()
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	data, err := typeurl.MarshalAnyToProto(m)
 	if err != nil {
-		return nil, toGRPC(fmt.Errorf("encode stats: %w", err))
+		return nil, fmt.Errorf("encode stats: %w", err)
 	}
 	return &taskAPI.StatsResponse{Stats: data}, nil
 }
@@ -98,17 +98,17 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	if r.Resources == nil {
-		return nil, toGRPC(fmt.Errorf("update of %s has no resources: %w", r.ID, errdefs.ErrInvalidArgument))
+		return nil, fmt.Errorf("update of %s has no resources: %w", r.ID, errdefs.ErrInvalidArgument)
 	}
 	var res specs.LinuxResources
 	if err := json.Unmarshal(r.Resources.GetValue(), &res); err != nil {
-		return nil, toGRPC(fmt.Errorf("decode resources: %w: %w", err, errdefs.ErrInvalidArgument))
+		return nil, fmt.Errorf("decode resources: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	if err := t.update(&res); err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	return empty, nil
 }
@@ -117,11 +117,11 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 func (s *Service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	procs, err := t.pids(ctx)
 	if err != nil {
-		return nil, toGRPC(err)
+		return nil, err
 	}
 	return &taskAPI.PidsResponse{Processes: procs}, nil
 }

@@ -39,7 +39,10 @@ type GuestProcess struct {
 	ID string
 }
 
-// Guest is the agent inside a task's VM, as the service uses it.
+// Guest is the agent inside a task's VM, as the service uses it. Calls
+// that answer at once (all but Wait and the stdio streams) are bounded by
+// the implementation's configured call timeout (agent.call_timeout), the
+// one owner of that deadline: callers pass their context only.
 type Guest interface {
 	// Exec starts p and returns its guest pid, 0 if the agent does not
 	// report pids.

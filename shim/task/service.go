@@ -21,15 +21,17 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/rpcerr"
 )
 
 var (
-	_     taskAPI.TTRPCTaskService = (*Service)(nil)
-	_     shim.TTRPCService        = (*Service)(nil)
-	empty                          = &ptypes.Empty{}
+	_     taskAPI.TTRPCTaskService      = (*Service)(nil)
+	_     shim.TTRPCService             = (*Service)(nil)
+	_     shim.TTRPCServerUnaryOptioner = (*Service)(nil)
+	empty                               = &ptypes.Empty{}
 )
 
 // Service implements the task API for cocoon VMs.
@@ -180,10 +182,8 @@ func (s *Service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 	return empty, nil
 }
 
-// toGRPC converts an error to a gRPC status at the RPC edge.
-func toGRPC(err error) error {
-	if err == nil {
-		return nil
-	}
-	return errgrpc.ToGRPC(err)
+// UnaryServerInterceptor is where every task API error becomes a gRPC
+// status, for pkg/shim's ttrpc server: the methods return native errors.
+func (s *Service) UnaryServerInterceptor() ttrpc.UnaryServerInterceptor {
+	return rpcerr.UnaryServerInterceptor
 }

@@ -27,6 +27,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/rpcerr"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -220,8 +221,11 @@ func wantCode(t *testing.T, err error, want error) {
 	if err == nil {
 		t.Fatalf("got no error, want %v", want)
 	}
-	if got := errgrpc.ToNative(err); !errors.Is(got, want) {
-		t.Fatalf("error %v, want %v", err, want)
+	// The service returns native errors; rpcerr's interceptor makes them
+	// statuses on the wire, and a client reads them back.
+	got := errgrpc.ToNative(rpcerr.ToGRPC(err))
+	if !errors.Is(got, want) || (want != errdefs.ErrUnknown && !errors.Is(err, want)) {
+		t.Fatalf("error %v (on the wire %v), want %v", err, got, want)
 	}
 }
 
@@ -265,7 +269,7 @@ func TestRunEcho(t *testing.T) {
 	if report.Plan.Mode != "mmap" || !slices.Equal(names, []string{"spawn", startedPhase}) {
 		t.Fatalf("report plan %q phases %v, want mmap with spawn and %q", report.Plan.Mode, names, startedPhase)
 	}
-	if _, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "t1"}); !errors.Is(errgrpc.ToNative(err), errdefs.ErrNotFound) {
+	if _, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "t1"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("State after Delete: %v, want not found", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/protobuf"
 	"github.com/containerd/containerd/v2/pkg/stdio"
 	"github.com/containerd/errdefs"
@@ -21,8 +22,6 @@ const (
 	// execDrainTimeout bounds how long an init exit waits for the execs it
 	// killed to report their exits before the VM itself is killed.
 	execDrainTimeout = 10 * time.Second
-	// guestCallTimeout bounds agent calls made on the shim's own behalf.
-	guestCallTimeout = 5 * time.Second
 )
 
 // task is one container: a VM, its init process and its execs.
@@ -102,6 +101,16 @@ func (t *task) pidOf(p *process) uint32 {
 	return uint32(t.pid())
 }
 
+// statusOf is p's status as containerd sees it: a running process of a
+// paused VM is paused.
+func (t *task) statusOf(p *process) tasktypes.Status {
+	st := p.Status()
+	if st == tasktypes.Status_RUNNING && t.isPaused() {
+		return tasktypes.Status_PAUSED
+	}
+	return st
+}
+
 func (t *task) isPaused() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -148,7 +157,7 @@ func (t *task) start(ctx context.Context, p *process) error {
 	p.lifecycle.Lock()
 	defer p.lifecycle.Unlock()
 	if !p.startable() {
-		return fmt.Errorf("process %s is %s, want created: %w", p.spec.ID, p.Status(false), errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("process %s is %s, want created: %w", p.spec.ID, p.Status(), errdefs.ErrFailedPrecondition)
 	}
 	if p.execID != "" && t.initIsGone() {
 		return fmt.Errorf("task %s init process is not running: %w", t.id, errdefs.ErrFailedPrecondition)
@@ -181,10 +190,8 @@ func (t *task) start(ctx context.Context, p *process) error {
 // abandon kills a guest process whose stdio could not be attached; its
 // watcher still reports the exit.
 func (t *task) abandon(p *process, guestPid uint32) {
-	ctx, cancel := context.WithTimeout(t.ctx, guestCallTimeout)
-	defer cancel()
-	if err := t.sb.Guest.Signal(ctx, p.spec.ID, unix.SIGKILL); err != nil {
-		log.G(ctx).WithError(err).WithField("process", p.spec.ID).Warn("kill process without stdio")
+	if err := t.sb.Guest.Signal(t.ctx, p.spec.ID, unix.SIGKILL); err != nil {
+		log.G(t.ctx).WithError(err).WithField("process", p.spec.ID).Warn("kill process without stdio")
 	}
 	p.setRunning(guestPid, nil)
 	close(p.started)

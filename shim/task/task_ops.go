@@ -56,7 +56,7 @@ func (t *task) execList() []*process {
 func (t *task) signal(p *process, sig unix.Signal) error {
 	p.lifecycle.Lock()
 	defer p.lifecycle.Unlock()
-	switch p.Status(false) {
+	switch p.Status() {
 	case tasktypes.Status_STOPPED:
 		return errFinished
 	case tasktypes.Status_CREATED:
@@ -75,9 +75,7 @@ func (t *task) signal(p *process, sig unix.Signal) error {
 		t.killVM("SIGKILL while the VM is paused")
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(t.ctx, guestCallTimeout)
-	defer cancel()
-	err := t.sb.Guest.Signal(ctx, p.spec.ID, sig)
+	err := t.sb.Guest.Signal(t.ctx, p.spec.ID, sig)
 	switch {
 	case err == nil:
 		return nil
@@ -85,7 +83,7 @@ func (t *task) signal(p *process, sig unix.Signal) error {
 		// An agent that predates NotFound says FailedPrecondition.
 		return errFinished
 	case initKill:
-		log.G(ctx).WithError(err).WithField("id", t.id).Warn("guest did not take SIGKILL")
+		log.G(t.ctx).WithError(err).WithField("id", t.id).Warn("guest did not take SIGKILL")
 		t.killVM("guest did not answer SIGKILL")
 		return nil
 	default:
@@ -116,7 +114,7 @@ func (t *task) pause(ctx context.Context) error {
 	if t.isPaused() {
 		return fmt.Errorf("task %s is already paused: %w", t.id, errdefs.ErrFailedPrecondition)
 	}
-	if st := t.init.Status(false); st != tasktypes.Status_RUNNING {
+	if st := t.init.Status(); st != tasktypes.Status_RUNNING {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	if err := t.sb.VM.Pause(ctx); err != nil {
@@ -155,7 +153,7 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 	if !ok {
 		return fmt.Errorf("checkpoint: the %s driver cannot snapshot a running VM: %w", t.sb.Hypervisor, errdefs.ErrNotImplemented)
 	}
-	if st := t.init.Status(false); st != tasktypes.Status_RUNNING {
+	if st := t.init.Status(); st != tasktypes.Status_RUNNING {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	wasPaused := t.isPaused()
@@ -188,8 +186,6 @@ func (t *task) resumeAfter(ctx context.Context, wasPaused bool) error {
 
 // pids lists the guest's processes, naming the execs the shim started.
 func (t *task) pids(ctx context.Context) ([]*tasktypes.ProcessInfo, error) {
-	ctx, cancel := context.WithTimeout(ctx, guestCallTimeout)
-	defer cancel()
 	procs, err := t.sb.Guest.Processes(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list guest processes: %w", err)
@@ -296,9 +292,7 @@ func (t *task) deleteExec(ctx context.Context, p *process) error {
 	delete(t.execs, p.execID)
 	t.mu.Unlock()
 	if p.startedInGuest() {
-		gctx, cancel := context.WithTimeout(ctx, guestCallTimeout)
-		defer cancel()
-		if err := t.sb.Guest.Delete(gctx, p.spec.ID); err != nil {
+		if err := t.sb.Guest.Delete(ctx, p.spec.ID); err != nil {
 			log.G(ctx).WithError(err).WithField("exec", p.execID).Warn("forget exec in guest")
 		}
 	}

@@ -1,0 +1,54 @@
+// Package rpcerr decides, in one place, how cocoon's errors read on the
+// wire. Code inside cocoon wraps freely — fmt.Errorf("decode spec: %w: %w",
+// err, errdefs.ErrInvalidArgument) keeps both the cause and the class — and
+// the RPC edges (the shim's ttrpc task service, the snapshotter's gRPC
+// service) send the whole message once, classified by its errdefs class.
+// Without this, errgrpc encodes every wrapped error of a %w: %w chain as a
+// status detail, and the client prints the class twice.
+package rpcerr
+
+import (
+	"context"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/status"
+)
+
+// flat is an error reduced to its message and its errdefs class.
+type flat struct {
+	msg string
+	cls error
+}
+
+func (f flat) Error() string { return f.msg }
+func (f flat) Unwrap() error { return f.cls }
+
+// Flatten keeps err's message and its errdefs class (errdefs.ErrUnknown
+// when it has none, so the wire says Unknown), and drops the rest of the
+// chain. A gRPC status and nil pass unchanged.
+func Flatten(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	cls := errdefs.Resolve(err)
+	if cls == nil {
+		cls = errdefs.ErrUnknown
+	}
+	return flat{msg: err.Error(), cls: cls}
+}
+
+// ToGRPC is Flatten, then the gRPC status of the class.
+func ToGRPC(err error) error {
+	return errgrpc.ToGRPC(Flatten(err))
+}
+
+// UnaryServerInterceptor converts every error a ttrpc service returns.
+func UnaryServerInterceptor(ctx context.Context, unmarshal ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
+	resp, err := method(ctx, unmarshal)
+	return resp, ToGRPC(err)
+}

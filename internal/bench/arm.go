@@ -93,10 +93,14 @@ type cellRun struct {
 	wall   time.Duration
 	mem    []cloneMemory
 	phases [][]phase
+	failed []error // clones that did not start, not in the samples
 }
 
 // runCell starts n clones of a at once, measures them while all run, and
-// stops them. A failed clone fails the run, after the others are stopped.
+// stops them. A clone that fails to start is recorded in the run and left
+// out of its samples, so one stuck guest in a long run is reported instead
+// of losing the run; a run in which every clone failed, or whose clones
+// cannot be measured or stopped, fails.
 func runCell(ctx context.Context, a armAt, n, round int) (run cellRun, err error) {
 	ids := make([]string, n)
 	for i := range ids {
@@ -110,20 +114,22 @@ func runCell(ctx context.Context, a armAt, n, round int) (run cellRun, err error
 		defer func() { err = errors.Join(err, cleanup()) }()
 	}
 	clones := make([]*clone, n)
-	errs := make([]error, n)
+	startErrs := make([]error, n)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			clones[i], errs[i] = a.arm.start(ctx, ids[i])
+			clones[i], startErrs[i] = a.arm.start(ctx, ids[i])
 		}()
 	}
 	wg.Wait()
 	run = cellRun{wall: time.Since(start)}
-	for _, c := range clones {
+	var errs []error
+	for i, c := range clones {
 		if c == nil {
+			run.failed = append(run.failed, startErrs[i])
 			continue
 		}
 		mem, err := readCloneMemory(c.pid, c.guestKiB)
@@ -132,7 +138,10 @@ func runCell(ctx context.Context, a armAt, n, round int) (run cellRun, err error
 		run.mem = append(run.mem, mem)
 		run.phases = append(run.phases, c.phases)
 	}
-	errs = append(errs, stopAll(clones))
+	errs = append(errs, stopAll(clones), ctx.Err())
+	if len(run.ready) == 0 {
+		errs = append(errs, errors.Join(run.failed...))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return cellRun{}, fmt.Errorf("%s n=%d: %w", a.id, n, err)
 	}

@@ -144,6 +144,9 @@ func runCells(ctx context.Context, out io.Writer, o Options, arms []armAt) (map[
 				mem := meanMemory(run.mem)
 				fmt.Fprintf(out, "round %d  n=%-2d %-18s p50 %8.1f ms  wall %8.1f ms  pss %5.1f  guest ram %5.1f MiB/clone\n",
 					round+1, n, a.id, ms(percentile(run.ready, 0.5)), ms(run.wall), mem.pss, mem.guest)
+				for _, err := range run.failed {
+					fmt.Fprintf(out, "round %d  n=%-2d %-18s FAILED (left out of the samples): %v\n", round+1, n, a.id, err)
+				}
 			}
 		}
 	}

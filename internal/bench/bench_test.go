@@ -45,9 +45,9 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("got %d cells, want %d (%v): %+v", len(res.Cells), len(want), want, res.Cells)
 	}
 	for i, c := range res.Cells {
-		if c.armID.String() != want[i] || c.Samples != 2 || c.P50Ms <= 0 || c.PSSMiB <= 0 || len(c.Phases) == 0 {
-			t.Errorf("cell %d %s n=%d: %d samples, p50 %v ms, pss %v MiB, %d phases: want %s, 2 samples and positive measures",
-				i, c.armID, c.N, c.Samples, c.P50Ms, c.PSSMiB, len(c.Phases), want[i])
+		if c.armID.String() != want[i] || c.Samples != 2 || c.Failed != 0 || c.P50Ms <= 0 || c.PSSMiB <= 0 || len(c.Phases) == 0 {
+			t.Errorf("cell %d %s n=%d: %d samples, %d failed %q, p50 %v ms, pss %v MiB, %d phases: want %s, 2 samples and positive measures",
+				i, c.armID, c.N, c.Samples, c.Failed, c.Errors, c.P50Ms, c.PSSMiB, len(c.Phases), want[i])
 		}
 	}
 	checkRatios(t, res)

@@ -52,6 +52,24 @@ func (r *results) cellTable(b *strings.Builder) {
 		fmt.Fprintf(b, "| %d | %s | %.0f | %.0f | %.0f | %s | %s | %.0f | %.1f | %.1f | %s | %s |\n", c.N, c.armID, c.P50Ms, c.P95Ms, c.WallMs,
 			orDash(c.VMMP50Ms, "%.0f"), orDash(c.GuestP50Ms, "%.0f"), c.OutsideP50Ms, c.PSSMiB, c.HeldMiB, orDash(c.GuestMiB, "%.1f"), phaseList(c.Phases))
 	}
+	for _, c := range r.Cells {
+		if c.Failed > 0 {
+			fmt.Fprintf(b, "\n**%d of %d starts of %s at N=%d failed** and are left out of its samples (the JSON has the errors in full): %s\n",
+				c.Failed, c.Failed+c.Samples, c.armID, c.N, shorten(strings.Join(c.Errors, "; "), maxErrorText))
+		}
+	}
+}
+
+// maxErrorText bounds an error in the tables; the JSON keeps it whole.
+const maxErrorText = 300
+
+// shorten puts s on one line and cuts it after n characters.
+func shorten(s string, n int) string {
+	r := []rune(strings.Join(strings.Fields(s), " "))
+	if len(r) <= n {
+		return string(r)
+	}
+	return string(r[:n]) + "…"
 }
 
 // alternativeTable puts cocoon beside runc and a cold boot per N.

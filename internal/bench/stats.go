@@ -42,14 +42,18 @@ type firstRestore struct {
 // cellResult is one (arm, N) cell over every round.
 type cellResult struct {
 	armID
-	N        int     `json:"n"`
-	Samples  int     `json:"samples"`
-	P50Ms    float64 `json:"p50Ms"` // create to process running, per clone
-	P95Ms    float64 `json:"p95Ms"`
-	WallMs   float64 `json:"wallMs"` // all N running; median over rounds
-	PSSMiB   float64 `json:"pssMiBPerClone"`
-	HeldMiB  float64 `json:"heldMiBPerClone"`     // PSS with a copy's whole memfd instead of its touched share
-	GuestMiB float64 `json:"guestRamMiBPerClone"` // the guest RAM alone (see cloneMemory)
+	N       int `json:"n"`
+	Samples int `json:"samples"`
+	// Failed counts the clones that did not start (not in the samples);
+	// Errors are their distinct errors, the first few.
+	Failed   int      `json:"failed"`
+	Errors   []string `json:"errors,omitempty"`
+	P50Ms    float64  `json:"p50Ms"` // create to process running, per clone
+	P95Ms    float64  `json:"p95Ms"`
+	WallMs   float64  `json:"wallMs"` // all N running; median over rounds
+	PSSMiB   float64  `json:"pssMiBPerClone"`
+	HeldMiB  float64  `json:"heldMiBPerClone"`     // PSS with a copy's whole memfd instead of its touched share
+	GuestMiB float64  `json:"guestRamMiBPerClone"` // the guest RAM alone (see cloneMemory)
 	// VMMP50Ms is the hypervisor's share (fill, spawn, load, resume, or a
 	// cold boot's start): what the restore mode changes, without the
 	// guest's own work after resume.
@@ -89,7 +93,9 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 	var pss, held, guest []float64
 	phases := map[string][]time.Duration{}
 	var order []string
+	var failed []error
 	for _, r := range runs {
+		failed = append(failed, r.failed...)
 		ready = append(ready, r.ready...)
 		walls = append(walls, r.wall)
 		m := meanMemory(r.mem)
@@ -110,6 +116,7 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 		P50Ms: ms(percentile(ready, 0.5)), P95Ms: ms(percentile(ready, 0.95)),
 		WallMs: ms(percentile(walls, 0.5)), VMMP50Ms: ms(percentile(vmm, 0.5)), OutsideP50Ms: ms(percentile(outside, 0.5)),
 		PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)), GuestMiB: round1(medianFloat(guest)),
+		Failed: len(failed), Errors: distinctErrors(failed),
 	}
 	for _, name := range order {
 		p := phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))}
@@ -119,6 +126,19 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 		}
 	}
 	return c
+}
+
+// maxErrors bounds the errors a cell keeps.
+const maxErrors = 3
+
+func distinctErrors(errs []error) []string {
+	var msgs []string
+	for _, err := range errs {
+		if m := err.Error(); len(msgs) < maxErrors && !slices.Contains(msgs, m) {
+			msgs = append(msgs, m)
+		}
+	}
+	return msgs
 }
 
 // vmmPhases are the phases the hypervisor spends before the guest runs

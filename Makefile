@@ -15,7 +15,7 @@ CRI_TOOLS_VERSION := v1.37.0
 CNI_PLUGINS_VERSION := v1.10.0
 CNI_PLUGINS := main/bridge ipam/host-local main/loopback
 
-.PHONY: all build containerd tools deps guest test lint generate clean demo bench fuzz
+.PHONY: all build containerd tools deps guest test unit lint generate clean demo bench fuzz
 
 all: build
 
@@ -74,6 +74,11 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$dir; \
 		done; \
 	done
+
+## unit: the unit tier alone (go test -short: pure logic, no root, QEMU or
+## containerd; the tests that need them say UNIT TIER and skip)
+unit:
+	$(GO) test -short -count=1 ./...
 
 ## lint: gofmt, go vet, staticcheck
 lint:

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 )
@@ -32,6 +33,8 @@ var agentCases = []struct {
 	{"TerminalResize", testTerminalResize},
 	{"CloseStdinEndsCat", testCloseStdin},
 	{"BadInput", testBadInput},
+	{"Limits", testLimits},
+	{"HelperProcess", testHelperProcess},
 	{"ProcessesStatsDelete", testProcessesStatsDelete},
 	{"Reconnect", testReconnect},
 }
@@ -90,6 +93,76 @@ func testUser(t *testing.T, tg *target) {
 			}
 		})
 	}
+}
+
+// testLimits: rlimits, the umask and no_new_privileges reach the process,
+// whatever its user, and not the agent (a later process has none of them).
+func testLimits(t *testing.T, tg *target) {
+	umask := uint32(0o027)
+	for _, tc := range []struct {
+		name, script string
+		req          agent.ExecRequest
+		want         string
+	}{
+		{"limited", "ulimit -n; ulimit -Hn; umask; grep NoNewPrivs /proc/self/status", agent.ExecRequest{
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 123, Hard: 456}},
+			Umask:   &umask, NoNewPrivileges: true,
+		}, "123\n456\n0027\nNoNewPrivs:\t1\n"},
+		{"limited user", "id -u; ulimit -n; ulimit -Hn", agent.ExecRequest{
+			UID: 65534, GID: 65534, Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 64, Hard: 64}},
+		}, "65534\n64\n64\n"},
+		{"after", "umask; ulimit -Hn; grep NoNewPrivs /proc/self/status", agent.ExecRequest{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := tc.req
+			req.ID, req.Args, req.Cwd = procID(t), []string{"sh", "-c", tc.script}, "/"
+			res := run(t, tg.c, req, "")
+			if tc.want == "" {
+				if lines := strings.Split(res.stdout, "\n"); len(lines) < 3 || lines[0] == "0027" || lines[1] == "456" || lines[2] != "NoNewPrivs:\t0" {
+					t.Errorf("a process without limits after limited ones: %q, want none of their limits", res.stdout)
+				}
+				return
+			}
+			if res.stdout != tc.want || res.status.Code != 0 {
+				t.Errorf("limits: %q %q exit %+v, want %q", res.stdout, res.stderr, res.status, tc.want)
+			}
+		})
+	}
+}
+
+// testHelperProcess: a process started through the exec helper keeps its
+// terminal, and the pid Exec reports is the process's own.
+func testHelperProcess(t *testing.T, tg *target) {
+	t.Run("terminal", func(t *testing.T) {
+		req := agent.ExecRequest{
+			ID: procID(t), Args: []string{"sh", "-c", "tty; grep NoNewPrivs /proc/self/status"}, Cwd: "/",
+			Terminal: true, NoNewPrivileges: true,
+		}
+		res := run(t, tg.c, req, "")
+		if !strings.Contains(res.stdout, "/dev/pts/") || !strings.Contains(res.stdout, "NoNewPrivs:\t1") {
+			t.Errorf("a terminal process with limits: %q, want its pty and no_new_privs", res.stdout)
+		}
+	})
+	t.Run("pid", func(t *testing.T) {
+		ctx, id := ctxT(t), procID(t)
+		pid, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}, NoNewPrivileges: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs, err := tg.c.Processes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !hasProcess(procs, id, "sleep 100", pid) {
+			t.Errorf("processes %+v lack %s (sleep 100) with the pid %d Exec returned", procs, id, pid)
+		}
+		if err := tg.c.Signal(ctx, id, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tg.c.Wait(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 func testSignal(t *testing.T, tg *target) {

@@ -7,15 +7,17 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
@@ -28,14 +30,17 @@ type Client struct {
 	tc  *ttrpc.Client
 	api api.AgentService
 
-	mu    sync.Mutex
-	stdio map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
+	mu      sync.Mutex
+	stdio   map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
+	version int                    // the agent's API version, once a Ping told it
 }
 
 // NewClient speaks the agent API over conn, a stream from DialUnix or
-// DialHybridVsock.
+// DialHybridVsock. Writes to the guest are queued, so a guest that stops
+// reading blocks no call beyond its context, and replies that answer no
+// request are dropped before ttrpc sees (and logs) them.
 func NewClient(conn net.Conn) *Client {
-	tc := ttrpc.NewClient(conn)
+	tc := ttrpc.NewClient(newReplyFilter(newSendQueue(conn)))
 	return &Client{tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}}
 }
 
@@ -49,34 +54,46 @@ func native(err error) error {
 	return err
 }
 
-// Close closes the connection; calls in flight fail.
+// Close closes the connection at once; calls in flight fail. It never
+// waits for the guest: what a stuck guest left unread is dropped.
 func (c *Client) Close() error {
 	return c.tc.Close()
 }
 
 // Ping returns once the agent serves.
 func (c *Client) Ping(ctx context.Context) error {
-	if _, err := c.api.Ping(ctx, &emptypb.Empty{}); err != nil {
+	resp, err := c.api.Ping(ctx, &emptypb.Empty{})
+	if err != nil {
 		return fmt.Errorf("ping guest agent: %w", native(err))
 	}
+	v, _ := strconv.Atoi(resp.Version)
+	c.mu.Lock()
+	c.version = v
+	c.mu.Unlock()
 	return nil
 }
 
-// InitRequest is the identity a restored clone gets.
-type InitRequest struct {
-	Time     time.Time // the guest's wall clock; zero leaves it
-	Entropy  []byte    // mixed into the guest's pool, then the CRNG is reseeded
-	Hostname string    // empty leaves it
-}
+// apiVersion2 is the first agent API with Init's files, network and rootfs
+// and Exec's rlimits, umask and no_new_privileges.
+const apiVersion2 = 2
 
-// Init sets the clone's clock, randomness and name; call it after every restore.
-func (c *Client) Init(ctx context.Context, r InitRequest) error {
-	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname}
-	if !r.Time.IsZero() {
-		req.Time = timestamppb.New(r.Time)
+// requireVersion fails unless the agent speaks API version v: an older one
+// (in a snapshot baked before it) would drop the fields that what names
+// and succeed without them.
+func (c *Client) requireVersion(ctx context.Context, v int, what string) error {
+	c.mu.Lock()
+	have := c.version
+	c.mu.Unlock()
+	if have == 0 {
+		if err := c.Ping(ctx); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		have = c.version
+		c.mu.Unlock()
 	}
-	if _, err := c.api.Init(ctx, req); err != nil {
-		return fmt.Errorf("init guest: %w", native(err))
+	if have < v {
+		return fmt.Errorf("%s needs guest agent API %d, the guest's agent speaks %d (rebuild the snapshot): %w", what, v, have, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
@@ -90,16 +107,31 @@ type ExecRequest struct {
 	AdditionalGIDs []uint32
 	Terminal       bool
 	Stdin          bool // the process gets a stdin stream (else /dev/null)
+	// Rlimits, NoNewPrivileges and Umask apply to the process only.
+	Rlimits         []specs.POSIXRlimit
+	NoNewPrivileges bool
+	Umask           *uint32 // nil inherits the agent's
 }
 
 // Exec starts a process and returns its pid in the guest (0 from an agent
 // that predates reporting it); follow it with Stdio to get its streams.
+// After an Init with a rootfs, the process runs in the container's root.
 func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
-	resp, err := c.api.Exec(ctx, &api.ExecRequest{
+	if len(r.Rlimits) > 0 || r.Umask != nil || r.NoNewPrivileges {
+		if err := c.requireVersion(ctx, apiVersion2, "rlimits, a umask or no_new_privileges"); err != nil {
+			return 0, fmt.Errorf("exec %q in guest: %w", r.ID, err)
+		}
+	}
+	req := &api.ExecRequest{
 		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
 		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,
 		Terminal: r.Terminal, Stdin: r.Stdin,
-	})
+		NoNewPrivileges: r.NoNewPrivileges, Umask: r.Umask,
+	}
+	for _, l := range r.Rlimits {
+		req.Rlimits = append(req.Rlimits, &api.Rlimit{Type: l.Type, Soft: l.Soft, Hard: l.Hard})
+	}
+	resp, err := c.api.Exec(ctx, req)
 	if err != nil {
 		return 0, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
 	}

@@ -19,6 +19,11 @@ const (
 	// stdinCloseTimeout bounds ending a stdin, which a paused guest does
 	// not answer.
 	stdinCloseTimeout = 5 * time.Second
+	// maxEmptyReads bounds the ReadOutput replies in a row with neither data
+	// nor end of stream: the agent never sends one, so a guest that keeps
+	// doing it is broken. Retries back off from emptyReadBackoff.
+	maxEmptyReads    = 8
+	emptyReadBackoff = time.Millisecond
 )
 
 // Stdio returns the streams of process id; call it once, right after this
@@ -70,15 +75,25 @@ func (r *outputReader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	for {
-		resp, err := r.c.api.ReadOutput(r.ctx, &api.ReadOutputRequest{
-			Id: r.id, Stream: r.stream, MaxBytes: uint32(min(len(p), stdioChunk)),
-		})
+	for empty := 0; ; empty++ {
+		if empty == maxEmptyReads {
+			return 0, fmt.Errorf("read %s of %q: the guest answered %d reads with neither data nor end of stream: %w",
+				r.stream, r.id, empty, errdefs.ErrDataLoss)
+		}
+		if empty > 0 && !sleepCtx(r.ctx, emptyReadBackoff<<(empty-1)) {
+			return 0, os.ErrClosed
+		}
+		want := min(len(p), stdioChunk)
+		resp, err := r.c.api.ReadOutput(r.ctx, &api.ReadOutputRequest{Id: r.id, Stream: r.stream, MaxBytes: uint32(want)})
 		if err != nil {
 			if r.ctx.Err() != nil {
 				return 0, os.ErrClosed
 			}
 			return 0, fmt.Errorf("read %s of %q: %w", r.stream, r.id, native(err))
+		}
+		if len(resp.Data) > want {
+			return 0, fmt.Errorf("read %s of %q: the guest sent %d bytes, %d were asked for: %w",
+				r.stream, r.id, len(resp.Data), want, errdefs.ErrDataLoss)
 		}
 		r.eof = resp.Eof
 		if n := copy(p, resp.Data); n > 0 || r.eof {
@@ -87,6 +102,18 @@ func (r *outputReader) Read(p []byte) (int, error) {
 			}
 			return n, nil
 		}
+	}
+}
+
+// sleepCtx waits for d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

@@ -142,10 +142,58 @@ func (s *fakeSystem) PowerOff() error {
 	return nil
 }
 
-// harness runs the guest server in-process behind a fakeQEMU socket.
+// fakeNetwork records the NIC configurations Init asks for.
+type fakeNetwork struct {
+	mu  sync.Mutex
+	got []*server.NetConfig
+}
+
+func (n *fakeNetwork) Configure(cfg *server.NetConfig) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.got = append(n.got, cfg)
+	return nil
+}
+
+func (n *fakeNetwork) last() *server.NetConfig {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.got) == 0 {
+		return nil
+	}
+	return n.got[len(n.got)-1]
+}
+
+// fakeMounter mounts nothing: the container's root is whatever the test
+// put in the state directory's root.
+type fakeMounter struct {
+	mu     sync.Mutex
+	mounts []string // target fstype
+}
+
+func (m *fakeMounter) Disk(context.Context, string) (string, error) { return "/dev/vdz", nil }
+
+func (m *fakeMounter) Mount(_, target, fstype string, _ uintptr, _ string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.mounts = append(m.mounts, target+" "+fstype)
+	return nil
+}
+
+func (m *fakeMounter) Unmount(string) error { return nil }
+
+func (m *fakeMounter) Mknod(path string, _ uint32, _ uint64) error {
+	return os.WriteFile(path, nil, 0o666)
+}
+
+// harness runs the guest server in-process behind a fakeQEMU socket, on a
+// fake system, NIC and mounter, with its state in a temp dir.
 type harness struct {
-	sock string
-	sys  *fakeSystem
+	sock  string
+	sys   *fakeSystem
+	net   *fakeNetwork
+	mnt   *fakeMounter
+	state string
 }
 
 func newHarness(t testing.TB) *harness {
@@ -155,12 +203,16 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	h := &harness{sock: filepath.Join(dir, "agent.sock"), sys: &fakeSystem{off: make(chan struct{})}}
+	h := &harness{
+		sock: filepath.Join(dir, "agent.sock"), sys: &fakeSystem{off: make(chan struct{})},
+		net: &fakeNetwork{}, mnt: &fakeMounter{}, state: filepath.Join(dir, "state"),
+	}
 	ln, err := net.Listen("unix", h.sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.NewTTRPCServer(server.New(h.sys))
+	svc := server.New(h.sys, server.WithNetwork(h.net), server.WithMounter(h.mnt), server.WithStateDir(h.state))
+	srv, err := server.NewTTRPCServer(svc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,14 @@ import (
 	"time"
 )
 
-// synInterval is how often the host repeats its SYN until the guest answers:
-// a SYN sent before the agent opened its port is lost.
-const synInterval = 50 * time.Millisecond
+const (
+	// synInterval is how often the host repeats its SYN until the guest
+	// answers: a SYN sent before the agent opened its port is lost.
+	synInterval = 50 * time.Millisecond
+	// finTimeout bounds the FIN of a closing session, and with it a write
+	// in progress to a guest that stopped reading.
+	finTimeout = 100 * time.Millisecond
+)
 
 // openSession starts a session over conn, the host end of the guest's
 // virtio-serial port, and returns it once the guest agent acknowledged it.
@@ -24,6 +29,7 @@ func openSession(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	}
 	w := newFrameWriter(conn)
 	s := newSessionConn(id, w, func() {
+		_ = conn.SetWriteDeadline(time.Now().Add(finTimeout))
 		_ = w.writeFrame(frame{typ: frameFin, session: id})
 		_ = conn.Close()
 	})

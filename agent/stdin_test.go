@@ -46,8 +46,8 @@ func (a *stuckAgent) CloseStdin(ctx context.Context, _ *api.ProcessRequest) (*em
 	return &emptypb.Empty{}, nil
 }
 
-// serveStuck serves a on a unix socket and returns a client of it.
-func serveStuck(t *testing.T, a *stuckAgent) *agent.Client {
+// serveFake serves a on a unix socket and returns a client of it.
+func serveFake(t *testing.T, a api.AgentService) *agent.Client {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "cocoon-stuck-")
 	if err != nil {
@@ -71,7 +71,6 @@ func serveStuck(t *testing.T, a *stuckAgent) *agent.Client {
 	}
 	c := agent.NewClient(conn)
 	t.Cleanup(func() {
-		close(a.release)
 		_ = c.Close()
 		_ = srv.Close()
 		<-served
@@ -83,7 +82,8 @@ func serveStuck(t *testing.T, a *stuckAgent) *agent.Client {
 // not answer: the write must end, and the close must be bounded.
 func TestStdinCloseInterruptsWrite(t *testing.T) {
 	a := &stuckAgent{writing: make(chan struct{}, 1), release: make(chan struct{}), closed: make(chan bool, 1)}
-	c := serveStuck(t, a)
+	c := serveFake(t, a)
+	t.Cleanup(func() { close(a.release) })
 	ctx := ctxT(t)
 	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "p", Args: []string{"cat"}, Stdin: true}); err != nil {
 		t.Fatal(err)

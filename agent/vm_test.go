@@ -65,20 +65,21 @@ func buildInfo(t *testing.T) map[string]string {
 	return info
 }
 
-// testGuestInit: Init sets the guest's clock and name.
+// testGuestInit: Init sets the guest's clock and name and writes its files.
 func testGuestInit(t *testing.T, tg *target) {
 	entropy := make([]byte, 64)
 	if _, err := rand.Read(entropy); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if err := tg.c.Init(ctxT(t), agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-7"}); err != nil {
+	files := []agent.File{{Path: "/etc/cocoon-test/hosts", Data: []byte("10.0.0.7 clone-7\n"), Mode: 0o640}}
+	if err := tg.c.Init(ctxT(t), agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-7", Files: files}); err != nil {
 		t.Fatal(err)
 	}
-	res := run(t, tg.c, agent.ExecRequest{ID: procID(t), Args: []string{"sh", "-c", "hostname; date +%s"}}, "")
+	res := run(t, tg.c, agent.ExecRequest{ID: procID(t), Args: []string{"sh", "-c", "hostname; date +%s; stat -c %a /etc/cocoon-test/hosts; cat /etc/cocoon-test/hosts"}}, "")
 	lines := strings.Fields(res.stdout)
-	if len(lines) != 2 || lines[0] != "clone-7" {
-		t.Fatalf("hostname; date: %q, want clone-7 and a time", res.stdout)
+	if len(lines) != 5 || lines[0] != "clone-7" || lines[2] != "640" || lines[3] != "10.0.0.7" {
+		t.Fatalf("hostname; date; the file: %q, want clone-7, a time, and the file Init wrote", res.stdout)
 	}
 	sec, err := strconv.ParseInt(lines[1], 10, 64)
 	if err != nil {
@@ -98,6 +99,38 @@ func BenchmarkVMColdBoot(b *testing.B) {
 		c.Close()
 		vm.Stop()
 		b.StartTimer()
+	}
+}
+
+// BenchmarkVMInit measures Init in a booted guest with a NIC: the identity
+// alone (all Init carried before files, network and rootfs), with the
+// resolver files and the NIC taken down (a task without a network), and
+// with the NIC configured (a task with one; needs virtio_net in the guest).
+func BenchmarkVMInit(b *testing.B) {
+	vm := vmtest.Start(b, vmtest.Options{NICMAC: snapshotMAC})
+	c := vm.Client(b)
+	ctx := context.Background()
+	entropy := make([]byte, 64)
+	files := []agent.File{
+		{Path: "/etc/resolv.conf", Data: []byte("nameserver 10.88.0.1\n")},
+		{Path: "/etc/hosts", Data: []byte("127.0.0.1 localhost\n10.88.0.4 clone\n")},
+	}
+	for _, bc := range []struct {
+		name string
+		req  agent.InitRequest
+	}{
+		{"identity", agent.InitRequest{Entropy: entropy, Hostname: "clone"}},
+		{"files-nic-down", agent.InitRequest{Entropy: entropy, Hostname: "clone", Files: files}},
+		{"network", agent.InitRequest{Entropy: entropy, Hostname: "clone", Files: files, Network: cloneNetwork()}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				bc.req.Time = time.Now()
+				if err := c.Init(ctx, bc.req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

@@ -45,6 +45,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s is empty: want a value", r.key)
 		}
 	}
+	if c.Restore.MaxVCPUs < 0 {
+		return fmt.Errorf("restore.max_vcpus = %d: want 0 (the host's CPUs) or a positive count", c.Restore.MaxVCPUs)
+	}
 	if c.Agent.ConnectTimeout <= 0 || c.Agent.CallTimeout <= 0 || c.Shim.RestoreTimeout <= 0 {
 		return fmt.Errorf("agent.connect_timeout, agent.call_timeout and shim.restore_timeout must be positive")
 	}

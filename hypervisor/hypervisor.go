@@ -105,7 +105,9 @@ type RestoreRequest struct {
 	// OnPhase, if set, is told how long each restore phase took.
 	OnPhase func(phase string, d time.Duration)
 	// NetNS, if set, is the network namespace (an open nsfs file, e.g. /proc/PID/ns/net or
-	// /run/netns/X) the hypervisor process runs in; nil keeps the caller's namespace.
+	// /run/netns/X) the hypervisor process runs in; nil keeps the caller's namespace, or,
+	// for a hypervisor that would make a tap of its own for a NIC without one, gives it an
+	// empty namespace of its own, so nothing lands on the host.
 	NetNS *os.File
 	// NIC, if set, backs the snapshot's network device with a tap in NetNS; nil leaves the
 	// device without a backend (the guest keeps its NIC down).
@@ -125,7 +127,10 @@ type NIC struct {
 	// TapName names the tap in NetNS, for VMMs that open it themselves.
 	TapName string
 	// TapFile is an open queue of the tap, for VMMs that take an fd (QEMU). The driver hands
-	// it to the VMM; the caller closes its own copy after Restore returns.
+	// it to the VMM; the caller closes its own copy after Restore returns. Drivers of VMMs
+	// that open the tap by name close it first instead: a single-queue tap takes one queue,
+	// so the VMM's open fails with EBUSY while it is open (the caller's Close then returns
+	// os.ErrClosed).
 	TapFile *os.File
 }
 
@@ -164,6 +169,13 @@ type VM interface {
 	DialAgent(ctx context.Context) (net.Conn, error)
 	// Close kills the process if it still runs and removes the run dir.
 	Close() error
+}
+
+// BuildReporter is a driver that can name its hypervisor's build on
+// request when its Capabilities leave Build empty (QEMU keeps the probe off
+// the restore path).
+type BuildReporter interface {
+	Build(ctx context.Context) (string, error)
 }
 
 // Snapshotter is a VM that can write a chain link of itself into dir. The VM

@@ -38,6 +38,14 @@ type Inputs struct {
 	Config config.Restore
 	// Annotations are the OCI spec annotations (pod and container).
 	Annotations map[string]string
+	// Host is the machine's size, the default bound on a guest's.
+	Host Host
+}
+
+// Host is what a machine has for guests.
+type Host struct {
+	MemoryBytes int64
+	CPUs        int
 }
 
 // Plan is the policy's decision.
@@ -96,6 +104,26 @@ func checkInputs(in Inputs) error {
 	}
 	if len(in.Caps.RestoreModes) == 0 {
 		return fmt.Errorf("decide restore mode: %s reports no restore modes", in.Hypervisor)
+	}
+	return checkSize(in)
+}
+
+// checkSize refuses a guest larger than the config allows, or than the
+// host when the config sets no bound: the image states its size.
+func checkSize(in Inputs) error {
+	memMax, memKey := int64(in.Config.MaxGuestMemory), "restore.max_guest_memory"
+	if memMax == 0 {
+		memMax, memKey = in.Host.MemoryBytes, "the host's memory (restore.max_guest_memory = 0)"
+	}
+	if memMax > 0 && in.Link.MemoryBytes > memMax {
+		return fmt.Errorf("restore a snapshot of %d bytes of guest memory: more than %s, %d bytes", in.Link.MemoryBytes, memKey, memMax)
+	}
+	cpuMax, cpuKey := in.Config.MaxVCPUs, "restore.max_vcpus"
+	if cpuMax == 0 {
+		cpuMax, cpuKey = in.Host.CPUs, "the host's CPUs (restore.max_vcpus = 0)"
+	}
+	if cpuMax > 0 && in.Link.VCPUs > cpuMax {
+		return fmt.Errorf("restore a snapshot of %d vCPUs: more than %s, %d", in.Link.VCPUs, cpuKey, cpuMax)
 	}
 	return nil
 }
@@ -164,6 +192,11 @@ func (p *Plan) memoryRule(mode hypervisor.Mode, req request, link *chain.Link) h
 	}
 	p.because("%s needs copy: %s", what, why)
 	p.overridden(req, mode, what)
+	if mode != hypervisor.ModeCopy && req.mode == "" {
+		// The image's flags chose the costliest mode, holding all of its
+		// guest memory privately: the operator should see it.
+		p.warn("the snapshot's %s forces copy: the VM holds all %d bytes of its guest memory privately", what, link.MemoryBytes)
+	}
 	return hypervisor.ModeCopy
 }
 

@@ -47,6 +47,19 @@ type Request struct {
 	NetNS *os.File
 	NIC   *hypervisor.NIC
 	Disk  string
+	// Guest is what the guest gets with its identity.
+	Guest GuestSetup
+}
+
+// GuestSetup is what Init gives a restored guest besides its identity: the
+// files to write, its root, and its network.
+type GuestSetup struct {
+	Files  []agent.File
+	Rootfs *agent.Rootfs
+	// Network, when set, is asked after the driver restored the VM (the
+	// task's hooks may configure the namespace only then) for the guest
+	// NIC's configuration; nil leaves the NIC down.
+	Network func() *agent.Network
 }
 
 // Phase is how long one step of a restore took.
@@ -160,7 +173,11 @@ func initGuest(ctx context.Context, c *agent.Client, r Request) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 	defer cancel()
-	return c.Init(ctx, agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname})
+	req := agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname, Files: r.Guest.Files, Rootfs: r.Guest.Rootfs}
+	if r.Guest.Network != nil {
+		req.Network = r.Guest.Network()
+	}
+	return c.Init(ctx, req)
 }
 
 // recorder collects phases in the order they finish. Drivers may report

@@ -96,7 +96,7 @@ func TestRestartCleansAndKeepsKinds(t *testing.T) {
 	requireOrdinary(t)
 	ctx := context.Background()
 	root := t.TempDir()
-	sn, err := New(root)
+	sn, err := New(context.Background(), root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestRestageOrdinaryAfterReboot(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
 	boot := "boot-1"
-	sn, err := New(root, withBootID(func() (string, error) { return boot, nil }))
+	sn, err := New(context.Background(), root, withBootID(func() (string, error) { return boot, nil }))
 	if err != nil {
 		t.Fatal(err)
 	}

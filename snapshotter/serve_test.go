@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 func serveForTest(root, address string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	sn, err := New(root)
+	sn, err := New(context.Background(), root)
 	if err != nil {
 		os.Stderr.WriteString(err.Error() + "\n")
 		return 1

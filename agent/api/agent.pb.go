@@ -125,10 +125,20 @@ func (x *PingResponse) GetKernelRelease() string {
 }
 
 type InitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
-	Entropy       []byte                 `protobuf:"bytes,2,opt,name=entropy,proto3" json:"entropy,omitempty"`
-	Hostname      string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Time     *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	Entropy  []byte                 `protobuf:"bytes,2,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	Hostname string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// files are written (to a temporary name, then renamed) before anything
+	// else: the resolver and hosts files, or the sources of rootfs bind
+	// mounts.
+	Files []*File `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`
+	// network configures the guest's NIC. Absent, the NIC is set down with
+	// no addresses or routes (a restored fork may have had some).
+	Network *Network `protobuf:"bytes,5,opt,name=network,proto3" json:"network,omitempty"`
+	// rootfs is the container's root; absent, processes run in the guest's
+	// own root.
+	Rootfs        *Rootfs `protobuf:"bytes,6,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -184,6 +194,375 @@ func (x *InitRequest) GetHostname() string {
 	return ""
 }
 
+func (x *InitRequest) GetFiles() []*File {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *InitRequest) GetNetwork() *Network {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *InitRequest) GetRootfs() *Rootfs {
+	if x != nil {
+		return x.Rootfs
+	}
+	return nil
+}
+
+type File struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is absolute, in the guest.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// mode is the file's permission bits; 0 means 0644.
+	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *File) Reset() {
+	*x = File{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *File) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*File) ProtoMessage() {}
+
+func (x *File) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use File.ProtoReflect.Descriptor instead.
+func (*File) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *File) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *File) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *File) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+type Network struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mac is the NIC's new hardware address; empty keeps it.
+	Mac string `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// mtu is the NIC's MTU; 0 keeps it.
+	Mtu uint32 `protobuf:"varint,2,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// addresses are CIDRs (IPv4 or IPv6), e.g. "10.88.0.4/16".
+	Addresses     []string `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	Routes        []*Route `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Network) Reset() {
+	*x = Network{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Network) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Network) ProtoMessage() {}
+
+func (x *Network) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Network.ProtoReflect.Descriptor instead.
+func (*Network) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Network) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *Network) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *Network) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *Network) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+type Route struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// destination is a CIDR; empty means the default route of the
+	// gateway's family.
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// gateway is an IP address; empty makes the route on-link (scope link).
+	Gateway string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// source is the preferred source address; empty lets the kernel choose.
+	Source string `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	Metric uint32 `protobuf:"varint,4,opt,name=metric,proto3" json:"metric,omitempty"`
+	// on_link says the gateway is reachable on the NIC even though no
+	// address's prefix covers it (RTNH_F_ONLINK).
+	OnLink        bool `protobuf:"varint,5,opt,name=on_link,json=onLink,proto3" json:"on_link,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Route) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Route) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *Route) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Route) GetMetric() uint32 {
+	if x != nil {
+		return x.Metric
+	}
+	return 0
+}
+
+func (x *Route) GetOnLink() bool {
+	if x != nil {
+		return x.OnLink
+	}
+	return false
+}
+
+type Rootfs struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fstype is the file system on the disk: "erofs" or "ext4".
+	Fstype string `protobuf:"bytes,1,opt,name=fstype,proto3" json:"fstype,omitempty"`
+	// serial is the virtio-blk serial of the disk carrying the root.
+	Serial string `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	// mounts are set up inside the container's root, in order, after it is
+	// mounted read-only under a private writable overlay.
+	Mounts        []*Mount `protobuf:"bytes,3,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rootfs) Reset() {
+	*x = Rootfs{}
+	mi := &file_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rootfs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rootfs) ProtoMessage() {}
+
+func (x *Rootfs) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rootfs.ProtoReflect.Descriptor instead.
+func (*Rootfs) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Rootfs) GetFstype() string {
+	if x != nil {
+		return x.Fstype
+	}
+	return ""
+}
+
+func (x *Rootfs) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *Rootfs) GetMounts() []*Mount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+// Mount is an OCI mount (runtime-spec config.md) inside the container.
+type Mount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Destination   string                 `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	Type          string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Source        string                 `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	Options       []string               `protobuf:"bytes,4,rep,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Mount) Reset() {
+	*x = Mount{}
+	mi := &file_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mount) ProtoMessage() {}
+
+func (x *Mount) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mount.ProtoReflect.Descriptor instead.
+func (*Mount) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Mount) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Mount) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Mount) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Mount) GetOptions() []string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
 type ExecRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -195,13 +574,18 @@ type ExecRequest struct {
 	AdditionalGids []uint32               `protobuf:"varint,7,rep,packed,name=additional_gids,json=additionalGids,proto3" json:"additional_gids,omitempty"`
 	Terminal       bool                   `protobuf:"varint,8,opt,name=terminal,proto3" json:"terminal,omitempty"`
 	Stdin          bool                   `protobuf:"varint,9,opt,name=stdin,proto3" json:"stdin,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// rlimits apply to the process only, never to the agent.
+	Rlimits         []*Rlimit `protobuf:"bytes,10,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	NoNewPrivileges bool      `protobuf:"varint,11,opt,name=no_new_privileges,json=noNewPrivileges,proto3" json:"no_new_privileges,omitempty"`
+	// umask, when set, is the process's file mode creation mask.
+	Umask         *uint32 `protobuf:"varint,12,opt,name=umask,proto3,oneof" json:"umask,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -213,7 +597,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -226,7 +610,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecRequest) GetId() string {
@@ -292,6 +676,88 @@ func (x *ExecRequest) GetStdin() bool {
 	return false
 }
 
+func (x *ExecRequest) GetRlimits() []*Rlimit {
+	if x != nil {
+		return x.Rlimits
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetNoNewPrivileges() bool {
+	if x != nil {
+		return x.NoNewPrivileges
+	}
+	return false
+}
+
+func (x *ExecRequest) GetUmask() uint32 {
+	if x != nil && x.Umask != nil {
+		return *x.Umask
+	}
+	return 0
+}
+
+type Rlimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// type is the OCI name, e.g. "RLIMIT_NOFILE".
+	Type          string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Soft          uint64 `protobuf:"varint,2,opt,name=soft,proto3" json:"soft,omitempty"`
+	Hard          uint64 `protobuf:"varint,3,opt,name=hard,proto3" json:"hard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rlimit) Reset() {
+	*x = Rlimit{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rlimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rlimit) ProtoMessage() {}
+
+func (x *Rlimit) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
+func (*Rlimit) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Rlimit) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Rlimit) GetSoft() uint64 {
+	if x != nil {
+		return x.Soft
+	}
+	return 0
+}
+
+func (x *Rlimit) GetHard() uint64 {
+	if x != nil {
+		return x.Hard
+	}
+	return 0
+}
+
 type ExecResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pid is the process's pid in the guest.
@@ -302,7 +768,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +780,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +793,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecResponse) GetPid() uint32 {
@@ -348,7 +814,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -360,7 +826,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -373,7 +839,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -408,7 +874,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +886,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +899,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -460,7 +926,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -472,7 +938,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -485,7 +951,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -511,7 +977,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -523,7 +989,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -536,7 +1002,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -557,7 +1023,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +1035,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +1048,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -616,7 +1082,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +1094,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +1107,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -669,7 +1135,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -681,7 +1147,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -694,7 +1160,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -731,7 +1197,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1209,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1222,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -796,7 +1262,7 @@ type ProcessesResponse struct {
 
 func (x *ProcessesResponse) Reset() {
 	*x = ProcessesResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +1274,7 @@ func (x *ProcessesResponse) String() string {
 func (*ProcessesResponse) ProtoMessage() {}
 
 func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +1287,7 @@ func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -850,7 +1316,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +1328,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +1341,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StatsResponse) GetMemoryTotal() uint64 {
@@ -962,11 +1428,38 @@ const file_agent_proto_rawDesc = "" +
 	"\vagent.proto\x12\x0fcocoon.agent.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
 	"\fPingResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
-	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"s\n" +
+	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\x85\x02\n" +
 	"\vInitRequest\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
-	"\bhostname\x18\x03 \x01(\tR\bhostname\"\xd4\x01\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12+\n" +
+	"\x05files\x18\x04 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x122\n" +
+	"\anetwork\x18\x05 \x01(\v2\x18.cocoon.agent.v1.NetworkR\anetwork\x12/\n" +
+	"\x06rootfs\x18\x06 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\"B\n" +
+	"\x04File\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"{\n" +
+	"\aNetwork\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x10\n" +
+	"\x03mtu\x18\x02 \x01(\rR\x03mtu\x12\x1c\n" +
+	"\taddresses\x18\x03 \x03(\tR\taddresses\x12.\n" +
+	"\x06routes\x18\x04 \x03(\v2\x16.cocoon.agent.v1.RouteR\x06routes\"\x8c\x01\n" +
+	"\x05Route\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\x12\x16\n" +
+	"\x06metric\x18\x04 \x01(\rR\x06metric\x12\x17\n" +
+	"\aon_link\x18\x05 \x01(\bR\x06onLink\"h\n" +
+	"\x06Rootfs\x12\x16\n" +
+	"\x06fstype\x18\x01 \x01(\tR\x06fstype\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12.\n" +
+	"\x06mounts\x18\x03 \x03(\v2\x16.cocoon.agent.v1.MountR\x06mounts\"o\n" +
+	"\x05Mount\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\x12\x18\n" +
+	"\aoptions\x18\x04 \x03(\tR\aoptions\"\xd8\x02\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -976,7 +1469,16 @@ const file_agent_proto_rawDesc = "" +
 	"\x03gid\x18\x06 \x01(\rR\x03gid\x12'\n" +
 	"\x0fadditional_gids\x18\a \x03(\rR\x0eadditionalGids\x12\x1a\n" +
 	"\bterminal\x18\b \x01(\bR\bterminal\x12\x14\n" +
-	"\x05stdin\x18\t \x01(\bR\x05stdin\" \n" +
+	"\x05stdin\x18\t \x01(\bR\x05stdin\x121\n" +
+	"\arlimits\x18\n" +
+	" \x03(\v2\x17.cocoon.agent.v1.RlimitR\arlimits\x12*\n" +
+	"\x11no_new_privileges\x18\v \x01(\bR\x0fnoNewPrivileges\x12\x19\n" +
+	"\x05umask\x18\f \x01(\rH\x00R\x05umask\x88\x01\x01B\b\n" +
+	"\x06_umask\"D\n" +
+	"\x06Rlimit\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
+	"\x04soft\x18\x02 \x01(\x04R\x04soft\x12\x12\n" +
+	"\x04hard\x18\x03 \x01(\x04R\x04hard\" \n" +
 	"\fExecResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"q\n" +
 	"\x11ReadOutputRequest\x12\x0e\n" +
@@ -1059,62 +1561,74 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                   // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),          // 1: cocoon.agent.v1.PingResponse
 	(*InitRequest)(nil),           // 2: cocoon.agent.v1.InitRequest
-	(*ExecRequest)(nil),           // 3: cocoon.agent.v1.ExecRequest
-	(*ExecResponse)(nil),          // 4: cocoon.agent.v1.ExecResponse
-	(*ReadOutputRequest)(nil),     // 5: cocoon.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 6: cocoon.agent.v1.ReadOutputResponse
-	(*WriteStdinRequest)(nil),     // 7: cocoon.agent.v1.WriteStdinRequest
-	(*ProcessRequest)(nil),        // 8: cocoon.agent.v1.ProcessRequest
-	(*WaitResponse)(nil),          // 9: cocoon.agent.v1.WaitResponse
-	(*SignalRequest)(nil),         // 10: cocoon.agent.v1.SignalRequest
-	(*ResizePtyRequest)(nil),      // 11: cocoon.agent.v1.ResizePtyRequest
-	(*ProcessInfo)(nil),           // 12: cocoon.agent.v1.ProcessInfo
-	(*ProcessesResponse)(nil),     // 13: cocoon.agent.v1.ProcessesResponse
-	(*StatsResponse)(nil),         // 14: cocoon.agent.v1.StatsResponse
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 16: google.protobuf.Empty
+	(*File)(nil),                  // 3: cocoon.agent.v1.File
+	(*Network)(nil),               // 4: cocoon.agent.v1.Network
+	(*Route)(nil),                 // 5: cocoon.agent.v1.Route
+	(*Rootfs)(nil),                // 6: cocoon.agent.v1.Rootfs
+	(*Mount)(nil),                 // 7: cocoon.agent.v1.Mount
+	(*ExecRequest)(nil),           // 8: cocoon.agent.v1.ExecRequest
+	(*Rlimit)(nil),                // 9: cocoon.agent.v1.Rlimit
+	(*ExecResponse)(nil),          // 10: cocoon.agent.v1.ExecResponse
+	(*ReadOutputRequest)(nil),     // 11: cocoon.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),    // 12: cocoon.agent.v1.ReadOutputResponse
+	(*WriteStdinRequest)(nil),     // 13: cocoon.agent.v1.WriteStdinRequest
+	(*ProcessRequest)(nil),        // 14: cocoon.agent.v1.ProcessRequest
+	(*WaitResponse)(nil),          // 15: cocoon.agent.v1.WaitResponse
+	(*SignalRequest)(nil),         // 16: cocoon.agent.v1.SignalRequest
+	(*ResizePtyRequest)(nil),      // 17: cocoon.agent.v1.ResizePtyRequest
+	(*ProcessInfo)(nil),           // 18: cocoon.agent.v1.ProcessInfo
+	(*ProcessesResponse)(nil),     // 19: cocoon.agent.v1.ProcessesResponse
+	(*StatsResponse)(nil),         // 20: cocoon.agent.v1.StatsResponse
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 22: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	15, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
-	0,  // 1: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	15, // 2: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	12, // 3: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	16, // 4: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 5: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	3,  // 6: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	5,  // 7: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	7,  // 8: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	8,  // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	8,  // 10: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	10, // 11: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	11, // 12: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	8,  // 13: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	16, // 14: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	16, // 15: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	16, // 16: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	1,  // 17: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	16, // 18: cocoon.agent.v1.Agent.Init:output_type -> google.protobuf.Empty
-	4,  // 19: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	6,  // 20: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	16, // 21: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	16, // 22: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	9,  // 23: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	16, // 24: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	16, // 25: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	16, // 26: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	13, // 27: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	14, // 28: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	16, // 29: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	17, // [17:30] is the sub-list for method output_type
-	4,  // [4:17] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	21, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	3,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
+	4,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
+	6,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
+	5,  // 4: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
+	7,  // 5: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
+	9,  // 6: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
+	0,  // 7: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	21, // 8: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	18, // 9: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
+	22, // 10: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 11: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	8,  // 12: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	11, // 13: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	13, // 14: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	14, // 15: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	14, // 16: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	16, // 17: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	17, // 18: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	14, // 19: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	22, // 20: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	22, // 21: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	22, // 22: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	1,  // 23: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	22, // 24: cocoon.agent.v1.Agent.Init:output_type -> google.protobuf.Empty
+	10, // 25: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	12, // 26: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	22, // 27: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	22, // 28: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	15, // 29: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	22, // 30: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	22, // 31: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	22, // 32: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	19, // 33: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	20, // 34: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	22, // 35: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	23, // [23:36] is the sub-list for method output_type
+	10, // [10:23] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1122,13 +1636,14 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
+	file_agent_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -15,31 +15,49 @@ import (
 
 // Exec starts a process and returns its pid. Processes outlive the
 // connection that started them.
+// With a container root from Init, they run inside it.
 func (s *Service) Exec(ctx context.Context, r *api.ExecRequest) (*api.ExecResponse, error) {
-	spec, err := newProcSpec(r)
+	spec, err := newProcSpec(r, s.containerRoot())
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.procs[r.Id]; ok {
-		return nil, fmt.Errorf("process %q: %w", r.Id, errdefs.ErrAlreadyExists)
+	if err := s.reserve(r.Id); err != nil {
+		return nil, err
 	}
 	p, err := startProcess(r.Id, spec, r.Terminal, r.Stdin)
+	s.mu.Lock()
+	if err != nil {
+		delete(s.procs, r.Id)
+	} else {
+		s.procs[r.Id] = p
+	}
+	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	s.procs[r.Id] = p
 	pid := p.cmd.Process.Pid
 	log.G(ctx).WithField("id", r.Id).WithField("pid", pid).Debug("process started")
 	return &api.ExecResponse{Pid: uint32(pid)}, nil
 }
 
+// reserve claims id for a process being started, which may take a while
+// (the exec helper) and must not hold up calls about other processes.
+func (s *Service) reserve(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.procs[id]; ok {
+		return fmt.Errorf("process %q: %w", id, errdefs.ErrAlreadyExists)
+	}
+	s.procs[id] = nil
+	return nil
+}
+
+// process returns the started process id; one still starting is NotFound.
 func (s *Service) process(id string) (*process, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, ok := s.procs[id]
-	if !ok {
+	p := s.procs[id]
+	if p == nil {
 		return nil, fmt.Errorf("process %q: %w", id, errdefs.ErrNotFound)
 	}
 	return p, nil
@@ -142,8 +160,8 @@ func (s *Service) ResizePty(ctx context.Context, r *api.ResizePtyRequest) (*empt
 func (s *Service) Delete(ctx context.Context, r *api.ProcessRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, ok := s.procs[r.Id]
-	if !ok {
+	p := s.procs[r.Id]
+	if p == nil {
 		return nil, fmt.Errorf("process %q: %w", r.Id, errdefs.ErrNotFound)
 	}
 	if !p.exited() {

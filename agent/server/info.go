@@ -53,7 +53,7 @@ func (s *Service) pidIDs() map[uint32]string {
 	defer s.mu.Unlock()
 	ids := make(map[uint32]string, len(s.procs))
 	for id, p := range s.procs {
-		if !p.exited() {
+		if p != nil && !p.exited() {
 			ids[uint32(p.cmd.Process.Pid)] = id
 		}
 	}

@@ -36,16 +36,12 @@ type exitStatus struct {
 
 // startProcess starts spec with pipes, or with a new pty when terminal.
 func startProcess(id string, spec *procSpec, terminal, withStdin bool) (*process, error) {
-	cmd := &exec.Cmd{Path: spec.path, Args: spec.args, Env: spec.env, Dir: spec.cwd}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setsid: true,
-		Credential: &syscall.Credential{
-			Uid: spec.uid, Gid: spec.gid, Groups: spec.gids, NoSetGroups: false,
-		},
+	cmd, err := spec.command()
+	if err != nil {
+		return nil, fmt.Errorf("start %q: %w", id, err)
 	}
 	p := &process{id: id, cmd: cmd, terminal: terminal, done: make(chan struct{})}
 	var childEnds []*os.File
-	var err error
 	if terminal {
 		childEnds, err = p.attachPty()
 	} else {
@@ -55,7 +51,11 @@ func startProcess(id string, spec *procSpec, terminal, withStdin bool) (*process
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if spec.needsHelper() {
+		start = func() error { return startHelper(cmd) }
+	}
+	if err := start(); err != nil {
 		p.closeParentEnds()
 		return nil, fmt.Errorf("start %q: %w", id, err)
 	}

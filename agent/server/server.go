@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
@@ -17,15 +16,25 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// Version is reported by Ping.
-const Version = "1"
+// Version is reported by Ping. 2: Init carries files, network and rootfs;
+// Exec carries rlimits, umask and no_new_privileges.
+const Version = "2"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond
 
+// DefaultStateDir is where the agent mounts a container's root and keeps
+// what it must remember across its own restarts (tmpfs, per boot).
+const DefaultStateDir = "/run/cocoon"
+
 // Service implements api.AgentService.
 type Service struct {
-	sys System
+	sys      System
+	net      Network // nil: the agent manages no NIC
+	mnt      Mounter // nil: the agent mounts no rootfs
+	stateDir string
+
+	initMu sync.Mutex // one Init at a time
 
 	mu    sync.Mutex
 	procs map[string]*process
@@ -33,9 +42,29 @@ type Service struct {
 
 var _ api.AgentService = (*Service)(nil)
 
-// New returns a service that changes the machine through sys.
-func New(sys System) *Service {
-	return &Service{sys: sys, procs: map[string]*process{}}
+// Option configures a Service.
+type Option func(*Service)
+
+// WithNetwork lets Init configure the guest's NIC through n. Without it an
+// Init that carries a network fails, and one that carries none does
+// nothing to the network.
+func WithNetwork(n Network) Option { return func(s *Service) { s.net = n } }
+
+// WithMounter lets Init mount a container rootfs through m. Without it an
+// Init that carries a rootfs fails.
+func WithMounter(m Mounter) Option { return func(s *Service) { s.mnt = m } }
+
+// WithStateDir moves the agent's state (DefaultStateDir).
+func WithStateDir(dir string) Option { return func(s *Service) { s.stateDir = dir } }
+
+// New returns a service that changes the machine through sys and the
+// seams opts add; tests pass fakes, cocoon-agent the real ones.
+func New(sys System, opts ...Option) *Service {
+	s := &Service{sys: sys, stateDir: DefaultStateDir, procs: map[string]*process{}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // NewTTRPCServer returns a ttrpc server serving s. Errors reach the host as
@@ -61,30 +90,6 @@ func statusErrors(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.
 // Ping answers with the agent version and kernel release.
 func (s *Service) Ping(ctx context.Context, _ *emptypb.Empty) (*api.PingResponse, error) {
 	return &api.PingResponse{Version: Version, KernelRelease: s.sys.KernelRelease()}, nil
-}
-
-// Init gives the guest its clone identity.
-func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty, error) {
-	if r.Time != nil {
-		if err := r.Time.CheckValid(); err != nil {
-			return nil, fmt.Errorf("init time: %v: %w", err, errdefs.ErrInvalidArgument)
-		}
-		if err := s.sys.SetTime(r.Time.AsTime()); err != nil {
-			return nil, err
-		}
-	}
-	if len(r.Entropy) > 0 {
-		if err := s.sys.AddEntropy(r.Entropy); err != nil {
-			return nil, err
-		}
-	}
-	if r.Hostname != "" {
-		if err := s.sys.SetHostname(r.Hostname); err != nil {
-			return nil, err
-		}
-	}
-	log.G(ctx).WithField("hostname", r.Hostname).WithField("entropy", len(r.Entropy)).Info("guest initialized")
-	return &emptypb.Empty{}, nil
 }
 
 // Shutdown syncs and then powers the guest off, after the reply is sent.

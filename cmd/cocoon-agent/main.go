@@ -27,6 +27,7 @@ const (
 )
 
 func main() {
+	server.ExecHelper()
 	if err := run(); err != nil {
 		log.L.WithError(err).Error("cocoon-agent failed")
 		os.Exit(1)
@@ -44,7 +45,8 @@ func run() error {
 		<-ctx.Done()
 		return err
 	}
-	srv, err := server.NewTTRPCServer(server.New(server.Linux{}))
+	svc := server.New(server.Linux{}, server.WithNetwork(server.Netlink{}), server.WithMounter(server.LinuxMounts{}))
+	srv, err := server.NewTTRPCServer(svc)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 )
 
@@ -31,40 +32,29 @@ func init() {
 	register(command{
 		name:    "explain",
 		summary: "show the restore plan for a chain link and why",
-		flags:   explainCommand(os.Stdout),
+		flags:   explainCommand(os.Stdout, drivers.New),
 	})
 }
 
-// capabilities asks the configured driver what it can do, and which build
-// it is where the driver leaves that to an explicit probe (QEMU keeps it off
-// the restore path). Tests replace it with static capabilities.
-var capabilities = func(ctx context.Context, cfg config.Config) (hypervisor.Capabilities, error) {
-	d, err := restore.NewDriver(cfg)
-	if err != nil {
-		return hypervisor.Capabilities{}, err
+// buildOf names the hypervisor build where the driver leaves that to an
+// explicit probe (QEMU keeps it off the restore path).
+func buildOf(ctx context.Context, d hypervisor.Driver, caps hypervisor.Capabilities) (string, error) {
+	if b, ok := d.(hypervisor.BuildReporter); ok && caps.Build == "" {
+		return b.Build(ctx)
 	}
-	caps, err := d.Capabilities(ctx)
-	if err != nil {
-		return caps, err
-	}
-	if b, ok := d.(interface {
-		Build(context.Context) (string, error)
-	}); ok && caps.Build == "" {
-		if caps.Build, err = b.Build(ctx); err != nil {
-			return caps, err
-		}
-	}
-	return caps, nil
+	return caps.Build, nil
 }
 
 type explainOptions struct {
 	link, config, hypervisor string
 	annotations              annotations
+	// newDriver builds the configured driver, as the shim does.
+	newDriver func(config.Config) (hypervisor.Driver, error)
 }
 
-func explainCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
+func explainCommand(out io.Writer, newDriver func(config.Config) (hypervisor.Driver, error)) func(fs *flag.FlagSet) func(context.Context, []string) error {
 	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		o := explainOptions{annotations: annotations{}}
+		o := explainOptions{annotations: annotations{}, newDriver: newDriver}
 		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (required)")
 		fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
 		fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
@@ -90,19 +80,16 @@ func explain(ctx context.Context, out io.Writer, o explainOptions) error {
 	if err != nil {
 		return err
 	}
-	caps, err := capabilities(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("capabilities of %s: %w", cfg.Hypervisor, err)
-	}
-	plan, err := restore.Decide(restore.Inputs{
-		Hypervisor:  cfg.Hypervisor,
-		Caps:        caps,
-		Link:        link,
-		Config:      cfg.Restore,
-		Annotations: o.annotations,
-	})
+	d, err := o.newDriver(cfg)
 	if err != nil {
 		return err
+	}
+	plan, caps, err := restore.PlanFor(ctx, d, cfg.Restore, link, o.annotations)
+	if err != nil {
+		return err
+	}
+	if caps.Build, err = buildOf(ctx, d, caps); err != nil {
+		return fmt.Errorf("%s build: %w", d.Name(), err)
 	}
 	printPlan(out, o, link, cfg.Hypervisor, caps, source, plan)
 	return nil

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,24 +14,36 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
-// explainStaticCaps stands in for the drivers: Cloud Hypervisor without
+// staticDriver stands in for the drivers: Cloud Hypervisor without
 // CopyOnWrite, as copy_on_write = "no" (or a probe of an upstream build)
 // reports it.
-func explainStaticCaps(t *testing.T) {
-	t.Helper()
-	saved := capabilities
-	t.Cleanup(func() { capabilities = saved })
-	modes := map[string][]hypervisor.Mode{
-		"qemu":             {hypervisor.ModeMmap, hypervisor.ModeCopy},
-		"cloud-hypervisor": {hypervisor.ModeOnDemand, hypervisor.ModeCopy},
-		"firecracker":      {hypervisor.ModeMmap, hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+type staticDriver struct{ name string }
+
+var staticModes = map[string][]hypervisor.Mode{
+	"qemu":             {hypervisor.ModeMmap, hypervisor.ModeCopy},
+	"cloud-hypervisor": {hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+	"firecracker":      {hypervisor.ModeMmap, hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+}
+
+func newStaticDriver(cfg config.Config) (hypervisor.Driver, error) {
+	if _, ok := staticModes[cfg.Hypervisor]; !ok {
+		return nil, fmt.Errorf("hypervisor %q: not a test driver", cfg.Hypervisor)
 	}
-	capabilities = func(_ context.Context, cfg config.Config) (hypervisor.Capabilities, error) {
-		return hypervisor.Capabilities{RestoreModes: modes[cfg.Hypervisor], Build: cfg.Hypervisor + " test build"}, nil
-	}
+	return staticDriver{cfg.Hypervisor}, nil
+}
+
+func (d staticDriver) Name() string { return d.name }
+
+func (d staticDriver) Capabilities(context.Context) (hypervisor.Capabilities, error) {
+	return hypervisor.Capabilities{RestoreModes: staticModes[d.name], Build: d.name + " test build"}, nil
+}
+
+func (d staticDriver) Restore(context.Context, hypervisor.RestoreRequest) (hypervisor.VM, error) {
+	return nil, errors.New("a static test driver restores nothing")
 }
 
 // explainLink writes a full link of an empty (sparse) 512 MiB guest made by hv.
@@ -59,12 +73,12 @@ func explainConfig(t *testing.T, body string) string {
 	return p
 }
 
-func runExplainCmd(t *testing.T, args ...string) (string, error) {
+func runExplainCmd(t *testing.T, newDriver func(config.Config) (hypervisor.Driver, error), args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	fs.SetOutput(&bytes.Buffer{})
-	do := explainCommand(&out)(fs)
+	do := explainCommand(&out, newDriver)(fs)
 	if err := fs.Parse(args); err != nil {
 		return "", err
 	}
@@ -73,7 +87,6 @@ func runExplainCmd(t *testing.T, args ...string) (string, error) {
 }
 
 func TestExplain(t *testing.T) {
-	explainStaticCaps(t)
 	t.Setenv(config.EnvPath, "")
 	qemuLink := explainLink(t, "qemu", "linux", false)
 	chLink := explainLink(t, "cloud-hypervisor", "linux", false)
@@ -111,7 +124,7 @@ func TestExplain(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := runExplainCmd(t, tt.args...)
+			out, err := runExplainCmd(t, newStaticDriver, tt.args...)
 			got := out
 			if tt.err {
 				if err == nil {
@@ -132,7 +145,6 @@ func TestExplain(t *testing.T) {
 
 // TestExplainRegistered runs explain through the CLI entry point.
 func TestExplainRegistered(t *testing.T) {
-	explainStaticCaps(t)
 	t.Setenv(config.EnvPath, explainConfig(t, "[restore]\nmode = \"bogus\"\n"))
 	if code := run([]string{"explain", "--link", explainLink(t, "qemu", "linux", false)}); code != 1 {
 		t.Fatalf("explain with a bad config mode exited %d, want 1", code)
@@ -144,7 +156,7 @@ func TestExplainRegistered(t *testing.T) {
 func TestExplainQEMU(t *testing.T) {
 	bin := testenv.QEMU(t)
 	cfg := explainConfig(t, "[qemu]\nbinary = \""+bin+"\"\n")
-	out, err := runExplainCmd(t, "--link", explainLink(t, "qemu", "linux", false), "--config", cfg)
+	out, err := runExplainCmd(t, drivers.New, "--link", explainLink(t, "qemu", "linux", false), "--config", cfg)
 	if err != nil {
 		t.Fatalf("explain: %v", err)
 	}

@@ -17,12 +17,14 @@ import (
 // The cocoon handler's tests (issue 10's acceptance). Run them alone with
 // go test -run TestCocoon ./cri/e2e/.
 
-// cocoonConfig lets a pod choose the restore mode by annotation and makes
-// a mode QEMU cannot do an error, not a fallback.
+// cocoonConfig lets a pod choose the restore mode by annotation, makes a
+// mode QEMU cannot do an error, not a fallback, and runs ordinary images
+// in VMs restored from the chain image.
 const cocoonConfig = `
 [restore]
 allow_annotation = true
 strict = true
+base_image = "` + chainRef + `"
 `
 
 // cocoonImage is what the cocoon handler's containers run: the chain image

@@ -7,6 +7,15 @@
 // modes map to memory_restore_mode: copy omits it (Copy), ondemand is
 // "OnDemand" (userfaultfd inside Cloud Hypervisor), mmap is "CopyOnWrite",
 // which only the cocoonstack fork has.
+//
+// Cloud Hypervisor opens a network device's tap by name, in its own
+// network namespace, so it is started in the restore's namespace and the
+// snapshot's one network device gets the restore's tap; without one it
+// gets a tap Cloud Hypervisor makes in a namespace of its own. The
+// snapshot's rootfs slot (the disk with serial hypervisor.RootfsSerial,
+// or its only disk) gets the restore's filesystem image, read-only, with
+// the slot's recorded capacity set to the image's. No other disk or host
+// end the image names reaches Cloud Hypervisor (see vmConfigSchema).
 package cloudhypervisor
 
 import (

@@ -283,14 +283,3 @@ func TestRestoreStagedBindMount(t *testing.T) {
 		t.Errorf("memory-ranges is not a hard link (%v, %v)", fi, err)
 	}
 }
-
-func TestRestoreRefusesAttachments(t *testing.T) {
-	d, record := newDriver(t, apifake.SpecCHFork, "probe")
-	drivertest.RefusesAttachments(t, d, stageChain(t))
-	if got := apifake.Ops(t, record); len(got) != 0 {
-		t.Errorf("requests %v, want none", got)
-	}
-	if pids := apifake.PIDs(t, record); len(pids) != 0 {
-		t.Errorf("fake pids %v, want none started", pids)
-	}
-}

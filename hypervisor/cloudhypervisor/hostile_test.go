@@ -40,12 +40,14 @@ func TestPatchConfigRefusesHostPaths(t *testing.T) {
 		host             hostBackends
 		wantErr          string
 	}{
-		{"disk image", "disks", `[{"path":"/etc/shadow"}]`, hostBackends{}, "disks[0]: the snapshot has a device this restore gives no host path"},
-		{"vhost-user disk", "disks", `[{"path":"/x","vhost_user":true,"vhost_socket":"/run/vhost.sock"}]`, hostBackends{Disks: []string{"/r"}}, "disks[0].vhost_socket"},
-		{"disk following backing files", "disks", `[{"path":"/x","backing_files":true}]`, hostBackends{Disks: []string{"/r"}}, "disks[0].backing_files"},
-		{"tap", "net", `[{"tap":"tap-of-another-vm"}]`, hostBackends{}, "net[0]: the snapshot has a device this restore gives no host tap"},
-		{"net fds", "net", `[{"fds":[3,4]}]`, hostBackends{Taps: []string{"t"}}, "net[0].fds"},
-		{"vhost-user net", "net", `[{"vhost_user":true,"vhost_socket":"/s"}]`, hostBackends{Taps: []string{"t"}}, "net[0].vhost_socket"},
+		{"disk image beside the rootfs slot", "disks", `[{"id":"_disk0","path":"/r","serial":"cocoon-rootfs"},{"path":"/etc/shadow"}]`, hostBackends{Disk: "/r"},
+			"disks[1]: the snapshot has a device this restore gives no host path for"},
+		{"vhost-user disk", "disks", `[{"path":"/x","vhost_user":true,"vhost_socket":"/run/vhost.sock"}]`, hostBackends{Disk: "/r"}, "disks[0].vhost_socket"},
+		{"disk following backing files", "disks", `[{"path":"/x","backing_files":true}]`, hostBackends{Disk: "/r"}, "disks[0].backing_files"},
+		{"tap in a namespace without one from the restore", "net", `[{"tap":"tap-of-another-vm"}]`, hostBackends{NetNS: true},
+			"net[0]: the restore gives a network namespace but no tap"},
+		{"net fds", "net", `[{"fds":[3,4]}]`, hostBackends{Tap: "t"}, "net[0].fds"},
+		{"vhost-user net", "net", `[{"vhost_user":true,"vhost_socket":"/s"}]`, hostBackends{Tap: "t"}, "net[0].vhost_socket"},
 		{"virtio-fs", "fs", `[{"tag":"x","socket":"/run/virtiofsd.sock","num_queues":1,"queue_size":1024}]`, hostBackends{}, "fs = "},
 		{"pmem", "pmem", `[{"file":"/dev/sda"}]`, hostBackends{}, "pmem = "},
 		{"vfio device", "devices", `[{"path":"/sys/bus/pci/devices/0000:00:01.0"}]`, hostBackends{}, "devices = "},
@@ -61,7 +63,13 @@ func TestPatchConfigRefusesHostPaths(t *testing.T) {
 		{"iommufd fd", "platform", `{"iommufd_fd":3}`, hostBackends{}, "platform.iommufd_fd"},
 		{"unknown top-level field with a path", "future_disk", `{"path":"/etc/shadow"}`, hostBackends{}, "future_disk: an unknown field holding a string"},
 		{"unknown field of a known device", "vsock", `{"cid":3,"socket":"/s","future_path":"/etc/shadow"}`, hostBackends{}, "vsock.future_path: an unknown field"},
-		{"backends without devices", "net", `null`, hostBackends{Taps: []string{"t"}}, "gives 1 host backends for the snapshot's 0 devices"},
+		{"tap without a network device", "net", `null`, hostBackends{Tap: "t"}, `the snapshot has no network device to put tap "t" behind`},
+		{"two network devices", "net", `[{"id":"a"},{"id":"b"}]`, hostBackends{Tap: "t"}, "the snapshot has 2 network devices"},
+		{"multi-queue network device", "net", `[{"num_queues":4}]`, hostBackends{Tap: "t"}, "net[0].num_queues = 4: the tap a restore gives has one queue"},
+		{"disk without a rootfs slot", "disks", `null`, hostBackends{Disk: "/r"}, `the snapshot has no rootfs slot (a disk with serial "cocoon-rootfs")`},
+		{"two disks, no rootfs serial", "disks", `[{"id":"a","path":"/a"},{"id":"b","path":"/b"}]`, hostBackends{Disk: "/r"}, "2 disks, none with serial"},
+		{"two rootfs slots", "disks", `[{"id":"a","serial":"cocoon-rootfs"},{"id":"b","serial":"cocoon-rootfs"}]`, hostBackends{Disk: "/r"}, "disks[0] and disks[1] both have serial"},
+		{"rootfs slot without id", "disks", `[{"path":"/a"}]`, hostBackends{Disk: "/r"}, "disks[0] (the rootfs slot) has no id"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -80,9 +88,12 @@ func TestPatchConfigRewritesHostPaths(t *testing.T) {
 		want             string // the field after patching, as JSON
 	}{
 		{"tap from the restore", "net", `[{"tap":"tap-of-another-vm","ip":"10.0.0.1","mask":"255.0.0.0","host_mac":"02:00:00:00:00:01","mac":"02:00:00:00:00:02","id":"net0"}]`,
-			hostBackends{Taps: []string{"tap-ctr1"}}, `[{"host_mac":null,"id":"net0","ip":null,"mac":"02:00:00:00:00:02","mask":null,"tap":"tap-ctr1"}]`},
-		{"disk from the restore", "disks", `[{"path":"/etc/shadow","readonly":true,"queue_affinity":[{"queue_index":0,"host_cpus":[1]}]}]`,
-			hostBackends{Disks: []string{"/run/vm1/rootfs.img"}}, `[{"path":"/run/vm1/rootfs.img","queue_affinity":null,"readonly":true}]`},
+			hostBackends{Tap: "tap-ctr1"}, `[{"host_mac":null,"id":"net0","ip":null,"mac":"02:00:00:00:00:02","mask":null,"tap":"tap-ctr1"}]`},
+		{"tap of its own without a NIC", "net", `[{"tap":"tap-of-another-vm","id":"net0","num_queues":2}]`, hostBackends{}, `[{"id":"net0","num_queues":2,"tap":null}]`},
+		{"rootfs disk from the restore", "disks", `[{"id":"_disk0","path":"/etc/shadow","readonly":false,"image_type":"Qcow2","queue_affinity":[{"queue_index":0,"host_cpus":[1]}]}]`,
+			hostBackends{Disk: "/images/rootfs.erofs"}, `[{"id":"_disk0","image_type":"Raw","path":"/images/rootfs.erofs","queue_affinity":null,"readonly":true}]`},
+		{"empty rootfs slot", "disks", `[{"id":"_disk0","path":"/etc/shadow","serial":"cocoon-rootfs"}]`,
+			hostBackends{}, `[{"id":"_disk0","image_type":"Raw","path":"/run/vm1/empty-rootfs.img","readonly":true,"serial":"cocoon-rootfs"}]`},
 		{"entropy source", "rng", `{"src":"/etc/shadow"}`, hostBackends{}, `{"src":"/dev/urandom"}`},
 		{"debug console", "debug_console", `{"file":"/etc/cron.d/x","mode":"File"}`, hostBackends{}, `{"file":"/run/vm1/debug-console.log","mode":"File"}`},
 		{"console file", "console", `{"file":"/etc/passwd","mode":"File"}`, hostBackends{}, `{"file":"/run/vm1/console.log","mode":"File"}`},
@@ -97,12 +108,12 @@ func TestPatchConfigRewritesHostPaths(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := patchConfig([]byte(withField(t, tt.key, tt.value)), "/run/vm1", tt.host)
+			p, err := patchConfig([]byte(withField(t, tt.key, tt.value)), "/run/vm1", tt.host)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var cfg map[string]json.RawMessage
-			if err := json.Unmarshal(out, &cfg); err != nil {
+			if err := json.Unmarshal(p.config, &cfg); err != nil {
 				t.Fatal(err)
 			}
 			if got := string(cfg[tt.key]); got != tt.want {
@@ -155,7 +166,8 @@ func checkCovered(t *testing.T, spec, path string, s *openapi3.Schema, f field) 
 // host resource the restore must not hand to Cloud Hypervisor.
 var hostileConfigs = []struct{ name, key, value, wantErr string }{
 	{"disk", "disks", `[{"path":"/etc/shadow"}]`, "disks[0]"},
-	{"tap", "net", `[{"tap":"tap-of-another-vm"}]`, "net[0]"},
+	{"second disk", "disks", `[{"id":"_disk0","path":"/x","serial":"cocoon-rootfs"},{"id":"_disk1","path":"/etc/shadow"}]`, "disks[1]"},
+	{"vhost-user net", "net", `[{"vhost_user":true,"vhost_socket":"/run/vhost-net.sock"}]`, "net[0].vhost_socket"},
 	{"virtio-fs", "fs", `[{"tag":"root","socket":"/run/virtiofsd.sock","num_queues":1,"queue_size":1024}]`, "fs = "},
 	{"pmem", "pmem", `[{"file":"/dev/sda"}]`, "pmem = "},
 	{"vfio device", "devices", `[{"path":"/sys/bus/pci/devices/0000:00:01.0"}]`, "devices = "},

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/attach"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
@@ -21,9 +22,17 @@ type restoreConfig struct {
 }
 
 // Restore spawns Cloud Hypervisor and restores req.StagedDir into it,
-// paused. On error the process is killed and req.RunDir removed.
+// paused. Cloud Hypervisor runs in req.NetNS when set, and opens req.NIC's
+// tap by name for the snapshot's network device; without a NIC, a
+// snapshot's network device gets a tap Cloud Hypervisor makes in a network
+// namespace of its own, which goes with it. req.Disk backs the snapshot's
+// rootfs slot. On error the process is killed and req.RunDir removed.
 func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ hypervisor.VM, retErr error) {
 	staged, caps, err := stagedchain.Open(ctx, d, req)
+	if err != nil {
+		return nil, err
+	}
+	disk, err := attach.Check(req)
 	if err != nil {
 		return nil, err
 	}
@@ -37,10 +46,18 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 			v.Close()
 		}
 	}()
-	if v.source, err = materialize(staged, req.RunDir); err != nil {
+	host := hostBackends{NetNS: req.NetNS != nil, Disk: disk}
+	if req.NIC != nil {
+		host.Tap = req.NIC.TapName
+	}
+	var p patched
+	if v.source, p, err = materialize(staged, req.RunDir, host); err != nil {
 		return nil, err
 	}
-	if err := v.start(ctx, d.cfg.Binary, req); err != nil {
+	if err := v.start(ctx, d.cfg.Binary, req, p.ownNetNS); err != nil {
+		return nil, err
+	}
+	if err := attach.ReleaseQueue(req.NIC); err != nil {
 		return nil, err
 	}
 	if err := v.load(ctx, req); err != nil {
@@ -55,11 +72,13 @@ func apiArgs(sock string) []string {
 	return []string{"--api-socket", "path=" + sock}
 }
 
-// start spawns the process and waits for its API socket.
-func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest) error {
+// start spawns the process, in req.NetNS or in a network namespace of its
+// own, and waits for its API socket.
+func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest, ownNetNS bool) error {
 	sock := filepath.Join(v.RunDir, apiSock)
 	begin := time.Now()
-	if err := v.Instance.Start(ctx, vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Log: vmmLog, Socket: sock}); err != nil {
+	spec := vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS}
+	if err := v.Instance.Start(ctx, spec); err != nil {
 		return err
 	}
 	v.api = newAPIClient(sock)

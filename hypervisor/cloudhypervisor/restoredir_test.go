@@ -8,12 +8,15 @@ import (
 )
 
 func TestPatchConfig(t *testing.T) {
-	out, err := patchConfig([]byte(testConfig), "/run/vm1", hostBackends{})
+	p, err := patchConfig([]byte(testConfig), "/run/vm1", hostBackends{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if p.ownNetNS || p.rootfs != nil {
+		t.Errorf("a config without network device or disk: own netns %v, rootfs slot %+v", p.ownNetNS, p.rootfs)
+	}
 	var got, want map[string]any
-	if err := json.Unmarshal(out, &got); err != nil {
+	if err := json.Unmarshal(p.config, &got); err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal([]byte(testConfig), &want); err != nil {

@@ -8,6 +8,14 @@
 // File backend over a private copy in the run directory, ondemand is the Uffd
 // backend served by cocoon's page-fault handler (package uffd) from the
 // staged memory file.
+//
+// Firecracker runs in the restore's network namespace, or, when the
+// restore gives neither a namespace nor a NIC, in one of its own. The
+// restore's tap goes behind the snapshot's network interface eth0
+// (network_overrides), and its filesystem image behind the rootfs slot,
+// which a cocoon snapshot records as the relative path cocoon-rootfs that
+// the driver fills in the run directory (see placeRootfs). Devices whose
+// host ends the image chose are refused once loaded (see restored.go).
 package firecracker
 
 import (

@@ -223,11 +223,3 @@ func TestStateMachineViolations(t *testing.T) {
 		t.Error("diff snapshot: want an error")
 	}
 }
-
-func TestRestoreRefusesAttachments(t *testing.T) {
-	d, record := newDriver(t, apifake.Fake{})
-	drivertest.RefusesAttachments(t, d, stageChain(t))
-	if pids := apifake.PIDs(t, record); len(pids) != 0 {
-		t.Errorf("fake pids %v, want none started", pids)
-	}
-}

@@ -8,6 +8,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/drivertest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/apifake"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -26,9 +27,11 @@ func stageChain(t testing.TB) string {
 }
 
 // newDriver returns a driver whose binary is a fake Firecracker, and the
-// fake's request record.
+// fake's request record. It needs root: a restore without a network runs
+// Firecracker in a network namespace of its own.
 func newDriver(t testing.TB, fake apifake.Fake) (*Driver, string) {
 	t.Helper()
+	testenv.RequireRoot(t)
 	bin, record := fakeFC(fake).Script(t)
 	return New(config.Firecracker{Binary: bin}), record
 }

@@ -26,30 +26,44 @@ func vmstateWith(devices string) []byte {
 // TestRestoreRefusesImageHostDevices restores, against the fake
 // Firecracker, snapshots whose vmstate attaches host files and taps the
 // restore did not give: each fails before the guest runs, naming the
-// device, and the Firecracker process is gone.
+// device, and the Firecracker process is gone. HOSTFILE in a case's
+// devices stands for a file of the test's (the fake opens drives' files).
 func TestRestoreRefusesImageHostDevices(t *testing.T) {
-	tests := []struct{ name, devices, wantErr string }{
-		{"drive", `,"drives":[{"drive_id":"rootfs","is_root_device":true,"path_on_host":"/etc/shadow","is_read_only":false}]`,
-			`drives[0] (drive_id "rootfs") is backed by host file "/etc/shadow"`},
+	tests := []struct {
+		name, devices, wantErr string
+		nic                    bool
+	}{
+		{"drive", `,"drives":[{"drive_id":"rootfs","is_root_device":true,"path_on_host":"HOSTFILE","is_read_only":false}]`,
+			`drives[0] (drive_id "rootfs") is backed by host file "HOSTFILE"`, false},
 		{"vhost-user drive", `,"drives":[{"drive_id":"d","is_root_device":false,"socket":"/run/vhost.sock"}]`,
-			`socket "/run/vhost.sock"`},
-		{"pmem", `,"pmem":[{"id":"p","path_on_host":"/dev/sda"}]`, `pmem[0] (id "p") is backed by host file "/dev/sda"`},
-		{"tap", `,"network-interfaces":[{"iface_id":"eth0","host_dev_name":"tap-of-another-vm"}]`,
-			`network-interfaces[0] (iface_id "eth0") is backed by tap "tap-of-another-vm"`},
+			`socket "/run/vhost.sock"`, false},
+		{"pmem", `,"pmem":[{"id":"p","path_on_host":"/dev/sda"}]`, `pmem[0] (id "p") is backed by host file "/dev/sda"`, false},
+		{"tap beside the restore's", `,"network-interfaces":[{"iface_id":"eth0","host_dev_name":"old0"},{"iface_id":"eth1","host_dev_name":"img-tap"}]`,
+			`network-interfaces[1] (iface_id "eth1") is backed by tap "img-tap"`, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			d, record := newDriver(t, apifake.Fake{})
-			staged := drivertest.StageChain(t, Name, map[string][]byte{vmstateFile: vmstateWith(tt.devices)})
-			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeCopy})
+			hostFile := filepath.Join(t.TempDir(), "host-file")
+			if err := os.WriteFile(hostFile, []byte("host"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			devices := strings.ReplaceAll(tt.devices, "HOSTFILE", hostFile)
+			staged := drivertest.StageChain(t, Name, map[string][]byte{vmstateFile: vmstateWith(devices)})
+			req := hypervisor.RestoreRequest{StagedDir: staged, RunDir: drivertest.RunDir(t), Mode: hypervisor.ModeCopy}
+			if tt.nic {
+				n := drivertest.NewNet(t)
+				req.NetNS, req.NIC = n.NS, n.NIC
+			}
+			v, err := d.Restore(ctx, req)
 			if err == nil {
 				v.Close()
 				t.Fatal("restore of a snapshot with image-chosen host devices succeeded")
 			}
-			if !strings.Contains(err.Error(), tt.wantErr) {
-				t.Fatalf("restore error %v, want one containing %q", err, tt.wantErr)
+			if want := strings.ReplaceAll(tt.wantErr, "HOSTFILE", hostFile); !strings.Contains(err.Error(), want) {
+				t.Fatalf("restore error %v, want one containing %q", err, want)
 			}
 			if ops := apifake.Ops(t, record); slices.Contains(ops, "PATCH vm") {
 				t.Fatalf("the guest was resumed: %v", ops)
@@ -88,6 +102,33 @@ func TestRestoredConfigCheck(t *testing.T) {
 	ok.Vsock.UDSPath = "/other.sock"
 	if err := ok.check(host); err == nil || !strings.Contains(err.Error(), `vsock is backed by socket "/other.sock"`) {
 		t.Errorf("a foreign vsock socket: %v", err)
+	}
+	vsock := &restoredVsock{host.Vsock}
+	slot := restoredDrive{DriveID: "rootfs", PathOnHost: rootfsPath, IsReadOnly: true}
+	tests := []struct {
+		name string
+		cfg  restoredConfig
+		host hostBackends
+		want string
+	}{
+		{"rootfs slot", restoredConfig{Drives: []restoredDrive{slot}, Vsock: vsock}, host, ""},
+		{"image's tap in a namespace of its own", restoredConfig{Net: []restoredNet{{"eth0", "img0"}}, Vsock: vsock},
+			hostBackends{Vsock: host.Vsock, OwnNetNS: true}, ""},
+		{"image's tap", restoredConfig{Net: []restoredNet{{"eth0", "img0"}}, Vsock: vsock}, hostBackends{Vsock: host.Vsock}, `backed by tap "img0"`},
+		{"two rootfs slots", restoredConfig{Drives: []restoredDrive{slot, slot}, Vsock: vsock}, host, "drives[0] and drives[1] are both the rootfs slot"},
+		{"writable rootfs slot", restoredConfig{Drives: []restoredDrive{{DriveID: "r", PathOnHost: rootfsPath}}, Vsock: vsock}, host, "is writable"},
+		{"rootfs slot absolute", restoredConfig{Drives: []restoredDrive{{DriveID: "r", PathOnHost: "/" + rootfsPath, IsReadOnly: true}}, Vsock: vsock}, host,
+			`backed by host file "/cocoon-rootfs"`},
+		{"vhost-user rootfs slot", restoredConfig{Drives: []restoredDrive{{DriveID: "r", PathOnHost: rootfsPath, Socket: "/s", IsReadOnly: true}}, Vsock: vsock}, host,
+			`socket "/s"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.check(tt.host)
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("check = %v, want an error containing %q", err, tt.want)
+			}
+		})
 	}
 }
 

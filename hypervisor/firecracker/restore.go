@@ -12,6 +12,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/attach"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
@@ -36,10 +37,18 @@ type snapshotLoad struct {
 	NetworkOverrides []networkOverride `json:"network_overrides,omitempty"`
 }
 
-// Restore spawns Firecracker and loads req.StagedDir into it, paused. On
-// error the process is killed and req.RunDir removed.
+// Restore spawns Firecracker and loads req.StagedDir into it, paused.
+// Firecracker runs in req.NetNS when set, or without a NIC in a network
+// namespace of its own (see hostBackends); req.NIC's tap goes behind the
+// snapshot's network interface nicIfaceID, and req.Disk behind its rootfs
+// slot (see placeRootfs). On error the process is killed and req.RunDir
+// removed.
 func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ hypervisor.VM, retErr error) {
 	staged, caps, err := stagedchain.Open(ctx, d, req)
+	if err != nil {
+		return nil, err
+	}
+	disk, err := attach.Check(req)
 	if err != nil {
 		return nil, err
 	}
@@ -53,14 +62,21 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (_ 
 			v.Close()
 		}
 	}()
+	host := newHostBackends(req, disk)
 	backend, err := v.memoryBackend(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	if err := v.start(ctx, d.cfg.Binary, req); err != nil {
+	if err := placeRootfs(req.RunDir, disk); err != nil {
 		return nil, err
 	}
-	if err := v.load(ctx, req, backend); err != nil {
+	if err := v.start(ctx, d.cfg.Binary, req, host.OwnNetNS); err != nil {
+		return nil, err
+	}
+	if err := attach.ReleaseQueue(req.NIC); err != nil {
+		return nil, err
+	}
+	if err := v.load(ctx, req, backend, host); err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithFields(log.Fields{"pid": v.PID(), "mode": req.Mode, "run_dir": req.RunDir}).Debug("restored firecracker vm, paused")
@@ -102,15 +118,17 @@ func (v *vm) serveFaults(ctx context.Context) (memBackend, error) {
 	return memBackend{BackendType: "Uffd", BackendPath: sock}, nil
 }
 
-// start spawns the process and waits for its API socket.
-func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest) error {
+// start spawns the process, in req.NetNS or in a network namespace of its
+// own, and waits for its API socket.
+func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest, ownNetNS bool) error {
 	sock := filepath.Join(v.RunDir, apiSock)
 	// Firecracker binds the vsock socket there too (vsock_override).
 	if err := vmmproc.CheckSockPath(filepath.Join(v.RunDir, vsockSock)); err != nil {
 		return err
 	}
 	begin := time.Now()
-	if err := v.Instance.Start(ctx, vmmproc.Spec{Binary: binary, Args: []string{"--api-sock", sock}, Log: vmmLog, Socket: sock}); err != nil {
+	spec := vmmproc.Spec{Binary: binary, Args: []string{"--api-sock", sock}, Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS}
+	if err := v.Instance.Start(ctx, spec); err != nil {
 		return err
 	}
 	v.api = newAPIClient(sock)
@@ -118,11 +136,12 @@ func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreReq
 	return nil
 }
 
-// load loads the snapshot paused, refuses it if its devices use host ends
-// this restore did not give (see checkRestored) and, for copy restores,
-// drops the name of the private copy once Firecracker has mapped it (the
-// staged memory is the caller's, see hypervisor.ModeCopy).
-func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend memBackend) error {
+// load loads the snapshot paused with host's overrides, refuses it if its
+// devices use host ends this restore did not give (see checkRestored)
+// and, for copy restores, drops the name of the private copy once
+// Firecracker has mapped it (the staged memory is the caller's, see
+// hypervisor.ModeCopy).
+func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend memBackend, host hostBackends) error {
 	vmstate := v.staged.StatePath(vmstateFile)
 	// Firecracker reads it whole: it must be a bounded regular file.
 	f, err := chain.OpenLinkFile(vmstate, chain.MaxStateFile)
@@ -130,7 +149,6 @@ func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend me
 		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
 	}
 	f.Close()
-	host := hostBackends{Vsock: filepath.Join(v.RunDir, vsockSock)}
 	body := snapshotLoad{
 		SnapshotPath:     vmstate,
 		MemBackend:       backend,
@@ -139,7 +157,7 @@ func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend me
 	}
 	begin := time.Now()
 	if err := v.api.call(ctx, "PUT", "snapshot/load", body); err != nil {
-		return fmt.Errorf("restore %s: %w", req.StagedDir, err)
+		return fmt.Errorf("restore %s%s: %w", req.StagedDir, host.describe(), err)
 	}
 	if err := v.checkRestored(ctx, host); err != nil {
 		return fmt.Errorf("restore %s: %w", req.StagedDir, err)

@@ -23,7 +23,10 @@ import (
 // Name is the hypervisor name in chain links.
 const Name = hypervisor.QEMU
 
-var _ hypervisor.Driver = (*Driver)(nil)
+var (
+	_ hypervisor.Driver        = (*Driver)(nil)
+	_ hypervisor.BuildReporter = (*Driver)(nil)
+)
 
 // Driver restores and boots QEMU VMs.
 type Driver struct {

@@ -3,6 +3,7 @@ package apifake
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -197,5 +198,61 @@ func TestHybridVsock(t *testing.T) {
 		if got, err := br.ReadString('\n'); err != nil || got != want {
 			t.Fatalf("read %q, %v; want %q", got, err, want)
 		}
+	}
+}
+
+// TestCHOpensDisks: a fake Cloud Hypervisor opens its disks on restore as
+// the real one does: an image shorter than a block fails, a type other
+// than the one detected fails, and a writable image is locked against a
+// second VM while read-only ones share.
+func TestCHOpensDisks(t *testing.T) {
+	// Each case its own images: an in-process fake keeps them open, and
+	// locked, until the test binary exits.
+	images := func(t *testing.T) string {
+		dir := t.TempDir()
+		for name, data := range map[string][]byte{"raw": make([]byte, diskBlock), "short": make([]byte, 512),
+			"qcow": append([]byte("QFI\xfb"), make([]byte, diskBlock)...)} {
+			if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	restoreWith := func(t *testing.T, disk string) int {
+		src := snapshotDir(t, filepath.Join(t.TempDir(), "vsock.sock"))
+		cfg := `{"vsock":{"cid":3,"socket":"` + filepath.Join(t.TempDir(), "v.sock") + `"},"disks":[` + disk + `]}`
+		if err := os.WriteFile(filepath.Join(src, CHConfigFile), []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, do := serveModel(t, SpecCH, &CH{})
+		return do("PUT", "vm.restore", `{"source_url":"file://`+src+`"}`)
+	}
+	type disk struct {
+		name      string
+		readonly  bool
+		imageType string
+	}
+	tests := []struct {
+		name  string
+		disks []disk
+		want  []int
+	}{
+		{"read-only images share", []disk{{"raw", true, "Raw"}, {"raw", true, "Raw"}}, []int{204, 204}},
+		{"a writable image is locked", []disk{{"raw", false, "Raw"}, {"raw", true, "Raw"}}, []int{204, 500}},
+		{"shorter than a block", []disk{{"short", true, "Raw"}}, []int{500}},
+		{"qcow2 given as raw", []disk{{"qcow", true, "Raw"}}, []int{500}},
+		{"qcow2 detected", []disk{{"qcow", true, "Unknown"}}, []int{204}},
+		{"missing", []disk{{"none", true, "Raw"}}, []int{500}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := images(t)
+			for i, d := range tt.disks {
+				cfg := fmt.Sprintf(`{"path":%q,"readonly":%v,"image_type":%q}`, filepath.Join(dir, d.name), d.readonly, d.imageType)
+				if got := restoreWith(t, cfg); got != tt.want[i] {
+					t.Errorf("restore %d with %s: status %d, want %d", i, cfg, got, tt.want[i])
+				}
+			}
+		})
 	}
 }

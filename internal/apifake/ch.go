@@ -27,6 +27,9 @@ type CH struct {
 	Version string
 	// Exit is called after vmm.shutdown has been answered.
 	Exit func()
+	// Spec, if set, is the API spec a restored config.json must conform
+	// to (VmConfig), as Cloud Hypervisor parses it into one.
+	Spec *Spec
 
 	mu     sync.Mutex
 	state  string // "" until restored, then Running, Paused or Shutdown
@@ -34,6 +37,7 @@ type CH struct {
 	vmst   []byte
 	mem    *guestMemory
 	vsock  net.Listener
+	host   hostDevs
 }
 
 // Reject formats errors as Cloud Hypervisor does: plain text.
@@ -116,13 +120,17 @@ func (f *CH) load(dir, mode string) error {
 	if err != nil {
 		return err
 	}
-	var cfg struct {
-		Vsock *struct {
-			Socket string `json:"socket"`
-		} `json:"vsock"`
+	if f.Spec != nil {
+		if err := f.Spec.ValidateJSON("VmConfig", config); err != nil {
+			return fmt.Errorf("%s: %w", CHConfigFile, err)
+		}
 	}
+	var cfg chConfig
 	if err := json.Unmarshal(config, &cfg); err != nil {
 		return fmt.Errorf("parse %s: %w", CHConfigFile, err)
+	}
+	if err := f.openDevices(cfg); err != nil {
+		return err
 	}
 	if f.vmst, err = os.ReadFile(filepath.Join(dir, CHStateFile)); err != nil {
 		return err
@@ -137,6 +145,53 @@ func (f *CH) load(dir, mode string) error {
 		}
 	}
 	f.config = config
+	return nil
+}
+
+// chConfig is the part of a config.json (VmConfig) whose host ends the
+// fake opens on restore.
+type chConfig struct {
+	Vsock *struct {
+		Socket string `json:"socket"`
+	} `json:"vsock"`
+	Net []struct {
+		Tap       string `json:"tap"`
+		NumQueues int    `json:"num_queues"`
+		VhostUser bool   `json:"vhost_user"`
+	} `json:"net"`
+	Disks []struct {
+		Path      string `json:"path"`
+		Readonly  bool   `json:"readonly"`
+		ImageType string `json:"image_type"`
+		VhostUser bool   `json:"vhost_user"`
+	} `json:"disks"`
+}
+
+// openDevices opens the host ends of the network devices and disks as
+// Cloud Hypervisor does when it creates them on restore: each tap by name
+// in the process's network namespace (a null tap makes a new one), each
+// disk image at its path. The fake does not model vhost-user.
+func (f *CH) openDevices(cfg chConfig) error {
+	for i, n := range cfg.Net {
+		if n.VhostUser {
+			return fmt.Errorf("net[%d]: the fake does not model vhost-user", i)
+		}
+		// num_queues counts rx and tx queues: 2 is one pair (the default).
+		if err := f.host.openTap(n.Tap, n.NumQueues > 2); err != nil {
+			return fmt.Errorf("net[%d]: %w", i, err)
+		}
+	}
+	for i, d := range cfg.Disks {
+		if d.VhostUser {
+			return fmt.Errorf("disks[%d]: the fake does not model vhost-user", i)
+		}
+		if d.Path == "" {
+			return fmt.Errorf("disks[%d]: no disk path", i)
+		}
+		if err := f.host.openDisk(d.Path, d.Readonly, d.ImageType); err != nil {
+			return fmt.Errorf("disks[%d]: %w", i, err)
+		}
+	}
 	return nil
 }
 

@@ -32,6 +32,7 @@ type FC struct {
 	config fcDevices // what GET /vm/config reports
 	mem    *guestMemory
 	vsock  net.Listener
+	host   hostDevs
 }
 
 const fcFresh = "Not started"
@@ -132,6 +133,9 @@ func (f *FC) loadFiles(p fcLoad) error {
 	if f.config, err = restoredDevices(f.vmst, p); err != nil {
 		return err
 	}
+	if err := f.openDevices(); err != nil {
+		return err
+	}
 	if p.VsockOverride != nil {
 		f.vsock, err = ServeHybridVsock(p.VsockOverride.UDSPath)
 	}
@@ -179,6 +183,32 @@ func restoredDevices(vmstate []byte, p fcLoad) (fcDevices, error) {
 		d.Vsock["uds_path"] = p.VsockOverride.UDSPath
 	}
 	return d, nil
+}
+
+// openDevices opens the host ends of the restored drives and network
+// interfaces as Firecracker does during the load: each drive's file,
+// relative to the working directory, read-write unless read-only, and
+// each interface's tap by name in the process's network namespace (a name
+// no device has makes a new tap). It does not connect vhost-user drives'
+// sockets, nor open pmem files.
+func (f *FC) openDevices() error {
+	for i, d := range f.config.Drives {
+		path, _ := d["path_on_host"].(string)
+		if socket, _ := d["socket"].(string); socket != "" {
+			continue
+		}
+		ro, _ := d["is_read_only"].(bool)
+		if err := f.host.openFile(path, ro); err != nil {
+			return fmt.Errorf("drives[%d]: %w", i, err)
+		}
+	}
+	for i, n := range f.config.Net {
+		name, _ := n["host_dev_name"].(string)
+		if err := f.host.openTap(name, false); err != nil {
+			return fmt.Errorf("network-interfaces[%d]: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // uffdBackend registers guest memory of the size the vmstate names with

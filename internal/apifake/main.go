@@ -66,18 +66,22 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "fake-vmm: need --api-socket path=SOCK or --api-sock SOCK")
 		return 2
 	}
-	if err := serve(sock, model, exit); err != nil {
+	spec, err := LoadSpec(os.Getenv(envSpec))
+	if err != nil {
+		fmt.Fprintln(stderr, "fake-vmm:", err)
+		return 1
+	}
+	if ch, ok := model.(*CH); ok {
+		ch.Spec = spec
+	}
+	if err := serve(sock, spec, model, exit); err != nil {
 		fmt.Fprintln(stderr, "fake-vmm:", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(sock string, model Model, exit <-chan struct{}) error {
-	spec, err := LoadSpec(os.Getenv(envSpec))
-	if err != nil {
-		return err
-	}
+func serve(sock string, spec *Spec, model Model, exit <-chan struct{}) error {
 	var record io.Writer
 	if p := os.Getenv(envRecord); p != "" {
 		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)

@@ -11,6 +11,7 @@ package apifake
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -107,4 +108,41 @@ func (s *Spec) Validate(ctx context.Context, r *http.Request, body []byte) (int,
 		return http.StatusBadRequest, err
 	}
 	return 0, nil
+}
+
+// ValidateJSON checks the JSON document data against the spec's schema
+// name (a components schema, e.g. "VmConfig"). Null fields are taken as
+// absent first, as the VMMs' decoders take them for optional fields, which
+// the specs do not mark nullable.
+func (s *Spec) ValidateJSON(name string, data []byte) error {
+	ref := s.doc.Components.Schemas[name]
+	if ref == nil || ref.Value == nil {
+		return fmt.Errorf("the spec has no schema %s", name)
+	}
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		return fmt.Errorf("parse %s: %w", name, err)
+	}
+	if err := ref.Value.VisitJSON(dropNulls(v), openapi3.MultiErrors()); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+func dropNulls(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if e == nil {
+				delete(v, k)
+			} else {
+				v[k] = dropNulls(e)
+			}
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = dropNulls(e)
+		}
+	}
+	return v
 }

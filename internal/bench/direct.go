@@ -16,6 +16,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 	"github.com/cocoonstack/containerd-shim-cocoon/snapshotter"
@@ -45,7 +46,7 @@ func newDirectPath(ctx context.Context, img stackrun.SnapshotImage, dir string) 
 	if err != nil {
 		return nil, err
 	}
-	driver, err := restore.NewDriver(cfg)
+	driver, err := drivers.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +54,7 @@ func newDirectPath(ctx context.Context, img stackrun.SnapshotImage, dir string) 
 	if err != nil {
 		return nil, err
 	}
-	sn, err := snapshotter.New(filepath.Join(dir, "sn"))
+	sn, err := snapshotter.New(ctx, filepath.Join(dir, "sn"))
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
@@ -114,3 +116,19 @@ func (c *Containerd) Cleanup() {
 // Leftovers describes what a torn-down harness left behind in dir (its Dir
 // before Cleanup): processes, mounts or the dir itself. Empty means clean.
 func Leftovers(dir string) []string { return devstack.Leftovers(dir) }
+
+// CollectGarbage runs containerd's garbage collection to the end: deleted
+// containers' snapshots are then gone from the snapshotter too. (Deleting a
+// lease synchronously runs a collection and waits for it.)
+func (c *Containerd) CollectGarbage() {
+	c.t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), Namespace)
+	ls := c.Client().LeasesService()
+	l, err := ls.Create(ctx, leases.WithRandomID())
+	if err != nil {
+		c.t.Fatalf("collect garbage: %v", err)
+	}
+	if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
+		c.t.Fatalf("collect garbage: %v", err)
+	}
+}

@@ -21,9 +21,9 @@ const ordinaryRef = "example.com/cocoon/busybox:1"
 // image as the base snapshot of ordinary images, with a busybox image (two
 // layers, a whiteout, a non-root user) imported into the cocoon
 // snapshotter.
-func ordinaryStack(t *testing.T, baseImage string) (*ctrdtest.Containerd, *testimage.BusyboxImage) {
+func ordinaryStack(t *testing.T, baseImage string, extraConfig ...string) (*ctrdtest.Containerd, *testimage.BusyboxImage) {
 	t.Helper()
-	c := stack(t, fmt.Sprintf("[restore]\nbase_image = %q\n", baseImage))
+	c := stack(t, fmt.Sprintf("[restore]\nbase_image = %q\n%s", baseImage, strings.Join(extraConfig, "\n")))
 	img, err := testimage.Busybox(testimage.BusyboxOptions{Name: ordinaryRef, Layers: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -50,13 +50,13 @@ func runOrdinary(c *ctrdtest.Containerd, flags []string, id string, args ...stri
 // its user, and a private writable layer.
 func TestOrdinaryImage(t *testing.T) {
 	c, img := ordinaryStack(t, imageRef)
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name  string
 		flags []string
 		args  []string
 		want  string
 	}{
-		{"the image's file", nil, []string{"cat", testimage.RandomFile}, img.RandomContent},
+		{"the image's file", nil, []string{"cat", testimage.RandomFile}, strings.TrimSpace(img.RandomContent)},
 		{"the guest's kernel", nil, []string{"uname", "-r"}, guestKernel(t)},
 		{"the image's user", []string{"--user", testimage.User}, []string{"id"},
 			fmt.Sprintf("uid=%d(%s) gid=%d(%s) groups=%d(%s),%d(%s)", testimage.UID, testimage.User, testimage.UID, testimage.User,
@@ -64,7 +64,7 @@ func TestOrdinaryImage(t *testing.T) {
 		{"a whiteout in the top layer", nil, []string{"sh", "-c", "test -e " + testimage.WhitedOutFile + " && echo present || echo absent"}, "absent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := runOrdinary(c, append([]string{"--rm"}, tc.flags...), "o-"+strings.ReplaceAll(tc.name, " ", "-"), tc.args...)
+			out, err := runOrdinary(c, append([]string{"--rm"}, tc.flags...), fmt.Sprintf("o%d", i), tc.args...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,6 +128,9 @@ func TestOrdinaryImageShared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// containerd removes deleted snapshots from the snapshotter when it
+	// collects garbage.
+	c.CollectGarbage()
 	if got := nlink(t, img); got != 1 {
 		t.Fatalf("filesystem image %s has %d links after every container was deleted, want 1", img, got)
 	}
@@ -160,6 +163,28 @@ func TestOrdinaryImageBadBase(t *testing.T) {
 				t.Fatalf("processes still use the stack: %v", pids)
 			}
 		})
+	}
+}
+
+// TestOrdinaryImageNotConverted: an image whose layers cannot become a
+// root filesystem image (here: larger than snapshotter.max_rootfs_size, as
+// a layer's sparse file of any size would be) fails the run with an error
+// naming why, and leaves no container, snapshot or half-built image.
+func TestOrdinaryImageNotConverted(t *testing.T) {
+	c, _ := ordinaryStack(t, imageRef, "[snapshotter]\nmax_rootfs_size = \"256KiB\"\n")
+	_, err := runOrdinary(c, []string{"--rm"}, "big", "true")
+	if err == nil || !strings.Contains(err.Error(), "max_rootfs_size") {
+		t.Fatalf("run of an image over max_rootfs_size: %v, want an error naming it", err)
+	}
+	if out, _ := c.Ctr("containers", "ls", "-q"); strings.TrimSpace(out) != "" {
+		t.Fatalf("containers left: %q", out)
+	}
+	c.CollectGarbage()
+	if out, _ := c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "ls"); strings.Contains(out, "Active") {
+		t.Fatalf("an active snapshot was left:\n%s", out)
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.SnapshotterRoot, "flat", "*")); len(left) > 0 {
+		t.Fatalf("the flat cache holds %v after a failed conversion", left)
 	}
 }
 

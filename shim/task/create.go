@@ -62,7 +62,9 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
-	req.Created = h.created
+	if h.hasCreateHooks() {
+		req.Created = h.created
+	}
 	t, err := s.launch(ctx, req, spec, init)
 	if err != nil {
 		return 0, err
@@ -170,15 +172,18 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 		cwd = "/"
 	}
 	return ProcessSpec{
-		ID:             id,
-		Args:           p.Args,
-		Env:            p.Env,
-		Cwd:            cwd,
-		UID:            p.User.UID,
-		GID:            p.User.GID,
-		AdditionalGIDs: p.User.AdditionalGids,
-		Terminal:       terminal,
-		Stdin:          stdin,
+		ID:              id,
+		Args:            p.Args,
+		Env:             p.Env,
+		Cwd:             cwd,
+		UID:             p.User.UID,
+		GID:             p.User.GID,
+		AdditionalGIDs:  p.User.AdditionalGids,
+		Terminal:        terminal,
+		Stdin:           stdin,
+		Rlimits:         p.Rlimits,
+		NoNewPrivileges: p.NoNewPrivileges,
+		Umask:           p.User.Umask,
 	}, nil
 }
 

@@ -28,6 +28,12 @@ func newOCIHooks(id, bundle string, spec *specs.Spec) (*ociHooks, error) {
 	return h, nil
 }
 
+// hasCreateHooks says whether created has anything to run.
+func (h *ociHooks) hasCreateHooks() bool {
+	//lint:ignore SA1019 prestart is deprecated, but runc still runs it
+	return h.hooks != nil && len(h.hooks.Prestart)+len(h.hooks.CreateRuntime)+len(h.hooks.CreateContainer) > 0
+}
+
 // created runs the create-time hooks (prestart, createRuntime,
 // createContainer, in runc's order) once the VM's process exists.
 func (h *ociHooks) created(ctx context.Context, pid int) error {
@@ -35,11 +41,11 @@ func (h *ociHooks) created(ctx context.Context, pid int) error {
 		return nil
 	}
 	st := hooks.State(h.id, h.bundle, specs.StateCreating, pid, h.annotations)
-	//nolint:staticcheck // prestart is deprecated but still run, as runc does
 	for _, k := range []struct {
 		kind  string
 		hooks []specs.Hook
 	}{
+		//lint:ignore SA1019 prestart is deprecated, but runc still runs it
 		{hooks.Prestart, h.hooks.Prestart},
 		{hooks.CreateRuntime, h.hooks.CreateRuntime},
 		{hooks.CreateContainer, h.hooks.CreateContainer},

@@ -8,23 +8,14 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
-
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
-// ProcessSpec is a process to run in the guest.
-type ProcessSpec struct {
-	// ID names the process to the guest agent; unique within the VM.
-	ID             string
-	Args, Env      []string
-	Cwd            string
-	UID, GID       uint32
-	AdditionalGIDs []uint32
-	Terminal       bool
-	// Stdin gives the process a stdin stream (else /dev/null).
-	Stdin bool
-}
+// ProcessSpec is a process to run in the guest, as the agent takes it; its
+// ID names it to the agent and is unique within the VM.
+type ProcessSpec = agent.ExecRequest
 
 // Exit is how a process ended.
 type Exit struct {

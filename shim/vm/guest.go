@@ -35,11 +35,7 @@ func (g *guest) bounded(ctx context.Context) (context.Context, context.CancelFun
 func (g *guest) Exec(ctx context.Context, p task.ProcessSpec) (uint32, error) {
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
-	return g.c.Exec(ctx, agent.ExecRequest{
-		ID: p.ID, Args: p.Args, Env: p.Env, Cwd: p.Cwd,
-		UID: p.UID, GID: p.GID, AdditionalGIDs: p.AdditionalGIDs,
-		Terminal: p.Terminal, Stdin: p.Stdin,
-	})
+	return g.c.Exec(ctx, p)
 }
 
 func (g *guest) Stdio(ctx context.Context, id string) (io.WriteCloser, io.ReadCloser, io.ReadCloser, error) {

@@ -25,13 +25,40 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
-// PhasePlan is the report's phase for loading the config, reading the
-// staged chain and deciding the plan.
-const PhasePlan = "plan"
+// The shim's own phases of a launch: PhasePlan loads the config, reads
+// the staged chain, decides the plan and prepares the guest's setup, the
+// namespace and the tap; PhaseBase stages the base snapshot of an
+// ordinary image through containerd.
+const (
+	PhasePlan = "plan"
+	PhaseBase = "base"
+)
+
+// phaseClock times the shim's phases back to back: each lap is the time
+// since the previous one, and laps of one name add up.
+type phaseClock struct {
+	last   time.Time
+	phases []restore.Phase
+}
+
+func newPhaseClock() *phaseClock { return &phaseClock{last: time.Now()} }
+
+func (c *phaseClock) lap(name string) {
+	now := time.Now()
+	d := now.Sub(c.last)
+	c.last = now
+	for i := range c.phases {
+		if c.phases[i].Name == name {
+			c.phases[i].Duration += d
+			return
+		}
+	}
+	c.phases = append(c.phases, restore.Phase{Name: name, Duration: d})
+}
 
 // Launcher restores VMs with the driver the config names.
 type Launcher struct {
-	// NewDriver builds the driver from the config; restore.NewDriver when nil.
+	// NewDriver builds the driver from the config; drivers.New when nil.
 	NewDriver func(config.Config) (hypervisor.Driver, error)
 
 	mu      sync.Mutex
@@ -43,7 +70,7 @@ var _ task.Launcher = (*Launcher)(nil)
 
 // Launch restores r's staged chain into a running VM with a ready agent.
 func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
-	began := time.Now()
+	clock := newPhaseClock()
 	cfg, err := loadConfig(r)
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w: %w", err, errdefs.ErrInvalidArgument)
@@ -52,14 +79,23 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err != nil {
 		return nil, err
 	}
-	src, err := l.source(ctx, cfg, r)
+	src, err := l.source(ctx, cfg, r, clock)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := l.launch(ctx, cfg, d, r, src, began)
+	p, err := prepare(ctx, cfg, d, r, src)
 	if err != nil {
 		return nil, errors.Join(err, src.base.Release())
 	}
+	// The plan phase is the shim's own work before the hypervisor starts
+	// (config, driver, chain, policy, guest setup, namespace and tap), so
+	// the report's total misses nothing.
+	clock.lap(PhasePlan)
+	sb, restored, err := l.run(ctx, cfg, d, r, p)
+	if err != nil {
+		return nil, errors.Join(err, p.net.Release(), src.base.Release())
+	}
+	sb.Phases = phaseRecords(append(clock.phases, restored...))
 	return sb, nil
 }
 
@@ -72,8 +108,9 @@ type source struct {
 }
 
 // source stages the runtime class's base image for a task whose image is
-// an ordinary one; a snapshot image's chain is staged already.
-func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchRequest) (source, error) {
+// an ordinary one (the report's base phase); a snapshot image's chain is
+// staged already.
+func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchRequest, clock *phaseClock) (source, error) {
 	if r.Rootfs == nil {
 		return source{dir: r.StagedDir}, nil
 	}
@@ -84,63 +121,81 @@ func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchR
 	if err != nil {
 		return source{}, err
 	}
+	clock.lap(PhasePlan)
 	base, err := baseimage.Stage(ctx, client, r.Namespace, cfg.Restore.BaseSnapshotter, cfg.Restore.BaseImage, r.ID)
 	if err != nil {
 		return source{}, err
 	}
+	clock.lap(PhaseBase)
 	return source{dir: base.Dir, base: base, disk: r.Rootfs}, nil
 }
 
-func (l *Launcher) launch(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source, began time.Time) (*task.Sandbox, error) {
+// prepared is a restore decided and made ready: its plan, the VM's memory
+// budget and run dir, what the guest gets, and its network.
+type prepared struct {
+	src    source
+	plan   restore.Plan
+	budget task.MemoryBudget
+	runDir string
+	guest  restore.GuestSetup
+	net    *vmNetwork
+}
+
+func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source) (prepared, error) {
 	plan, top, err := decide(ctx, d, cfg, r, src.dir)
 	if err != nil {
-		return nil, err
+		return prepared{}, err
 	}
-	budget := task.MemoryBudget{Guest: top.MemoryBytes, Headroom: int64(cfg.Shim.MemoryHeadroom)}
-	if err := budget.Check(resourcesOf(r.Spec)); err != nil {
-		return nil, err
+	p := prepared{src: src, plan: plan, budget: task.MemoryBudget{Guest: top.MemoryBytes, Headroom: int64(cfg.Shim.MemoryHeadroom)}}
+	if err := p.budget.Check(resourcesOf(r.Spec)); err != nil {
+		return prepared{}, err
 	}
-	runDir, err := runDirOf(cfg, r)
-	if err != nil {
-		return nil, err
+	if p.runDir, err = runDirOf(cfg, r); err != nil {
+		return prepared{}, err
 	}
-	// The plan phase is the shim's own work before the hypervisor starts
-	// (config, driver, chain, policy), so the report's total misses nothing.
-	planned := restore.Phase{Name: PhasePlan, Duration: time.Since(began)}
+	if p.guest.Files, p.guest.Rootfs, err = guestSetup(r.Spec, src.disk); err != nil {
+		return prepared{}, fmt.Errorf("container of %s: %w", r.ID, err)
+	}
+	if p.net, err = openNetwork(r.Spec, r.ID); err != nil {
+		return prepared{}, err
+	}
+	p.guest.Network = p.net.guest
+	return p, nil
+}
+
+// run restores the VM and brings its guest up; the phases are restore.Run's.
+func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, p prepared) (*task.Sandbox, []restore.Phase, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
-	vnet, err := openNetwork(r.Spec, r.ID)
-	if err != nil {
-		return nil, err
-	}
-	netns, nic := vnet.attach()
-	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Plan: planRecord(plan), Memory: budget, Network: vnet.record(), Base: src.record()}
-	res, err := restore.Run(ctx, loadedDriver{Driver: d, req: r, spawn: spawn, net: vnet}, restore.Request{
-		StagedDir:    src.dir,
-		RunDir:       runDir,
-		Plan:         plan,
+	netns, nic := p.net.attach()
+	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: p.runDir, Plan: planRecord(p.plan), Memory: p.budget,
+		Network: p.net.record(), Base: p.src.record()}
+	res, err := restore.Run(ctx, loadedDriver{Driver: d, req: r, spawn: spawn, net: p.net}, restore.Request{
+		StagedDir:    p.src.dir,
+		RunDir:       p.runDir,
+		Plan:         p.plan,
 		Hostname:     r.Hostname,
 		AgentTimeout: cfg.Agent.ConnectTimeout.D(),
 		NetNS:        netns,
 		NIC:          nic,
-		Disk:         src.diskPath(),
+		Disk:         p.src.diskPath(),
+		Guest:        p.guest,
 	})
 	if err != nil {
-		return nil, errors.Join(err, vnet.Release())
+		return nil, nil, err
 	}
 	return &task.Sandbox{
 		VM:            res.VM,
 		Guest:         NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
 		Hypervisor:    d.Name(),
-		RunDir:        runDir,
-		Plan:          planRecord(plan),
-		Phases:        phaseRecords(append([]restore.Phase{planned}, res.Report.Phases...)),
-		Memory:        budget,
-		Network:       vnet,
+		RunDir:        p.runDir,
+		Plan:          spawn.Plan,
+		Memory:        p.budget,
+		Network:       p.net,
 		NetworkRecord: spawn.Network,
-		Base:          src.base,
+		Base:          p.src.base,
 		BaseRecord:    spawn.Base,
-	}, nil
+	}, res.Report.Phases, nil
 }
 
 func (s source) diskPath() string {
@@ -185,23 +240,13 @@ func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.
 		return restore.Plan{}, nil, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
 			dir, err, errdefs.ErrInvalidArgument)
 	}
-	caps, err := d.Capabilities(ctx)
-	if err != nil {
-		return restore.Plan{}, nil, fmt.Errorf("%s capabilities: %w", d.Name(), err)
-	}
 	var annotations map[string]string
 	if r.Spec != nil {
 		annotations = r.Spec.Annotations
 	}
-	plan, err := restore.Decide(restore.Inputs{
-		Hypervisor:  d.Name(),
-		Caps:        caps,
-		Link:        staged.Top(),
-		Config:      cfg.Restore,
-		Annotations: annotations,
-	})
+	plan, _, err := restore.PlanFor(ctx, d, cfg.Restore, staged.Top(), annotations)
 	if err != nil {
-		return restore.Plan{}, nil, fmt.Errorf("restore plan: %w: %w", err, errdefs.ErrInvalidArgument)
+		return restore.Plan{}, nil, err
 	}
 	entry := log.G(ctx).WithFields(log.Fields{"id": r.ID, "hypervisor": d.Name(), "mode": plan.Mode, "reasons": plan.Reasons})
 	if len(plan.Warnings) > 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
@@ -98,6 +99,15 @@ func (n *vmNetwork) connect(ctx context.Context) (*network.Interface, error) {
 	}
 	n.iface = &iface
 	return &iface, nil
+}
+
+// guest is the NIC configuration the guest takes once connect has run:
+// the namespace interface's identity, or nil (NIC down).
+func (n *vmNetwork) guest() *agent.Network {
+	if n == nil {
+		return nil
+	}
+	return guestNetwork(n.iface)
 }
 
 // record is what `shim delete` needs to release the network after a crash:

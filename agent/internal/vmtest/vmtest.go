@@ -40,6 +40,12 @@ type Options struct {
 	Share      bool
 	// Incoming starts QEMU paused, waiting for Restore.
 	Incoming bool
+	// NICMAC, when set, gives the guest a virtio-net NIC with this MAC on
+	// a hub with no other port: it carries no traffic anywhere.
+	NICMAC string
+	// Disk, when set, gives the guest this image as a read-only virtio-blk
+	// disk whose serial is DiskSerial.
+	Disk, DiskSerial string
 }
 
 // Boot starts QEMU with the guest's kernel and initramfs (microvm, the agent
@@ -110,6 +116,14 @@ func (o Options) args() []string {
 	}
 	if o.Incoming {
 		args = append(args, "-incoming", "defer")
+	}
+	if o.NICMAC != "" {
+		args = append(args, "-netdev", "hubport,id=nic,hubid=0", "-device", "virtio-net-device,netdev=nic,mac="+o.NICMAC)
+	}
+	if o.Disk != "" {
+		args = append(args,
+			"-drive", "file="+o.Disk+",if=none,id=disk,format=raw,readonly=on",
+			"-device", "virtio-blk-device,drive=disk,serial="+o.DiskSerial)
 	}
 	return args
 }

@@ -6,13 +6,12 @@ package drivertest
 import (
 	"bufio"
 	"context"
-	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -105,36 +104,22 @@ func BenchRestore(b *testing.B, newDriver func(testing.TB) hypervisor.Driver, st
 	}
 }
 
-// RefusesAttachments restores a staged chain with each of a network
-// namespace, a NIC and a disk, and expects d to refuse every one by name
-// ("... not supported by the <driver> driver yet") and leave no run dir.
-// The caller checks that no VMM process was started.
-func RefusesAttachments(t *testing.T, d hypervisor.Driver, staged string) {
+// HoldsFile reports whether process pid has path's inode open.
+func HoldsFile(t testing.TB, pid int, path string) bool {
 	t.Helper()
-	netns, err := os.Open("/proc/self/ns/net")
+	want, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer netns.Close()
-	tests := map[string]hypervisor.RestoreRequest{
-		"netns": {NetNS: netns},
-		"nic":   {NIC: &hypervisor.NIC{TapName: "tap0"}},
-		"disk":  {Disk: "/images/rootfs.erofs"},
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for name, req := range tests {
-		t.Run(name, func(t *testing.T) {
-			req.StagedDir, req.RunDir, req.Mode = staged, RunDir(t), hypervisor.ModeCopy
-			v, err := d.Restore(context.Background(), req)
-			if err == nil {
-				v.Close()
-				t.Fatal("restore with an attachment the driver cannot honour succeeded")
-			}
-			if want := "not supported by the " + d.Name() + " driver yet"; !strings.Contains(err.Error(), want) {
-				t.Errorf("err = %v, want one containing %q", err, want)
-			}
-			if _, err := os.Stat(req.RunDir); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("run dir left behind: %v", err)
-			}
-		})
+	for _, fd := range fds {
+		got, err := os.Stat(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err == nil && os.SameFile(got, want) {
+			return true
+		}
 	}
+	return false
 }

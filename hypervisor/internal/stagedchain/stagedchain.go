@@ -7,7 +7,6 @@ package stagedchain
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -16,12 +15,7 @@ import (
 // Open opens req.StagedDir for d, once sure that d restores in req.Mode
 // and that the chain is a snapshot of d's hypervisor. It returns d's
 // capabilities too: their Build goes into the links the VM snapshots.
-// A request for a network namespace, NIC or disk is refused before
-// anything runs: the drivers using Open do not attach them yet.
 func Open(ctx context.Context, d hypervisor.Driver, req hypervisor.RestoreRequest) (*chain.Staged, hypervisor.Capabilities, error) {
-	if a := attachments(req); len(a) > 0 {
-		return nil, hypervisor.Capabilities{}, fmt.Errorf("restore with %s: not supported by the %s driver yet", strings.Join(a, ", "), d.Name())
-	}
 	caps, err := d.Capabilities(ctx)
 	if err != nil {
 		return nil, caps, err
@@ -37,21 +31,6 @@ func Open(ctx context.Context, d hypervisor.Driver, req hypervisor.RestoreReques
 		return nil, caps, fmt.Errorf("staged chain %s is a %s snapshot, not %s", req.StagedDir, h, d.Name())
 	}
 	return staged, caps, nil
-}
-
-// attachments names the restore-time attachments req asks for.
-func attachments(req hypervisor.RestoreRequest) []string {
-	var a []string
-	if req.NetNS != nil {
-		a = append(a, "a network namespace")
-	}
-	if req.NIC != nil {
-		a = append(a, "a NIC")
-	}
-	if req.Disk != "" {
-		a = append(a, "a rootfs disk")
-	}
-	return a
 }
 
 // Meta describes the links a VM restored from staged snapshots: the guest

@@ -93,13 +93,3 @@ func TestMeta(t *testing.T) {
 		t.Errorf("meta %+v", m)
 	}
 }
-
-func TestOpenRefusesAttachments(t *testing.T) {
-	d := driver{name: "vmm", caps: hypervisor.Capabilities{RestoreModes: []hypervisor.Mode{hypervisor.ModeCopy}}}
-	req := hypervisor.RestoreRequest{StagedDir: stage(t, "vmm"), Mode: hypervisor.ModeCopy,
-		NIC: &hypervisor.NIC{TapName: "tap0"}, Disk: "/images/rootfs.erofs"}
-	_, _, err := Open(context.Background(), d, req)
-	if want := "restore with a NIC, a rootfs disk: not supported by the vmm driver yet"; err == nil || err.Error() != want {
-		t.Fatalf("err = %v, want %q", err, want)
-	}
-}

@@ -1,5 +1,6 @@
 // Package vmmproc supervises a VMM process that serves a REST API on a unix
-// socket (Cloud Hypervisor, Firecracker): spawn it in its own session, wait
+// socket (Cloud Hypervisor, Firecracker): spawn it in its own session and
+// in the network namespace it is given (or a new one of its own), wait
 // for its API socket, kill and reap it by PID, keep its exit status for
 // every waiter, and remove its run directory when it is closed. The run
 // directory, socket path and timeout helpers serve QEMU too, whose process
@@ -16,6 +17,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 // MaxSockPath is the longest unix socket path (sun_path less the NUL).
@@ -38,6 +41,13 @@ type Spec struct {
 	Log string
 	// Socket is the API socket the VMM binds once it serves requests.
 	Socket string
+	// NetNS, if set, is the network namespace (an nsfs file) the VMM is
+	// born in: what it opens by name, such as a tap, is the namespace's.
+	NetNS *os.File
+	// OwnNetNS starts the VMM in a new, empty network namespace that only
+	// it holds, so whatever network device it creates there is gone with
+	// it. It excludes NetNS.
+	OwnNetNS bool
 }
 
 // Process is one supervised VMM process. Its exit status is collected
@@ -69,6 +79,9 @@ func Start(ctx context.Context, dir string, s Spec) (*Process, error) {
 // spawn starts the process in a session of its own: a restored VM must
 // outlive a crashed shim.
 func spawn(dir string, s Spec) (*Process, error) {
+	if s.NetNS != nil && s.OwnNetNS {
+		return nil, errors.New("start hypervisor: both a network namespace and one of its own asked for")
+	}
 	logf, err := os.OpenFile(filepath.Join(dir, s.Log), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open hypervisor log: %w", err)
@@ -78,7 +91,10 @@ func spawn(dir string, s Spec) (*Process, error) {
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	if s.OwnNetNS {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
+	if err := startIn(s.NetNS, cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.Binary, err)
 	}
 	p := &Process{cmd: cmd, name: filepath.Base(s.Binary), done: make(chan struct{})}
@@ -87,6 +103,24 @@ func spawn(dir string, s Spec) (*Process, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// startIn starts cmd in the network namespace f, or in ours when f is
+// nil: the fork happens on an OS thread switched into f, so the child is
+// born there.
+func startIn(f *os.File, cmd *exec.Cmd) error {
+	if f == nil {
+		return cmd.Start()
+	}
+	target, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", f.Name(), err)
+	}
+	defer target.Close()
+	if err := target.Do(func(ns.NetNS) error { return cmd.Start() }); err != nil {
+		return fmt.Errorf("in network namespace %s: %w", f.Name(), err)
+	}
+	return nil
 }
 
 // waitSocket returns once something accepts connections on path, failing

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/drivertest"
 )
 
 // envServe makes the re-executed test binary a VMM that serves its API
@@ -249,5 +251,41 @@ func TestCloseNeverStarted(t *testing.T) {
 	}
 	if _, err := os.Stat(run); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("run dir left behind: %v", err)
+	}
+}
+
+// TestStartNetNS: a VMM is born in the network namespace it is given, or
+// in a new one of its own.
+func TestStartNetNS(t *testing.T) {
+	n := drivertest.NewNet(t)
+	ours := drivertest.NetNSOf(t, os.Getpid())
+	tests := []struct {
+		name string
+		spec func(*Spec)
+		want func(got uint64) bool
+	}{
+		{"given", func(s *Spec) { s.NetNS = n.NS }, func(got uint64) bool { return got == drivertest.NSInode(t, n.NS) }},
+		{"its own", func(s *Spec) { s.OwnNetNS = true }, func(got uint64) bool { return got != ours && got != drivertest.NSInode(t, n.NS) }},
+		{"ours", func(*Spec) {}, func(got uint64) bool { return got == ours }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := serving(t, dir)
+			tt.spec(&s)
+			p, err := Start(context.Background(), dir, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Stop() })
+			if got := drivertest.NetNSOf(t, p.PID()); !tt.want(got) {
+				t.Errorf("vmm in network namespace %d (ours %d)", got, ours)
+			}
+		})
+	}
+	s := serving(t, t.TempDir())
+	s.NetNS, s.OwnNetNS = n.NS, true
+	if _, err := Start(context.Background(), t.TempDir(), s); err == nil || !strings.Contains(err.Error(), "both") {
+		t.Errorf("start with a namespace and one of its own: err = %v", err)
 	}
 }

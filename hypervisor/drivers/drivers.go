@@ -1,4 +1,7 @@
-package restore
+// Package drivers builds the hypervisor driver a config names. It is the
+// one package that knows every driver, so that neither the restore policy
+// nor the drivers themselves import each other.
+package drivers
 
 import (
 	"fmt"
@@ -11,9 +14,9 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/qemu"
 )
 
-// NewDriver returns the driver cfg.Hypervisor names, configured from its
-// section of cfg.
-func NewDriver(cfg config.Config) (hypervisor.Driver, error) {
+// New returns the driver cfg.Hypervisor names, configured from its section
+// of cfg.
+func New(cfg config.Config) (hypervisor.Driver, error) {
 	switch cfg.Hypervisor {
 	case hypervisor.QEMU:
 		return qemu.New(cfg.QEMU), nil

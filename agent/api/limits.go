@@ -1,0 +1,12 @@
+package api
+
+// Bounds of an InitRequest, checked by the host before sending and by the
+// guest on receipt; the whole request stays well under ttrpc's 4 MiB limit.
+const (
+	// MaxFiles bounds InitRequest.files.
+	MaxFiles = 64
+	// MaxFileSize bounds one File's data.
+	MaxFileSize = 256 << 10
+	// MaxFilesSize bounds the data of all files together.
+	MaxFilesSize = 1 << 20
+)

@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// InitRequest is what a restored clone gets after every restore: its own
+// identity, its files, its network and its container root.
+type InitRequest struct {
+	Time     time.Time // the guest's wall clock; zero leaves it
+	Entropy  []byte    // mixed into the guest's pool, then the CRNG is reseeded
+	Hostname string    // empty leaves it
+	// Files are written in the guest before the network and the rootfs:
+	// /etc/resolv.conf, /etc/hosts, /etc/hostname without a rootfs, the
+	// sources of its bind mounts with one. At most api.MaxFiles files of
+	// api.MaxFileSize bytes, api.MaxFilesSize in all.
+	Files []File
+	// Network configures the guest's NIC; nil sets it down with no
+	// addresses or routes.
+	Network *Network
+	// Rootfs mounts the container's root; nil runs processes in the guest's
+	// own root. A guest keeps the rootfs it got first until it reboots.
+	Rootfs *Rootfs
+}
+
+// File is a file to write in the guest.
+type File struct {
+	Path string // absolute
+	Data []byte
+	Mode fs.FileMode // permission bits; 0 means 0644
+}
+
+// Network is the configuration of the guest's NIC, as the task's network
+// namespace interface has it.
+type Network struct {
+	MAC       net.HardwareAddr // nil keeps the NIC's
+	MTU       int              // 0 keeps the NIC's
+	Addresses []net.IPNet      // IPv4 and IPv6 addresses with their prefix lengths
+	Routes    []Route
+}
+
+// Route is a route through the guest's NIC.
+type Route struct {
+	Dst     *net.IPNet // nil: the default route of Gateway's family
+	Gateway net.IP     // nil: the destination is on the link
+	Source  net.IP     // nil lets the guest kernel choose
+	Metric  uint32
+	OnLink  bool // the gateway is on the link though no address covers it
+}
+
+// Rootfs is the container's root: a read-only file system on the virtio-blk
+// disk whose serial is Serial, under a private writable overlay, with the
+// OCI spec's mounts inside it.
+type Rootfs struct {
+	FSType string // "erofs" or "ext4"
+	Serial string
+	Mounts []specs.Mount
+}
+
+// Init gives the clone its identity, files, network and root; call it after
+// every restore. The guest applies them in that order and names the step
+// that failed.
+func (c *Client) Init(ctx context.Context, r InitRequest) error {
+	req, err := initRequest(r)
+	if err != nil {
+		return fmt.Errorf("init guest: %w", err)
+	}
+	if len(r.Files) > 0 || r.Network != nil || r.Rootfs != nil {
+		if err := c.requireVersion(ctx, apiVersion2, "files, a network or a rootfs"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
+	if _, err := c.api.Init(ctx, req); err != nil {
+		return fmt.Errorf("init guest: %w", native(err))
+	}
+	return nil
+}
+
+func initRequest(r InitRequest) (*api.InitRequest, error) {
+	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname}
+	if !r.Time.IsZero() {
+		req.Time = timestamppb.New(r.Time)
+	}
+	files, err := initFiles(r.Files)
+	if err != nil {
+		return nil, err
+	}
+	req.Files = files
+	if r.Network != nil {
+		req.Network = initNetwork(r.Network)
+	}
+	if r.Rootfs != nil {
+		if req.Rootfs, err = initRootfs(r.Rootfs); err != nil {
+			return nil, err
+		}
+	}
+	return req, nil
+}
+
+func initFiles(files []File) ([]*api.File, error) {
+	if len(files) > api.MaxFiles {
+		return nil, fmt.Errorf("%d files, expected at most %d: %w", len(files), api.MaxFiles, errdefs.ErrInvalidArgument)
+	}
+	var out []*api.File
+	total := 0
+	for _, f := range files {
+		switch {
+		case !filepath.IsAbs(f.Path):
+			return nil, fmt.Errorf("file %q: expected an absolute path: %w", f.Path, errdefs.ErrInvalidArgument)
+		case len(f.Data) > api.MaxFileSize:
+			return nil, fmt.Errorf("file %q: %d bytes, expected at most %d: %w", f.Path, len(f.Data), api.MaxFileSize, errdefs.ErrInvalidArgument)
+		case f.Mode&^fs.ModePerm != 0:
+			return nil, fmt.Errorf("file %q: mode %v, expected permission bits only: %w", f.Path, f.Mode, errdefs.ErrInvalidArgument)
+		}
+		total += len(f.Data)
+		out = append(out, &api.File{Path: f.Path, Data: f.Data, Mode: uint32(f.Mode)})
+	}
+	if total > api.MaxFilesSize {
+		return nil, fmt.Errorf("files hold %d bytes, expected at most %d: %w", total, api.MaxFilesSize, errdefs.ErrInvalidArgument)
+	}
+	return out, nil
+}
+
+func initNetwork(n *Network) *api.Network {
+	out := &api.Network{Mtu: uint32(n.MTU)}
+	if len(n.MAC) > 0 {
+		out.Mac = n.MAC.String()
+	}
+	for _, a := range n.Addresses {
+		out.Addresses = append(out.Addresses, a.String())
+	}
+	for _, r := range n.Routes {
+		ar := &api.Route{Metric: r.Metric, OnLink: r.OnLink}
+		if r.Dst != nil {
+			ar.Destination = r.Dst.String()
+		}
+		if r.Gateway != nil {
+			ar.Gateway = r.Gateway.String()
+		}
+		if r.Source != nil {
+			ar.Source = r.Source.String()
+		}
+		out.Routes = append(out.Routes, ar)
+	}
+	return out
+}
+
+func initRootfs(r *Rootfs) (*api.Rootfs, error) {
+	out := &api.Rootfs{Fstype: r.FSType, Serial: r.Serial}
+	for _, m := range r.Mounts {
+		if len(m.UIDMappings) > 0 || len(m.GIDMappings) > 0 {
+			return nil, fmt.Errorf("mount at %q: id-mapped mounts are not supported in the guest: %w", m.Destination, errdefs.ErrInvalidArgument)
+		}
+		out.Mounts = append(out.Mounts, &api.Mount{
+			Destination: m.Destination, Type: m.Type, Source: m.Source, Options: m.Options,
+		})
+	}
+	return out, nil
+}

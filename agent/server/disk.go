@@ -1,0 +1,147 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// virtioBlockID is the virtio device id of a block device.
+	virtioBlockID = "0x0002"
+	// diskPoll is the longest pause between looks for the disk; binding is
+	// synchronous, so the first look normally finds it.
+	diskPoll = 50 * time.Millisecond
+)
+
+// LinuxMounts is the Mounter of the guest the agent runs in.
+type LinuxMounts struct {
+	Sys string // sysfs; empty means /sys
+	Dev string // devtmpfs; empty means /dev
+}
+
+func (l LinuxMounts) sys() string { return orDefault(l.Sys, "/sys") }
+func (l LinuxMounts) dev() string { return orDefault(l.Dev, "/dev") }
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Disk binds the unbound virtio-blk devices and returns the node of the
+// disk whose serial is serial, looking again with a growing pause until
+// ctx ends.
+func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
+	if err := l.bindVirtioBlk(); err != nil {
+		return "", err
+	}
+	for pause := time.Millisecond; ; pause = min(2*pause, diskPoll) {
+		name, seen, err := l.findSerial(serial)
+		if err != nil {
+			return "", err
+		}
+		if name != "" {
+			node := filepath.Join(l.dev(), name)
+			if _, err := os.Stat(node); err == nil {
+				return node, nil
+			}
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", fmt.Errorf("no virtio-blk disk with serial %q (disks: %s): %w", serial, seen, errors.Join(ctx.Err(), errdefs.ErrNotFound))
+		case <-t.C:
+		}
+	}
+}
+
+// bindVirtioBlk binds every virtio block device without a driver.
+func (l LinuxMounts) bindVirtioBlk() error {
+	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
+	if _, err := os.Stat(driver); err != nil {
+		return fmt.Errorf("the virtio_blk driver is not loaded in the guest: %w", errdefs.ErrNotImplemented)
+	}
+	devices := filepath.Join(l.sys(), "bus/virtio/devices")
+	entries, err := os.ReadDir(devices)
+	if err != nil {
+		return fmt.Errorf("list virtio devices: %w", err)
+	}
+	for _, e := range entries {
+		dir := filepath.Join(devices, e.Name())
+		id, err := os.ReadFile(filepath.Join(dir, "device"))
+		if err != nil || strings.TrimSpace(string(id)) != virtioBlockID {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(dir, "driver")); err == nil {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(driver, "bind"), []byte(e.Name()), 0); err != nil {
+			return fmt.Errorf("bind %s to virtio_blk: %w", e.Name(), err)
+		}
+	}
+	return nil
+}
+
+// findSerial returns the block device whose serial is serial, or "" and
+// the serials it saw. When no disk has it and the guest has exactly one
+// virtio disk, that is the one: Firecracker cannot set a disk's serial (it
+// derives it from the image file), and a cocoon VM has one disk slot.
+func (l LinuxMounts) findSerial(serial string) (name, seen string, err error) {
+	block := filepath.Join(l.sys(), "block")
+	entries, err := os.ReadDir(block)
+	if err != nil {
+		return "", "", fmt.Errorf("list block devices: %w", err)
+	}
+	var all, virtio []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(block, e.Name(), "serial"))
+		if err != nil {
+			continue // not a disk with a serial (a loop device, a ram disk)
+		}
+		got := strings.TrimSpace(string(b))
+		if got == serial {
+			return e.Name(), "", nil
+		}
+		all = append(all, fmt.Sprintf("%s=%q", e.Name(), got))
+		if strings.HasPrefix(e.Name(), "vd") {
+			virtio = append(virtio, e.Name())
+		}
+	}
+	if len(virtio) == 1 {
+		return virtio[0], "", nil
+	}
+	sort.Strings(all)
+	if len(all) == 0 {
+		return "", "none", nil
+	}
+	return "", strings.Join(all, " "), nil
+}
+
+// Mount is mount(2).
+func (LinuxMounts) Mount(source, target, fstype string, flags uintptr, data string) error {
+	return unix.Mount(source, target, fstype, flags, data)
+}
+
+// Unmount detaches target.
+func (LinuxMounts) Unmount(target string) error {
+	return unix.Unmount(target, unix.MNT_DETACH)
+}
+
+// Mknod makes a node with exactly mode: mknod(2) applies the umask.
+func (LinuxMounts) Mknod(path string, mode uint32, dev uint64) error {
+	if err := unix.Mknod(path, mode, int(dev)); err != nil {
+		return err
+	}
+	return unix.Chmod(path, mode&0o7777)
+}

@@ -1,0 +1,137 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// fakeSysfs lays out the parts of /sys and /dev that Disk reads: virtio
+// devices (id, bound or not), the virtio_blk driver, block devices with
+// serials, and their nodes.
+type fakeSysfs struct {
+	t        *testing.T
+	sys, dev string
+}
+
+func newFakeSysfs(t *testing.T, driver bool) *fakeSysfs {
+	f := &fakeSysfs{t: t, sys: t.TempDir(), dev: t.TempDir()}
+	f.mkdir("bus/virtio/devices")
+	f.mkdir("block")
+	if driver {
+		f.write("bus/virtio/drivers/virtio_blk/bind", "")
+	}
+	return f
+}
+
+func (f *fakeSysfs) mkdir(p string) {
+	if err := os.MkdirAll(filepath.Join(f.sys, p), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fakeSysfs) write(p, data string) {
+	f.mkdir(filepath.Dir(p))
+	if err := os.WriteFile(filepath.Join(f.sys, p), []byte(data), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fakeSysfs) virtio(name, id string, bound bool) {
+	f.write("bus/virtio/devices/"+name+"/device", id+"\n")
+	if bound {
+		if err := os.Symlink("../../drivers/x", filepath.Join(f.sys, "bus/virtio/devices", name, "driver")); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+func (f *fakeSysfs) disk(name, serial string) {
+	f.write("block/"+name+"/serial", serial+"\n")
+	if err := os.WriteFile(filepath.Join(f.dev, name), nil, 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fakeSysfs) bound() string {
+	b, err := os.ReadFile(filepath.Join(f.sys, "bus/virtio/drivers/virtio_blk/bind"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return string(b)
+}
+
+func (f *fakeSysfs) mounts() LinuxMounts { return LinuxMounts{Sys: f.sys, Dev: f.dev} }
+
+// TestDiskBindsAndFinds: only the unbound virtio block device is bound,
+// and the disk is found by serial.
+func TestDiskBindsAndFinds(t *testing.T) {
+	f := newFakeSysfs(t, true)
+	f.virtio("virtio0", "0x0003", false) // the console
+	f.virtio("virtio1", "0x0002", true)  // a disk already bound
+	f.virtio("virtio2", "0x0002", false) // the rootfs slot
+	f.disk("vda", "other")
+	f.disk("vdb", "cocoon-rootfs")
+	dev, err := f.mounts().Disk(context.Background(), "cocoon-rootfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev != filepath.Join(f.dev, "vdb") {
+		t.Errorf("disk %s, want vdb", dev)
+	}
+	if b := f.bound(); b != "virtio2" {
+		t.Errorf("bound %q, want only virtio2", b)
+	}
+}
+
+// TestDiskWaits: a disk that appears after the bind is found.
+func TestDiskWaits(t *testing.T) {
+	f := newFakeSysfs(t, true)
+	f.virtio("virtio0", "0x0002", false)
+	go func() {
+		time.Sleep(30 * time.Millisecond)
+		f.disk("vda", "late")
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if dev, err := f.mounts().Disk(ctx, "late"); err != nil || dev != filepath.Join(f.dev, "vda") {
+		t.Errorf("disk %q %v, want vda", dev, err)
+	}
+}
+
+// TestDiskOnlyOne: a guest whose one virtio disk has another serial (a
+// Firecracker disk's comes from its image file) uses that disk.
+func TestDiskOnlyOne(t *testing.T) {
+	f := newFakeSysfs(t, true)
+	f.virtio("virtio0", "0x0002", false)
+	f.disk("vda", "253:0:1234")
+	if dev, err := f.mounts().Disk(context.Background(), "cocoon-rootfs"); err != nil || dev != filepath.Join(f.dev, "vda") {
+		t.Errorf("disk %q %v, want the only one, vda", dev, err)
+	}
+}
+
+func TestDiskErrors(t *testing.T) {
+	t.Run("no driver", func(t *testing.T) {
+		_, err := newFakeSysfs(t, false).mounts().Disk(context.Background(), "s")
+		if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "virtio_blk driver is not loaded") {
+			t.Errorf("Disk: %v, want the driver missing", err)
+		}
+	})
+	t.Run("no such serial", func(t *testing.T) {
+		f := newFakeSysfs(t, true)
+		f.disk("vda", "a")
+		f.disk("vdb", "b")
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err := f.mounts().Disk(ctx, "c")
+		if !errdefs.IsNotFound(err) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), `serial "c" (disks: vda="a" vdb="b")`) {
+			t.Errorf("Disk: %v, want not found listing the disks", err)
+		}
+	})
+}

@@ -1,0 +1,113 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// diskWait bounds the wait for the rootfs disk when Init has no deadline.
+const diskWait = 10 * time.Second
+
+// initPlan is a checked InitRequest.
+type initPlan struct {
+	files   []*api.File
+	network *NetConfig
+	rootfs  *api.Rootfs
+}
+
+// Init gives the guest its clone identity (clock, entropy, hostname), then
+// writes its files, configures its NIC and mounts its container root, in
+// that order. Everything is checked before anything changes; an error names
+// the step that failed.
+func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty, error) {
+	plan, err := s.planInit(r)
+	if err != nil {
+		return nil, err
+	}
+	s.initMu.Lock()
+	defer s.initMu.Unlock()
+	for _, step := range []struct {
+		name string
+		run  func() error
+	}{
+		{"clock", func() error { return s.setClock(r) }},
+		{"entropy", func() error { return s.addEntropy(r) }},
+		{"hostname", func() error { return s.setHostname(r) }},
+		{"files", func() error { return writeFiles(plan.files) }},
+		{"network", func() error { return s.configureNetwork(plan.network) }},
+		{"rootfs", func() error { return s.setupRootfs(ctx, plan.rootfs) }},
+	} {
+		if err := step.run(); err != nil {
+			return nil, fmt.Errorf("init %s: %w", step.name, err)
+		}
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"hostname": r.Hostname, "entropy": len(r.Entropy), "files": len(r.Files),
+		"network": r.Network != nil, "rootfs": r.Rootfs != nil,
+	}).Info("guest initialized")
+	return &emptypb.Empty{}, nil
+}
+
+func (s *Service) planInit(r *api.InitRequest) (*initPlan, error) {
+	plan := &initPlan{rootfs: r.Rootfs}
+	if r.Time != nil {
+		if err := r.Time.CheckValid(); err != nil {
+			return nil, fmt.Errorf("init clock: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	}
+	var err error
+	if plan.files, err = checkFiles(r.Files); err != nil {
+		return nil, fmt.Errorf("init files: %w", err)
+	}
+	if r.Network != nil {
+		if plan.network, err = parseNetwork(r.Network); err != nil {
+			return nil, fmt.Errorf("init network: %w", err)
+		}
+	}
+	if r.Rootfs != nil {
+		if err := checkRootfs(r.Rootfs); err != nil {
+			return nil, fmt.Errorf("init rootfs: %w", err)
+		}
+	}
+	return plan, nil
+}
+
+func (s *Service) setClock(r *api.InitRequest) error {
+	if r.Time == nil {
+		return nil
+	}
+	return s.sys.SetTime(r.Time.AsTime())
+}
+
+func (s *Service) addEntropy(r *api.InitRequest) error {
+	if len(r.Entropy) == 0 {
+		return nil
+	}
+	return s.sys.AddEntropy(r.Entropy)
+}
+
+func (s *Service) setHostname(r *api.InitRequest) error {
+	if r.Hostname == "" {
+		return nil
+	}
+	return s.sys.SetHostname(r.Hostname)
+}
+
+// configureNetwork gives the NIC cfg; nil takes the NIC down, which an
+// agent managing no NIC has nothing to do for.
+func (s *Service) configureNetwork(cfg *NetConfig) error {
+	if s.net == nil {
+		if cfg == nil {
+			return nil
+		}
+		return fmt.Errorf("this agent manages no NIC: %w", errdefs.ErrNotImplemented)
+	}
+	return s.net.Configure(cfg)
+}

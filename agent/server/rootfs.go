@@ -1,0 +1,134 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// maxSerial is the length of a virtio-blk serial (VIRTIO_BLK_ID_BYTES).
+const maxSerial = 20
+
+// Mounter is how Init reaches the rootfs disk and mounts the container's
+// root; tests replace it so they never touch the host's devices or mounts.
+type Mounter interface {
+	// Disk binds the VM's unbound virtio-blk devices to their driver (a
+	// snapshot leaves its disk slot unbound so the driver reads the disk's
+	// size at probe) and returns the device node of the disk whose serial
+	// is serial, waiting for it until ctx ends.
+	Disk(ctx context.Context, serial string) (string, error)
+	Mount(source, target, fstype string, flags uintptr, data string) error
+	// Unmount detaches target; Init undoes a half-mounted root with it.
+	Unmount(target string) error
+	// Mknod makes a device node with exactly mode (the umask aside).
+	Mknod(path string, mode uint32, dev uint64) error
+}
+
+// rootfsLayout is where the container's root and its layers live.
+type rootfsLayout struct {
+	lower  string // the disk, read-only
+	rw     string // a tmpfs holding upper and work
+	root   string // the overlay: the container's root
+	marker string // the Rootfs the root was made from
+}
+
+func layout(stateDir string) rootfsLayout {
+	return rootfsLayout{
+		lower:  filepath.Join(stateDir, "lower"),
+		rw:     filepath.Join(stateDir, "rw"),
+		root:   filepath.Join(stateDir, "root"),
+		marker: filepath.Join(stateDir, "rootfs.pb"),
+	}
+}
+
+// checkRootfs checks r before anything is mounted.
+func checkRootfs(r *api.Rootfs) error {
+	if r.Fstype != "erofs" && r.Fstype != "ext4" {
+		return fmt.Errorf("fstype %q: expected erofs or ext4: %w", r.Fstype, errdefs.ErrInvalidArgument)
+	}
+	if r.Serial == "" || len(r.Serial) > maxSerial || filepath.Base(r.Serial) != r.Serial {
+		return fmt.Errorf("serial %q: expected a virtio-blk serial of 1..%d characters: %w", r.Serial, maxSerial, errdefs.ErrInvalidArgument)
+	}
+	for _, m := range r.Mounts {
+		if _, err := planMount(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// containerRoot is the container's root once Init mounted one, else "".
+func (s *Service) containerRoot() string {
+	l := layout(s.stateDir)
+	if _, err := os.Stat(l.marker); err != nil {
+		return ""
+	}
+	return l.root
+}
+
+// setupRootfs mounts r's disk read-only under a tmpfs-backed overlay and
+// the mounts inside it. Once per boot: the same r again is a no-op (a
+// restored fork), a different one an error. A failure unmounts what it
+// mounted, so Init can be retried.
+func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
+	if r == nil {
+		return nil
+	}
+	l := layout(s.stateDir)
+	if done, err := sameRootfs(l.marker, r); done || err != nil {
+		return err
+	}
+	if s.mnt == nil {
+		return fmt.Errorf("this agent mounts no rootfs: %w", errdefs.ErrNotImplemented)
+	}
+	ctx, cancel := context.WithTimeout(ctx, diskWait)
+	defer cancel()
+	dev, err := s.mnt.Disk(ctx, r.Serial)
+	if err != nil {
+		return err
+	}
+	m := &mountStack{mnt: s.mnt}
+	if err := m.root(l, dev, r.Fstype); err != nil {
+		return errors.Join(err, m.undo())
+	}
+	for _, mount := range r.Mounts {
+		if err := m.container(l.root, mount); err != nil {
+			return errors.Join(err, m.undo())
+		}
+	}
+	b, err := proto.Marshal(r)
+	if err == nil {
+		err = writeFile(&api.File{Path: l.marker, Data: b, Mode: 0o600})
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("record the rootfs: %w", err), m.undo())
+	}
+	return nil
+}
+
+// sameRootfs says whether r is already mounted; an error if another one is.
+func sameRootfs(marker string, r *api.Rootfs) (bool, error) {
+	b, err := os.ReadFile(marker)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read the mounted rootfs: %w", err)
+	}
+	var cur api.Rootfs
+	if err := proto.Unmarshal(b, &cur); err != nil {
+		return false, fmt.Errorf("read the mounted rootfs: %w", err)
+	}
+	if !proto.Equal(&cur, r) {
+		return false, fmt.Errorf("the guest already has the rootfs of disk %q; another one needs a new VM: %w", cur.Serial, errdefs.ErrFailedPrecondition)
+	}
+	return true, nil
+}

@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/qemu"
@@ -59,6 +61,11 @@ func EnsureImage(ctx context.Context, out io.Writer, spec ImageSpec) (SnapshotIm
 	if err != nil {
 		return SnapshotImage{}, err
 	}
+	unlock, err := lockCache(spec.Cache)
+	if err != nil {
+		return SnapshotImage{}, err
+	}
+	defer unlock()
 	dir := filepath.Join(spec.Cache, key)
 	img := SnapshotImage{
 		Ref:     "docker.io/cocoon/guest:" + key,
@@ -78,13 +85,28 @@ func EnsureImage(ctx context.Context, out io.Writer, spec ImageSpec) (SnapshotIm
 	return img, nil
 }
 
+// lockCache takes the cache's lock, so runs that start together (the demo's
+// and the benchmark's tests) bake an image once: the others wait and find
+// it cached. The returned func unlocks.
+func lockCache(cache string) (func(), error) {
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return nil, fmt.Errorf("create image cache: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(cache, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lock image cache: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock image cache: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
 // bakeInto bakes img with `cocoonctl bake` into a temp dir next to dir and
 // renames it into place, so an interrupted bake never leaves a
 // half-written cache entry.
 func bakeInto(ctx context.Context, out io.Writer, spec ImageSpec, img SnapshotImage, dir string) error {
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return fmt.Errorf("create image cache: %w", err)
-	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".tmp-")
 	if err != nil {
 		return fmt.Errorf("create image cache: %w", err)

@@ -43,11 +43,12 @@ func readCloneMemory(pid int, guestKiB int64) (cloneMemory, error) {
 	if err != nil {
 		return cloneMemory{}, err
 	}
-	return cloneMemory{
-		pss:   rollup["Pss"],
-		held:  rollup["Pss"] - rollup["Pss_Shmem"] + memfd,
-		guest: max(ram, memfd),
-	}, nil
+	held := rollup["Pss"]
+	if memfd > 0 {
+		// The memfd's touched pages are shmem: count the whole memfd instead.
+		held += memfd - rollup["Pss_Shmem"]
+	}
+	return cloneMemory{pss: rollup["Pss"], held: held, guest: max(ram, memfd)}, nil
 }
 
 // smapsFields returns the kB fields of /proc/pid/<name> (smaps_rollup).

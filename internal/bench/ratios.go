@@ -60,9 +60,9 @@ type variantRatio struct {
 }
 
 // variantPhase is the report phase each variant adds to or changes: the
-// tap's connection to the namespace's interface, and the plan (which
-// stages the base snapshot for an ordinary image).
-var variantPhase = map[string]string{VariantNetwork: vm.PhaseNetwork, VariantOrdinary: vm.PhasePlan}
+// tap's connection to the namespace's interface, and the staging of the
+// base snapshot an ordinary image runs on.
+var variantPhase = map[string]string{VariantNetwork: vm.PhaseNetwork, VariantOrdinary: vm.PhaseBase}
 
 // cells finds cells by arm and N.
 type cells []cellResult

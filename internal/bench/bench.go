@@ -111,6 +111,7 @@ func run(ctx context.Context, out io.Writer, o Options) (res *results, err error
 	if err != nil {
 		return nil, err
 	}
+	res.Load.End = loadAvg()
 	res.fill(o.Ns, set.arms, runs)
 	if err := writeResults(res, o.Out, o.Readme); err != nil {
 		return nil, err
@@ -171,6 +172,7 @@ func newResults(ctx context.Context, img stackrun.SnapshotImage, rounds int) (*r
 		Machine:  m,
 		Snapshot: snapshotInfo{Ref: img.Ref, MemoryBytes: link.MemoryBytes, DataBytes: fi.Size()},
 		Rounds:   rounds,
+		Load:     loadInfo{Start: loadAvg()},
 	}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -49,6 +50,21 @@ func probeMachine(ctx context.Context) (machineInfo, error) {
 		Kernel: unix.ByteSliceToString(uts.Release[:]), QEMU: build, Accel: accel, Hostname: host,
 	}
 	return m, nil
+}
+
+// loadAvg is the 1-minute load average, 0 if unreadable: how much else the
+// machine was running, which moves every number.
+func loadAvg() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
 
 func cpuinfo(key string) string {

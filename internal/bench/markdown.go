@@ -11,6 +11,7 @@ func (r *results) markdown(chart string) string {
 	m := r.Machine
 	fmt.Fprintf(&b, "## Containers started at once, %s\n\n", r.Date.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "Machine: %s, %d CPUs, %d GiB, Linux %s, %s (%s). ", m.CPU, m.CPUs, m.MemGiB, m.Kernel, m.QEMU, m.Accel)
+	fmt.Fprintf(&b, "1-minute load average %.1f when the run began and %.1f when it ended (other work shares the machine). ", r.Load.Start, r.Load.End)
 	fmt.Fprintf(&b, "Snapshot: %d MiB guest, %d MiB of it non-zero. %d round(s) per cell, the arms interleaved within each round; p50/p95 over every clone of every round.\n\n",
 		r.Snapshot.MemoryBytes>>20, r.Snapshot.DataBytes>>20, r.Rounds)
 	b.WriteString(legend)

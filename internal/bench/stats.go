@@ -15,6 +15,7 @@ type results struct {
 	Machine      machineInfo    `json:"machine"`
 	Snapshot     snapshotInfo   `json:"snapshot"`
 	Rounds       int            `json:"rounds"`
+	Load         loadInfo       `json:"load"`
 	FirstRestore []firstRestore `json:"firstRestore"`
 	Conversions  []Conversion   `json:"conversions,omitempty"`
 	Cells        []cellResult   `json:"cells"`
@@ -23,6 +24,13 @@ type results struct {
 	Alternatives []alternative  `json:"alternatives,omitempty"`
 	Network      []variantRatio `json:"network,omitempty"`
 	Ordinary     []variantRatio `json:"ordinary,omitempty"`
+}
+
+// loadInfo is the machine's 1-minute load average when the run began and
+// when it ended.
+type loadInfo struct {
+	Start float64 `json:"start"`
+	End   float64 `json:"end"`
 }
 
 type snapshotInfo struct {

@@ -50,12 +50,14 @@ guest: deps build
 ## demo: run a container through cocoon (mmap, then copy restore) in a private containerd;
 ## the snapshot image is baked once into build/snapshots. KEEP=1 leaves the daemons running.
 demo: deps build guest
-	$(BIN)/cocoonctl demo $(if $(KEEP),--keep)
+	$(BIN)/cocoon-bench demo $(if $(KEEP),--keep)
 
-## bench: fan-out restores (N=1,8,16; copy, mmap; direct and through containerd) into
-## bench/results/<date>.{json,md,svg} and the README's benchmark section
+## bench: N=1,8,16 containers at once: cocoon restores (copy, mmap; direct and through
+## containerd), runc and a cold boot side by side, plus a network namespace and an ordinary
+## image (N=1,8) and first-use image conversions, into bench/results/<date>.{json,md,svg}
+## and the README's benchmark section (cocoon-bench bench -h lists the flags)
 bench: deps build guest
-	$(BIN)/cocoonctl bench --readme README.md
+	$(BIN)/cocoon-bench bench --readme README.md
 
 ## soak: 1000 restores through containerd, 8 at a time, mixed copy/mmap, with the task,
 ## the shim or QEMU killed in 10 %; fails if a restore failed or any count did not come back

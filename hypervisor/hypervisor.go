@@ -8,6 +8,7 @@ package hypervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -171,6 +172,11 @@ type VM interface {
 	Close() error
 }
 
+// ErrNoDiffBase is wrapped by a diff Snapshot that cannot be made because
+// nothing says what the VM's memory was at its restore (it was booted, or
+// its driver cannot tell): a full snapshot may still be.
+var ErrNoDiffBase = errors.New("no base for a diff snapshot")
+
 // BuildReporter is a driver that can name its hypervisor's build on
 // request when its Capabilities leave Build empty (QEMU keeps the probe off
 // the restore path).
@@ -179,7 +185,18 @@ type BuildReporter interface {
 }
 
 // Snapshotter is a VM that can write a chain link of itself into dir. The VM
-// must be paused.
+// must be paused. A diff link's parent is the top link of the chain the VM
+// was restored from, and it holds the pages changed since that restore.
 type Snapshotter interface {
 	Snapshot(ctx context.Context, dir string, kind SnapshotKind) error
+}
+
+// LiveSnapshotter is a Snapshotter that can also snapshot a running VM and
+// leave it running: SnapshotLive stops the guest only while it captures
+// its state (the hypervisor streams what it can while the guest runs, and
+// the link is made durable after the guest runs again). The VM is left
+// running, on error too.
+type LiveSnapshotter interface {
+	Snapshotter
+	SnapshotLive(ctx context.Context, dir string, kind SnapshotKind) error
 }

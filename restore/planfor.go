@@ -13,10 +13,12 @@ import (
 
 // PlanFor gathers the policy's inputs as the shim does — the driver's
 // capabilities, this host's size — and decides the plan for restoring
-// link with d under cfg and the container's annotations. The shim and
+// link (the top of staged, when a staged chain is given: the plan then
+// says how its memory was staged) with d under cfg and the container's
+// annotations. The shim and
 // `cocoonctl explain` both plan through it, so what an operator is shown is
 // what the runtime does.
-func PlanFor(ctx context.Context, d hypervisor.Driver, cfg config.Restore, link *chain.Link, annotations map[string]string) (Plan, hypervisor.Capabilities, error) {
+func PlanFor(ctx context.Context, d hypervisor.Driver, cfg config.Restore, link *chain.Link, staged *chain.Staged, annotations map[string]string) (Plan, hypervisor.Capabilities, error) {
 	caps, err := d.Capabilities(ctx)
 	if err != nil {
 		return Plan{}, caps, fmt.Errorf("%s capabilities: %w: %w", d.Name(), err, errdefs.ErrUnavailable)
@@ -27,6 +29,7 @@ func PlanFor(ctx context.Context, d hypervisor.Driver, cfg config.Restore, link 
 		Link:        link,
 		Config:      cfg,
 		Annotations: annotations,
+		Staged:      staged,
 		Host:        ThisHost(),
 	})
 	if err != nil {

@@ -38,6 +38,9 @@ type Inputs struct {
 	Config config.Restore
 	// Annotations are the OCI spec annotations (pod and container).
 	Annotations map[string]string
+	// Staged, if set, is the staged chain: the plan says how its memory
+	// was staged (staging.Memory).
+	Staged *chain.Staged
 	// Host is the machine's size, the default bound on a guest's.
 	Host Host
 }
@@ -91,6 +94,9 @@ func Decide(in Inputs) (Plan, error) {
 	p.Mode = mode
 	p.ReleaseAfterLoad = mode == hypervisor.ModeCopy
 	p.because("%s", releaseReason(mode))
+	if err := p.memoryStaging(in); err != nil {
+		return Plan{}, err
+	}
 	return p, nil
 }
 

@@ -24,7 +24,8 @@ type initPlan struct {
 
 // Init gives the guest its clone identity (clock, entropy, hostname), then
 // writes its files, configures its NIC and mounts its container root, in
-// that order. Everything is checked before anything changes; an error names
+// that order. It first detaches the processes the clone inherited from its
+// snapshot (detachAll). Everything is checked before anything changes; an error names
 // the step that failed.
 func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty, error) {
 	plan, err := s.planInit(r)
@@ -33,6 +34,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*emptypb.Empty,
 	}
 	s.initMu.Lock()
 	defer s.initMu.Unlock()
+	s.detachAll()
 	for _, step := range []struct {
 		name string
 		run  func() error

@@ -46,8 +46,8 @@ func buildOf(ctx context.Context, d hypervisor.Driver, caps hypervisor.Capabilit
 }
 
 type explainOptions struct {
-	link, config, hypervisor string
-	annotations              annotations
+	link, staged, config, hypervisor string
+	annotations                      annotations
 	// newDriver builds the configured driver, as the shim does.
 	newDriver func(config.Config) (hypervisor.Driver, error)
 }
@@ -55,7 +55,8 @@ type explainOptions struct {
 func explainCommand(out io.Writer, newDriver func(config.Config) (hypervisor.Driver, error)) func(fs *flag.FlagSet) func(context.Context, []string) error {
 	return func(fs *flag.FlagSet) func(context.Context, []string) error {
 		o := explainOptions{annotations: annotations{}, newDriver: newDriver}
-		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (required)")
+		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (this or --staged)")
+		fs.StringVar(&o.staged, "staged", "", "a container snapshot's staged `dir`ectory (chain.json): also says how its memory was staged and why")
 		fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
 		fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
 		fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
@@ -69,10 +70,7 @@ func explainCommand(out io.Writer, newDriver func(config.Config) (hypervisor.Dri
 }
 
 func explain(ctx context.Context, out io.Writer, o explainOptions) error {
-	if o.link == "" {
-		return errors.New("--link is required: the chain's top link directory")
-	}
-	link, err := chain.ReadLink(o.link)
+	link, staged, err := explainTarget(o)
 	if err != nil {
 		return err
 	}
@@ -84,7 +82,7 @@ func explain(ctx context.Context, out io.Writer, o explainOptions) error {
 	if err != nil {
 		return err
 	}
-	plan, caps, err := restore.PlanFor(ctx, d, cfg.Restore, link, o.annotations)
+	plan, caps, err := restore.PlanFor(ctx, d, cfg.Restore, link, staged, o.annotations)
 	if err != nil {
 		return err
 	}
@@ -93,6 +91,23 @@ func explain(ctx context.Context, out io.Writer, o explainOptions) error {
 	}
 	printPlan(out, o, link, cfg.Hypervisor, caps, source, plan)
 	return nil
+}
+
+// explainTarget reads the top link from --link, or the staged chain and its
+// top link from --staged.
+func explainTarget(o explainOptions) (*chain.Link, *chain.Staged, error) {
+	switch {
+	case (o.link == "") == (o.staged == ""):
+		return nil, nil, errors.New("give one of --link (the chain's top link directory) and --staged (a staged directory)")
+	case o.link != "":
+		l, err := chain.ReadLink(o.link)
+		return l, nil, err
+	}
+	st, err := chain.OpenStaged(o.staged)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st.Top(), st, nil
 }
 
 // loadExplainConfig finds the config as the shim does and applies the
@@ -120,7 +135,11 @@ func printPlan(w io.Writer, o explainOptions, l *chain.Link, hv string, caps hyp
 	if l.HypervisorBuild != "" {
 		made += ": " + l.HypervisorBuild
 	}
-	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", o.link, l.Kind, made)
+	where := o.link
+	if o.staged != "" {
+		where = "top of the chain staged in " + o.staged
+	}
+	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", where, l.Kind, made)
 	fmt.Fprintf(w, "guest        %s, %d vCPUs, %s memory, %s pages, hugepages %s, shared memory %s\n",
 		l.GuestOS, l.VCPUs, units.BytesSize(float64(l.MemoryBytes)), units.BytesSize(float64(l.PageSize)),
 		yesNo(l.HugePages), yesNo(l.SharedMemory))

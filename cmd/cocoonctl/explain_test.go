@@ -64,6 +64,34 @@ func explainLink(t *testing.T, hv, guestOS string, huge bool) string {
 	return dir
 }
 
+// explainStagedFork stages a fork of the link in base as a node with base
+// flattened does: base's memory plus the fork's as a delta.
+func explainStagedFork(t *testing.T, base string) string {
+	t.Helper()
+	mem := filepath.Join(t.TempDir(), "memory")
+	if err := os.WriteFile(mem, []byte("forked"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(mem, 512<<20); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	meta := chain.Meta{Hypervisor: "qemu", HypervisorBuild: "qemu 1.0", GuestOS: "linux", VCPUs: 2}
+	fork, err := chain.WriteDiffPages(context.Background(), mem, []chain.Extent{{Offset: 0, Length: 4096}}, base, meta, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := chain.ReadLink(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged := t.TempDir()
+	if err := chain.WriteStagedMemory(staged, []*chain.Link{parent, fork}, chain.StagedMemoryInfo{Covers: 1, Reason: "the base is flattened here"}); err != nil {
+		t.Fatal(err)
+	}
+	return staged
+}
+
 func explainConfig(t *testing.T, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.toml")
@@ -118,7 +146,10 @@ func TestExplain(t *testing.T) {
 			[]string{`"fast"`, "want one of auto, mmap, ondemand, copy"}, true},
 		{"link for another hypervisor", []string{"--link", qemuLink, "--hypervisor", "firecracker"}, []string{`made by "qemu"`}, true},
 		{"unknown hypervisor", []string{"--link", qemuLink, "--hypervisor", "xen"}, []string{`"xen"`}, true},
-		{"no link", []string{}, []string{"--link is required"}, true},
+		{"no link", []string{}, []string{"give one of --link"}, true},
+		{"link and staged", []string{"--link", qemuLink, "--staged", qemuLink}, []string{"give one of --link"}, true},
+		{"staged with a delta", []string{"--staged", explainStagedFork(t, qemuLink), "--config", explainConfig(t, "")},
+			[]string{"top of the chain staged in", "(diff, made by qemu", "memory: the staged file holds links 1-1 and the restore writes the top 1 into the guest before it runs (the base is flattened here)"}, false},
 		{"bad annotation", []string{"--link", qemuLink, "--annotation", "novalue"}, []string{"want key=value"}, true},
 		{"stray argument", []string{"--link", qemuLink, "extra"}, []string{"unexpected arguments"}, true},
 	}

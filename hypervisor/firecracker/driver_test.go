@@ -48,10 +48,11 @@ func TestRestoreFlow(t *testing.T) {
 			}
 			defer v.Close()
 			want := map[string]any{
-				"snapshot_path":  filepath.Join(staged, vmstateFile),
-				"mem_backend":    tt.backend(staged, run),
-				"resume_vm":      false,
-				"vsock_override": map[string]any{"uds_path": filepath.Join(run, vsockSock)},
+				"snapshot_path":     filepath.Join(staged, vmstateFile),
+				"mem_backend":       tt.backend(staged, run),
+				"track_dirty_pages": true,
+				"resume_vm":         false,
+				"vsock_override":    map[string]any{"uds_path": filepath.Join(run, vsockSock)},
 			}
 			if got := apifake.Bodies(t, record, "PUT", "snapshot/load"); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 				t.Errorf("snapshot/load bodies %v, want [%v]", got, want)

@@ -26,8 +26,9 @@ const (
 )
 
 var (
-	_ hypervisor.VM          = (*VM)(nil)
-	_ hypervisor.Snapshotter = (*VM)(nil)
+	_ hypervisor.VM              = (*VM)(nil)
+	_ hypervisor.Snapshotter     = (*VM)(nil)
+	_ hypervisor.LiveSnapshotter = (*VM)(nil)
 )
 
 // VM is one QEMU process and its run directory.
@@ -43,6 +44,12 @@ type VM struct {
 	// where changed pages are private to QEMU.
 	memPath string
 	memfd   *os.File
+	// hashes are a copy restore's page hashes of the memory it restored,
+	// what a diff snapshot compares the memfd with.
+	hashes *pendingHash
+	// written are the hashes of the pages the restore wrote from staged
+	// deltas over the staged memory file.
+	written *pageHashes
 	once    sync.Once
 	err     error
 }
@@ -106,6 +113,9 @@ func (v *VM) Close() error {
 		kerr := v.proc.kill()
 		if v.memfd != nil {
 			v.memfd.Close()
+		}
+		if v.hashes != nil {
+			v.hashes.stop()
 		}
 		v.err = errors.Join(kerr, os.RemoveAll(v.runDir))
 	})

@@ -247,11 +247,10 @@ func TestTaskOperations(t *testing.T) {
 	}
 }
 
-// TestCheckpoint checkpoints a running task into a chain link; QEMU can
-// snapshot only a VM restored with copy (an mmap restore keeps its changed
-// pages private to QEMU), so the runtime config asks for copy.
+// TestCheckpoint checkpoints a running task (an mmap restore, the
+// default) with ctr into a chain link; the task runs on.
 func TestCheckpoint(t *testing.T) {
-	c := stack(t, "[restore]\nmode = \"copy\"\n")
+	c := stack(t, "")
 	if _, err := run(c, []string{"-d"}, "t1", "sleep", "600"); err != nil {
 		t.Fatal(err)
 	}

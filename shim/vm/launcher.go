@@ -247,7 +247,7 @@ func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.
 	if r.Spec != nil {
 		annotations = r.Spec.Annotations
 	}
-	plan, _, err := restore.PlanFor(ctx, d, cfg.Restore, staged.Top(), annotations)
+	plan, _, err := restore.PlanFor(ctx, d, cfg.Restore, staged.Top(), staged, annotations)
 	if err != nil {
 		return restore.Plan{}, nil, err
 	}

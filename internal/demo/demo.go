@@ -1,97 +1,62 @@
-package main
+// Package demo shows cocoon end to end: a cached snapshot image imported
+// into a private containerd on the cocoon snapshotter, and one container
+// run from it through the cocoon shim per restore mode, with its output and
+// the shim's restore report.
+package demo
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
-	"github.com/containerd/log"
 
-	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
-// demo shows cocoon end to end: a cached snapshot image imported into a
-// private containerd on the cocoon snapshotter, and one container run from
-// it through the cocoon shim per restore mode, with its output and the
-// shim's restore report.
-func init() {
-	register(command{
-		name:    "demo",
-		summary: "run a container through cocoon with mmap and copy restores, in a private containerd",
-		flags:   demoCommand(os.Stdout),
-	})
+// Options are the demo's flags.
+type Options struct {
+	Guest, Cache, Memory string
+	// BinDir holds containerd, ctr, cocoon-snapshotter, the shim and
+	// cocoonctl (make build).
+	BinDir string
+	// Keep leaves containerd and the snapshotter running and prints ctr
+	// commands to try.
+	Keep bool
 }
 
-// demoScript is what the demo container runs in its restored guest.
-const demoScript = `echo "hello from $(hostname), a microVM restored from a snapshot"; uname -sr; echo "guest uptime $(cut -d' ' -f1 /proc/uptime)s: it booted once, at bake time"`
+// script is what the demo container runs in its restored guest.
+const script = `echo "hello from $(hostname), a microVM restored from a snapshot"; uname -sr; echo "guest uptime $(cut -d' ' -f1 /proc/uptime)s: it booted once, at bake time"`
 
-type demoOptions struct {
-	guest, cache, memory, binDir string
-	keep                         bool
-	down                         string
-}
-
-func demoCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		var o demoOptions
-		fs.StringVar(&o.guest, "guest", "build/guest", "guest build `dir`ectory")
-		fs.StringVar(&o.cache, "cache", "build/snapshots", "snapshot image cache `dir`ectory")
-		fs.StringVar(&o.memory, "memory", "512M", "guest memory `size` of the snapshot")
-		fs.StringVar(&o.binDir, "bin", "", "`dir`ectory with containerd, ctr, cocoon-snapshotter and the shim (default: cocoonctl's own)")
-		fs.BoolVar(&o.keep, "keep", false, "leave containerd and the snapshotter running and print ctr commands to try")
-		fs.StringVar(&o.down, "down", "", "tear down a stack a --keep demo left in `dir` and exit")
-		return func(ctx context.Context, args []string) error {
-			if len(args) > 0 {
-				return fmt.Errorf("unexpected arguments %q: demo takes only flags", args)
-			}
-			if o.down != "" {
-				return devstack.Destroy(o.down)
-			}
-			if o.binDir == "" {
-				var err error
-				if o.binDir, err = ownBinDir(); err != nil {
-					return err
-				}
-			}
-			if err := log.SetLevel("warn"); err != nil {
-				return err
-			}
-			return runDemo(ctx, out, o)
-		}
-	}
-}
-
-func runDemo(ctx context.Context, out io.Writer, o demoOptions) (err error) {
+// Run runs the demo, printing each step to out.
+func Run(ctx context.Context, out io.Writer, o Options) (err error) {
 	step(out, "snapshot image")
-	img, err := ensureImage(ctx, out, imageSpec{guest: o.guest, cache: o.cache, memory: o.memory})
+	img, err := stackrun.EnsureImage(ctx, out, stackrun.ImageSpec{Guest: o.Guest, Cache: o.Cache, Memory: o.Memory, BinDir: o.BinDir})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "%s (cached: %v)\n  link    %s\n  archive %s\n", img.Ref, img.Cached, img.LinkDir, img.Archive)
 
-	step(out, "private containerd v2.4.2 + cocoon-snapshotter")
-	cfg, err := demoConfig()
+	step(out, "private containerd v2.4.2 + cocoon-snapshotter, ctr images import --snapshotter cocoon "+img.Archive)
+	cfg, err := stackrun.AnnotatedConfig()
 	if err != nil {
 		return err
 	}
-	stack, err := devstack.Start(ctx, devstack.Options{BinDir: o.binDir, Config: cfg, LogLevel: "info"})
+	stack, image, err := stackrun.StartStack(ctx, o.BinDir, cfg, img)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if o.keep && err == nil {
+		if o.Keep && err == nil {
 			printKeep(out, stack, img)
 			return
 		}
@@ -99,33 +64,22 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (err error) {
 		err = errors.Join(err, stack.Close())
 	}()
 	fmt.Fprintf(out, "containerd %s\nsnapshotter %s\ncocoon config %s ([restore] allow_annotation = true)\n", stack.Address, stack.SnapshotterAddress, stack.ConfigPath)
-
-	step(out, "ctr images import --snapshotter cocoon "+img.Archive)
-	image, err := importImage(ctx, stack, img)
-	if err != nil {
-		return err
-	}
 	for _, mode := range []hypervisor.Mode{hypervisor.ModeMmap, hypervisor.ModeCopy} {
-		if err := demoRun(ctx, out, stack, image, mode); err != nil {
+		if err := runMode(ctx, out, stack, image, mode); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// demoConfig lets the restore-mode annotation choose the mode.
-func demoConfig() (*config.Config, error) {
-	cfg, err := config.Load("")
-	if err != nil {
-		return nil, err
-	}
-	cfg.Restore.AllowAnnotation = true
-	return &cfg, nil
+// Down tears down a stack a Keep demo left in dir.
+func Down(dir string) error {
+	return devstack.Destroy(dir)
 }
 
-// demoRun runs demoScript in a container restored in mode and prints its
+// runMode runs script in a container restored in mode and prints its
 // output and the shim's restore report.
-func demoRun(ctx context.Context, out io.Writer, stack *devstack.Stack, image client.Image, mode hypervisor.Mode) error {
+func runMode(ctx context.Context, out io.Writer, stack *devstack.Stack, image client.Image, mode hypervisor.Mode) error {
 	id := "demo-" + string(mode)
 	step(out, fmt.Sprintf("run %s with %s=%s", id, restore.AnnotationMode, mode))
 	fmt.Fprintf(out, "same as: ctr run --rm --snapshotter %s --runtime %s --annotation %s=%s %s %s /bin/sh -c '...'\n",
@@ -135,16 +89,17 @@ func demoRun(ctx context.Context, out io.Writer, stack *devstack.Stack, image cl
 		return err
 	}
 	var stdout, stderr bytes.Buffer
+	c := stackrun.Cocoon(id, image, mode, []string{"/bin/sh", "-c", script})
+	c.IO = cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr))
 	start := time.Now()
-	rc, err := runContainer(ctx, cl, image, id, mode, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr)),
-		"/bin/sh", "-c", demoScript)
+	rc, err := stackrun.Run(ctx, cl, c)
 	if err != nil {
 		return err
 	}
 	running := time.Since(start)
-	exit, rep, err := finish(ctx, stack, rc.task, id)
+	exit, rep, err := finish(ctx, stack, rc.Task, id)
 	// Deleting the task also waits for its output to be copied.
-	if err := errors.Join(err, rc.stop(context.WithoutCancel(ctx))); err != nil {
+	if err := errors.Join(err, rc.Stop(context.WithoutCancel(ctx))); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "container output (exit status %d, running %s after create):\n%s%s",
@@ -163,9 +118,9 @@ func finish(ctx context.Context, stack *devstack.Stack, task client.Task, id str
 	if err != nil {
 		return 0, nil, err
 	}
-	rep, err := state.ReadReport(bundleDir(stack, id))
+	rep, err := stackrun.ReadReport(stack, id)
 	if err != nil {
-		return 0, nil, fmt.Errorf("restore report of %s: %w", id, err)
+		return 0, nil, err
 	}
 	return exit, rep, nil
 }
@@ -201,7 +156,7 @@ func printReport(out io.Writer, r *state.Report) {
 	fmt.Fprintf(out, "  %-16s %10s\n", "total", time.Duration(r.Total).Round(10*time.Microsecond))
 }
 
-func printKeep(out io.Writer, s *devstack.Stack, img snapshotImage) {
+func printKeep(out io.Writer, s *devstack.Stack, img stackrun.SnapshotImage) {
 	step(out, "left running in "+s.Dir)
 	run := fmt.Sprintf("--fifo-dir %s --snapshotter %s --runtime %s", s.FifoDir, devstack.Snapshotter, devstack.Runtime)
 	fmt.Fprintf(out, `Try:
@@ -213,7 +168,7 @@ func printKeep(out io.Writer, s *devstack.Stack, img snapshotImage) {
   $ctr tasks exec -t --fifo-dir %s --exec-id sh1 try2 /bin/sh
   $ctr tasks kill -s KILL try2; $ctr tasks rm try2; $ctr containers rm try2
 Logs: %s/containerd.log (the shims log there too), %s/cocoon-snapshotter.log
-Tear down: %s/cocoonctl demo --down %s
+Tear down: %s/cocoon-bench demo --down %s
 `, strings.Join(s.CtrArgs(), " "), run, restore.AnnotationMode, img.Ref, run, img.Ref, s.FifoDir,
 		s.Dir, s.Dir, s.BinDir, s.Dir)
 }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -19,15 +19,21 @@ import (
 //   - held: pss with a copy's whole memfd in place of its touched share.
 //   - guest: the guest RAM alone: the PSS of the guest RAM mapping, or the
 //     memfd's allocated size if larger. The rest of pss is QEMU itself (under
-//     TCG mostly its translated-code buffer).
+//     TCG mostly its translated-code buffer). 0 for a container without a
+//     guest (runc).
 type cloneMemory struct {
 	pss, held, guest int64
 }
 
+// readCloneMemory reads the memory of process pid, whose guest RAM is a
+// mapping of guestKiB (0: it has none).
 func readCloneMemory(pid int, guestKiB int64) (cloneMemory, error) {
 	rollup, err := smapsFields(pid, "smaps_rollup")
 	if err != nil {
 		return cloneMemory{}, err
+	}
+	if guestKiB == 0 {
+		return cloneMemory{pss: rollup["Pss"], held: rollup["Pss"]}, nil
 	}
 	memfd, err := memfdKiB(pid)
 	if err != nil {
@@ -37,11 +43,12 @@ func readCloneMemory(pid int, guestKiB int64) (cloneMemory, error) {
 	if err != nil {
 		return cloneMemory{}, err
 	}
-	return cloneMemory{
-		pss:   rollup["Pss"],
-		held:  rollup["Pss"] - rollup["Pss_Shmem"] + memfd,
-		guest: max(ram, memfd),
-	}, nil
+	held := rollup["Pss"]
+	if memfd > 0 {
+		// The memfd's touched pages are shmem: count the whole memfd instead.
+		held += memfd - rollup["Pss_Shmem"]
+	}
+	return cloneMemory{pss: rollup["Pss"], held: held, guest: max(ram, memfd)}, nil
 }
 
 // smapsFields returns the kB fields of /proc/pid/<name> (smaps_rollup).

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -17,13 +17,14 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 	"github.com/cocoonstack/containerd-shim-cocoon/snapshotter"
 )
 
-// benchAgentTimeout bounds waiting for a restored guest's agent; 16 TCG
-// guests on 2 cores are slow to answer.
-const benchAgentTimeout = 2 * time.Minute
+// agentTimeout bounds waiting for a guest's agent; 16 TCG guests on 2
+// cores are slow to answer.
+const agentTimeout = 2 * time.Minute
 
 // directPath restores with restore.Run and the QEMU driver on dirs staged
 // by an in-process snapshotter: no containerd, no shim.
@@ -40,7 +41,7 @@ const directTop = "link"
 
 // newDirectPath imports img's link into a fresh snapshotter under dir, as
 // containerd's unpacker would: Prepare with the ref label, write, Commit.
-func newDirectPath(ctx context.Context, img snapshotImage, dir string) (p *directPath, err error) {
+func newDirectPath(ctx context.Context, img stackrun.SnapshotImage, dir string) (p *directPath, err error) {
 	cfg, err := config.Load("")
 	if err != nil {
 		return nil, err
@@ -96,18 +97,20 @@ func stagedDir(ms []mount.Mount) (string, error) {
 	return ms[0].Source, nil
 }
 
-func (p *directPath) name() string { return "direct" }
-
+// stage stages the chain for one clone, removes it again and returns how
+// long staging took.
 func (p *directPath) stage(ctx context.Context) (time.Duration, error) {
-	start := time.Now()
-	if _, err := p.sn.Prepare(ctx, "first", p.top); err != nil {
-		return 0, fmt.Errorf("stage first clone: %w", err)
-	}
-	d := time.Since(start)
-	return d, p.sn.Remove(ctx, "first")
+	return prepareOnce(ctx, p.sn, "first", p.top)
 }
 
-func (p *directPath) start(ctx context.Context, id string, mode hypervisor.Mode) (*clone, error) {
+// directArm restores on the direct path in one mode.
+type directArm struct {
+	p    *directPath
+	mode hypervisor.Mode
+}
+
+func (a directArm) start(ctx context.Context, id string) (*clone, error) {
+	p, mode := a.p, a.mode
 	start := time.Now()
 	ms, err := p.sn.Prepare(ctx, id, p.top)
 	if err != nil {
@@ -128,7 +131,7 @@ func (p *directPath) start(ctx context.Context, id string, mode hypervisor.Mode)
 	}
 	res, err := restore.Run(ctx, p.driver, restore.Request{
 		StagedDir: dir, RunDir: filepath.Join(p.dir, "run", id), Plan: plan,
-		Hostname: id, AgentTimeout: benchAgentTimeout,
+		Hostname: id, AgentTimeout: agentTimeout,
 	})
 	if err != nil {
 		return nil, unstage(err)
@@ -141,12 +144,12 @@ func (p *directPath) start(ctx context.Context, id string, mode hypervisor.Mode)
 	if err := startProcess(ctx, res.Agent); err != nil {
 		return nil, errors.Join(err, stop(ctx))
 	}
-	c := &clone{pid: res.VM.PID(), ready: time.Since(start), stop: stop}
-	c.phases = append(c.phases, phase{Name: "stage", Duration: staged})
+	c := &clone{pid: res.VM.PID(), guestKiB: p.link.MemoryBytes >> 10, ready: time.Since(start), stop: stop}
+	c.phases = append(c.phases, phase{Name: phaseStage, Duration: staged})
 	for _, ph := range res.Report.Phases {
 		c.phases = append(c.phases, phase{Name: ph.Name, Duration: ph.Duration})
 	}
-	c.phases = append(c.phases, phase{Name: "process started", Duration: time.Since(execStart)})
+	c.phases = append(c.phases, phase{Name: phaseStarted, Duration: time.Since(execStart)})
 	return c, nil
 }
 

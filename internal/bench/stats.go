@@ -1,22 +1,36 @@
-package main
+package bench
 
 import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 )
 
-// benchResults is what one `cocoonctl bench` run measured; it is written
-// as bench/results/<date>.json.
-type benchResults struct {
+// results is what one run measured; it is written as
+// bench/results/<date>.json.
+type results struct {
 	Date         time.Time      `json:"date"`
 	Machine      machineInfo    `json:"machine"`
 	Snapshot     snapshotInfo   `json:"snapshot"`
 	Rounds       int            `json:"rounds"`
+	Load         loadInfo       `json:"load"`
 	FirstRestore []firstRestore `json:"firstRestore"`
+	Conversions  []Conversion   `json:"conversions,omitempty"`
 	Cells        []cellResult   `json:"cells"`
 	ModeRatios   []modeRatio    `json:"modeRatios"`
 	PathRatios   []pathRatio    `json:"pathRatios"`
+	Alternatives []alternative  `json:"alternatives,omitempty"`
+	Network      []variantRatio `json:"network,omitempty"`
+	Ordinary     []variantRatio `json:"ordinary,omitempty"`
+}
+
+// loadInfo is the machine's 1-minute load average when the run began and
+// when it ended.
+type loadInfo struct {
+	Start float64 `json:"start"`
+	End   float64 `json:"end"`
 }
 
 type snapshotInfo struct {
@@ -33,26 +47,32 @@ type firstRestore struct {
 	WarmMs  float64 `json:"warmPrepareMs"`
 }
 
-// cellResult is one (path, mode, N) cell over every round.
+// cellResult is one (arm, N) cell over every round.
 type cellResult struct {
-	Path     string  `json:"path"`
-	Mode     string  `json:"mode"`
-	N        int     `json:"n"`
-	Samples  int     `json:"samples"`
-	P50Ms    float64 `json:"p50Ms"` // create to process running, per clone
-	P95Ms    float64 `json:"p95Ms"`
-	WallMs   float64 `json:"wallMs"` // all N running; median over rounds
-	PSSMiB   float64 `json:"pssMiBPerClone"`
-	HeldMiB  float64 `json:"heldMiBPerClone"`     // PSS with a copy's whole memfd instead of its touched share
-	GuestMiB float64 `json:"guestRamMiBPerClone"` // the guest RAM alone (see cloneMemory)
-	// VMMP50Ms is the hypervisor's share of a restore (fill, spawn, load,
-	// resume): what the restore mode changes, without the guest's own
-	// work after resume.
+	armID
+	N       int `json:"n"`
+	Samples int `json:"samples"`
+	// Failed counts the clones that did not start (not in the samples);
+	// Errors are their distinct errors, the first few.
+	Failed   int      `json:"failed"`
+	Errors   []string `json:"errors,omitempty"`
+	P50Ms    float64  `json:"p50Ms"` // create to process running, per clone
+	P95Ms    float64  `json:"p95Ms"`
+	WallMs   float64  `json:"wallMs"` // all N running; median over rounds
+	PSSMiB   float64  `json:"pssMiBPerClone"`
+	HeldMiB  float64  `json:"heldMiBPerClone"`     // PSS with a copy's whole memfd instead of its touched share
+	GuestMiB float64  `json:"guestRamMiBPerClone"` // the guest RAM alone (see cloneMemory)
+	// VMMP50Ms is the hypervisor's share (fill, spawn, load, resume, or a
+	// cold boot's start): what the restore mode changes, without the
+	// guest's own work after resume.
 	VMMP50Ms float64 `json:"vmmP50Ms"`
+	// GuestP50Ms is the guest's side: agent + init + process started, the
+	// sum of their medians.
+	GuestP50Ms float64 `json:"guestP50Ms"`
 	// OutsideP50Ms is create-to-running minus every reported phase: on the
 	// shim path starting the shim and the task RPCs through containerd.
 	OutsideP50Ms float64     `json:"outsideP50Ms"`
-	Phases       []phaseStat `json:"phases"` // restore report phases, median per clone
+	Phases       []phaseStat `json:"phases"` // median per clone
 }
 
 type phaseStat struct {
@@ -60,27 +80,19 @@ type phaseStat struct {
 	P50Ms float64 `json:"p50Ms"`
 }
 
-// modeRatio compares copy with mmap on one path at one N.
-type modeRatio struct {
-	Path           string  `json:"path"`
-	N              int     `json:"n"`
-	CopyOverMmap   float64 `json:"p50CopyOverMmap"` // speed-up of mmap
-	VMMCopyOverMap float64 `json:"vmmP50CopyOverMmap"`
-	PSSMmapOverCpy float64 `json:"pssMmapOverCopy"`
-	HeldMmapOverCp float64 `json:"heldMmapOverCopy"`
-	RAMMmapOverCpy float64 `json:"guestRamMmapOverCopy"`
-}
-
-// pathRatio is the cost of going through containerd and the shim.
-type pathRatio struct {
-	Mode           string  `json:"mode"`
-	N              int     `json:"n"`
-	ShimOverDirect float64 `json:"p50ShimOverDirect"`
+// phase returns the median of phase name, nil if the cell has none.
+func (c *cellResult) phase(name string) *float64 {
+	for _, p := range c.Phases {
+		if p.Name == name {
+			return &p.P50Ms
+		}
+	}
+	return nil
 }
 
 type cellKey struct {
-	path, mode string
-	n          int
+	arm armID
+	n   int
 }
 
 // summarize folds the runs of one cell into its result.
@@ -89,7 +101,9 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 	var pss, held, guest []float64
 	phases := map[string][]time.Duration{}
 	var order []string
+	var failed []error
 	for _, r := range runs {
+		failed = append(failed, r.failed...)
 		ready = append(ready, r.ready...)
 		walls = append(walls, r.wall)
 		m := meanMemory(r.mem)
@@ -106,20 +120,43 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 		}
 	}
 	c := cellResult{
-		Path: k.path, Mode: k.mode, N: k.n, Samples: len(ready),
+		armID: k.arm, N: k.n, Samples: len(ready),
 		P50Ms: ms(percentile(ready, 0.5)), P95Ms: ms(percentile(ready, 0.95)),
 		WallMs: ms(percentile(walls, 0.5)), VMMP50Ms: ms(percentile(vmm, 0.5)), OutsideP50Ms: ms(percentile(outside, 0.5)),
 		PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)), GuestMiB: round1(medianFloat(guest)),
+		Failed: len(failed), Errors: distinctErrors(failed),
 	}
 	for _, name := range order {
-		c.Phases = append(c.Phases, phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))})
+		p := phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))}
+		c.Phases = append(c.Phases, p)
+		if guestPhases[name] {
+			c.GuestP50Ms = round1(c.GuestP50Ms + p.P50Ms)
+		}
 	}
 	return c
 }
 
-// vmmPhases are the restore phases the hypervisor spends before the guest
-// runs again.
-var vmmPhases = map[string]bool{"fill": true, "spawn": true, "load": true, "resume": true}
+// maxErrors bounds the errors a cell keeps.
+const maxErrors = 3
+
+func distinctErrors(errs []error) []string {
+	var msgs []string
+	for _, err := range errs {
+		if m := err.Error(); len(msgs) < maxErrors && !slices.Contains(msgs, m) {
+			msgs = append(msgs, m)
+		}
+	}
+	return msgs
+}
+
+// vmmPhases are the phases the hypervisor spends before the guest runs
+// (again).
+var vmmPhases = map[string]bool{"fill": true, "spawn": true, "load": true, restore.PhaseResume: true, phaseBoot: true}
+
+// guestPhases are the guest's work once it runs: its agent answering (for
+// a cold boot, the whole kernel boot too), the identity call and the
+// process start.
+var guestPhases = map[string]bool{restore.PhaseAgent: true, restore.PhaseInit: true, phaseStarted: true}
 
 // splitClone splits one clone's create-to-running time: the hypervisor's
 // phases, and what no phase covers.
@@ -132,32 +169,6 @@ func splitClone(ready time.Duration, phases []phase) (vmm, outside time.Duration
 		outside -= p.Duration
 	}
 	return vmm, max(outside, 0)
-}
-
-// ratios compares the cells: mmap against copy per path and N, and the
-// shim against direct per mode and N.
-func ratios(cells []cellResult) ([]modeRatio, []pathRatio) {
-	find := func(path, mode string, n int) *cellResult {
-		for i := range cells {
-			if c := &cells[i]; c.Path == path && c.Mode == mode && c.N == n {
-				return c
-			}
-		}
-		return nil
-	}
-	var mr []modeRatio
-	var pr []pathRatio
-	for _, c := range cells {
-		if m := find(c.Path, "mmap", c.N); c.Mode == "copy" && m != nil {
-			mr = append(mr, modeRatio{Path: c.Path, N: c.N,
-				CopyOverMmap: ratio(c.P50Ms, m.P50Ms), VMMCopyOverMap: ratio(c.VMMP50Ms, m.VMMP50Ms), PSSMmapOverCpy: ratio(m.PSSMiB, c.PSSMiB), HeldMmapOverCp: ratio(m.HeldMiB, c.HeldMiB),
-				RAMMmapOverCpy: ratio(m.GuestMiB, c.GuestMiB)})
-		}
-		if d := find("direct", c.Mode, c.N); c.Path == "shim" && d != nil {
-			pr = append(pr, pathRatio{Mode: c.Mode, N: c.N, ShimOverDirect: ratio(c.P50Ms, d.P50Ms)})
-		}
-	}
-	return mr, pr
 }
 
 // percentile is the nearest-rank percentile p of ds.
@@ -195,13 +206,6 @@ func meanMemory(ms []cloneMemory) memoryMiB {
 	}
 	n := float64(len(ms)) * 1024
 	return memoryMiB{float64(sum.pss) / n, float64(sum.held) / n, float64(sum.guest) / n}
-}
-
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return math.Round(a/b*100) / 100
 }
 
 func ms(d time.Duration) float64 { return round1(float64(d) / float64(time.Millisecond)) }

@@ -62,7 +62,7 @@ bench: deps build guest
 ## soak: 1000 restores through containerd, 8 at a time, mixed copy/mmap, with the task,
 ## the shim or QEMU killed in 10 %; fails if a restore failed or any count did not come back
 soak: deps build guest
-	$(BIN)/cocoonctl soak
+	$(BIN)/cocoon-bench soak
 
 ## test: install what the tests need, then run every tier
 test: deps build guest lint

@@ -1,8 +1,9 @@
 // Command cocoon-bench runs cocoon for show and for measure, in a private
 // containerd it starts and tears down: `demo` runs a container per restore
 // mode and prints its restore report; `bench` measures fan-out restores
-// against runc and a cold boot (see internal/bench). Neither belongs in the
-// operator's CLI (cocoonctl).
+// against runc and a cold boot (see internal/bench); `soak` runs many
+// restores with random kills and checks nothing leaked (see internal/soak).
+// None belongs in the operator's CLI (cocoonctl).
 package main
 
 import (
@@ -22,6 +23,7 @@ import (
 var subcommands = map[string]func(fs *flag.FlagSet) func(ctx context.Context) error{
 	"bench": benchFlags,
 	"demo":  demoFlags,
+	"soak":  soakFlags,
 }
 
 func main() {
@@ -30,7 +32,7 @@ func main() {
 
 func run(args []string) int {
 	if len(args) == 0 || subcommands[args[0]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: cocoon-bench bench|demo [flags]  (-h after a subcommand lists its flags)")
+		fmt.Fprintln(os.Stderr, "usage: cocoon-bench bench|demo|soak [flags]  (-h after a subcommand lists its flags)")
 		return 2
 	}
 	fs := flag.NewFlagSet("cocoon-bench "+args[0], flag.ContinueOnError)

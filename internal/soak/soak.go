@@ -4,7 +4,7 @@
 // and checks that the stack ends where it began: the same processes,
 // descriptors, mounts, staged dirs, flat-file links, cgroups, run dirs,
 // taps, network namespaces, leases and snapshots. `make soak` runs 1000
-// restores (cocoonctl soak); a short run is a test in `make test`.
+// restores (cocoon-bench soak); a short run is a test in `make test`.
 //
 //	res, err := soak.Run(ctx, soak.Options{BinDir: "bin", Image: img, Restores: 1000})
 //	if err != nil { ... }            // the stack could not be set up

@@ -2,13 +2,14 @@ package soak
 
 import (
 	"context"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -22,10 +23,10 @@ const shortRestores = 50
 func TestSoak(t *testing.T) {
 	testenv.QEMU(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoonctl"} {
 		testenv.Bin(t, name)
 	}
-	img := bake(t)
+	img := image(t, bin)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	logs := filepath.Join(t.TempDir(), "daemons.log")
@@ -51,18 +52,16 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// bake makes the soak's snapshot image: the project's guest booted on
-// QEMU, snapshotted and packed as an OCI archive.
-func bake(t *testing.T) Image {
+// image is the soak's snapshot image: the project's guest booted on QEMU,
+// snapshotted and packed as an OCI archive, cached in build/snapshots as
+// for the demo and the benchmark.
+func image(t *testing.T, bin string) Image {
 	t.Helper()
-	guest := testenv.Guest(t)
-	dir := t.TempDir()
-	img := Image{Ref: "example.com/cocoon/soak:1", Archive: filepath.Join(dir, "image.tar")}
-	cmd := exec.Command(testenv.Bin(t, "cocoonctl"), "bake", "--guest", guest, "--memory", "256M",
-		"--out", filepath.Join(dir, "link"), "--image", img.Ref, "--archive", img.Archive,
-		"--config", os.DevNull, "--timeout", "4m")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("bake the soak's image: %v\n%s", err, out)
+	img, err := stackrun.EnsureImage(context.Background(), io.Discard, stackrun.ImageSpec{
+		Guest: testenv.Guest(t), Cache: filepath.Join(testenv.RepoRoot(), "build", "snapshots"), Memory: "512M", BinDir: bin,
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return img
+	return Image{Ref: img.Ref, Archive: img.Archive}
 }

@@ -178,6 +178,6 @@ func (d *Driver) startVM(ctx context.Context, runDir string, l launch, a attach,
 		os.RemoveAll(runDir)
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	log.G(ctx).WithField("pid", proc.pid()).WithField("rundir", runDir).Debug("qemu started")
+	log.G(ctx).WithField("pid", proc.PID()).WithField("rundir", runDir).Debug("qemu started")
 	return &VM{proc: proc, qmp: q, runDir: runDir, shape: l.Shape}, nil
 }

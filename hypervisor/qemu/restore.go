@@ -141,8 +141,8 @@ func (v *VM) load(ctx context.Context, statePath string) error {
 		return fmt.Errorf("load device state: %w", err)
 	}
 	err = v.migrate(ctx, "migrate-incoming", f)
-	if err != nil && v.proc.exitedWithin(exitGrace) {
-		return fmt.Errorf("load device state: %w", v.proc.exitError())
+	if err != nil && v.proc.ExitedWithin(exitGrace) {
+		return fmt.Errorf("load device state: %w", v.proc.ExitError())
 	}
 	if err != nil {
 		return fmt.Errorf("load device state: %w", err)

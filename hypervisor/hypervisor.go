@@ -40,18 +40,30 @@ const (
 	ModeMmap Mode = "mmap"
 )
 
+// ModeAuto asks for the best mode a hypervisor supports. It is a request
+// (config, annotation), never a plan's mode.
+const ModeAuto Mode = "auto"
+
 // Modes lists every mode, best first.
 var Modes = []Mode{ModeMmap, ModeOnDemand, ModeCopy}
 
-// ParseMode accepts exactly one of the mode names; anything else is an error
-// naming the bad value and the valid ones.
-func ParseMode(s string) (Mode, error) {
+// ParseMode is the one parser of mode names: exactly one of Modes, or
+// ModeAuto when auto is allowed; anything else is an error naming the bad
+// value and the valid ones.
+func ParseMode(s string, auto bool) (Mode, error) {
+	if auto && s == string(ModeAuto) {
+		return ModeAuto, nil
+	}
 	for _, m := range Modes {
 		if string(m) == s {
 			return m, nil
 		}
 	}
-	return "", fmt.Errorf("unknown restore mode %q: want one of %s", s, JoinModes(Modes))
+	valid := JoinModes(Modes)
+	if auto {
+		valid = string(ModeAuto) + ", " + valid
+	}
+	return "", fmt.Errorf("unknown restore mode %q: want one of %s", s, valid)
 }
 
 // JoinModes lists modes for a message: "mmap, ondemand, copy".

@@ -20,9 +20,6 @@ import (
 // when the runtime config allows it (restore.allow_annotation).
 const AnnotationMode = "io.cocoon.restore-mode"
 
-// ModeAuto asks for the best mode the hypervisor supports.
-const ModeAuto = "auto"
-
 // GuestWindows is the chain link's GuestOS for Windows guests.
 const GuestWindows = "windows"
 
@@ -283,22 +280,17 @@ func releaseReason(m hypervisor.Mode) string {
 	}
 }
 
-// parseMode accepts exactly one of the mode names (and auto, where asked);
-// anything else is an error naming where it came from and the valid ones.
+// parseMode parses a mode request, naming where it came from; auto reads
+// as "" (no particular mode).
 func parseMode(source, s string, allowAuto bool) (hypervisor.Mode, error) {
-	if allowAuto && s == ModeAuto {
+	m, err := hypervisor.ParseMode(s, allowAuto)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", source, err)
+	}
+	if m == hypervisor.ModeAuto {
 		return "", nil
 	}
-	for _, m := range hypervisor.Modes {
-		if string(m) == s {
-			return m, nil
-		}
-	}
-	valid := hypervisor.JoinModes(hypervisor.Modes)
-	if allowAuto {
-		valid = ModeAuto + ", " + valid
-	}
-	return "", fmt.Errorf("%s = %q: unknown restore mode: want one of %s", source, s, valid)
+	return m, nil
 }
 
 func (p *Plan) because(format string, args ...any) {

@@ -106,17 +106,17 @@ func TestDecideUnknownMode(t *testing.T) {
 		want []string
 	}{
 		{"config mode", config.Restore{Mode: "fast"}, nil,
-			[]string{`restore.mode = "fast"`, "auto, mmap, ondemand, copy"}},
+			[]string{`restore.mode: unknown restore mode "fast"`, "auto, mmap, ondemand, copy"}},
 		{"empty config mode", config.Restore{}, nil,
-			[]string{`restore.mode = ""`, "auto, mmap, ondemand, copy"}},
+			[]string{`restore.mode: unknown restore mode ""`, "auto, mmap, ondemand, copy"}},
 		{"case matters", config.Restore{Mode: "MMAP"}, nil,
 			[]string{`"MMAP"`, "auto, mmap, ondemand, copy"}},
 		{"allowed annotation", config.Restore{Mode: "auto", AllowAnnotation: true}, map[string]string{AnnotationMode: "lazy"},
-			[]string{`annotation io.cocoon.restore-mode = "lazy"`, "auto, mmap, ondemand, copy"}},
+			[]string{`annotation io.cocoon.restore-mode: unknown restore mode "lazy"`, "auto, mmap, ondemand, copy"}},
 		{"force mode", config.Restore{Mode: "auto", ForceMode: "uffd"}, nil,
-			[]string{`restore.force_mode = "uffd"`, "want one of mmap, ondemand, copy"}},
+			[]string{`restore.force_mode: unknown restore mode "uffd"`, "want one of mmap, ondemand, copy"}},
 		{"force mode auto", config.Restore{Mode: "auto", ForceMode: "auto"}, nil,
-			[]string{`restore.force_mode = "auto"`, "want one of mmap, ondemand, copy"}},
+			[]string{`restore.force_mode: unknown restore mode "auto"`, "want one of mmap, ondemand, copy"}},
 		{"force beats a bogus annotation but not itself", config.Restore{Mode: "copy", ForceMode: "nope", AllowAnnotation: true},
 			map[string]string{AnnotationMode: "mmap"}, []string{`"nope"`}},
 	}

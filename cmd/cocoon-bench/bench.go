@@ -86,7 +86,7 @@ func parseCounts(flag, s string, emptyOK bool) ([]int, error) {
 func parseModes(s string) ([]hypervisor.Mode, error) {
 	var ms []hypervisor.Mode
 	for _, f := range fields(s) {
-		m, err := hypervisor.ParseMode(f)
+		m, err := hypervisor.ParseMode(f, false)
 		if err != nil {
 			return nil, fmt.Errorf("--modes: %w", err)
 		}

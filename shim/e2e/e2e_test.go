@@ -60,7 +60,7 @@ func image(t testing.TB) string {
 		bakeArchive = filepath.Join(bakeDir, "image.tar")
 		cmd := exec.Command(cocoonctl, "bake", "--guest", guest, "--memory", "256M",
 			"--out", filepath.Join(bakeDir, "link"), "--image", imageRef, "--archive", bakeArchive,
-			"--config", "/dev/null", "--timeout", "4m", "--cmdline", kernelCmdline())
+			"--config", "/dev/null", "--timeout", "4m")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			bakeErr = fmt.Errorf("bake test image: %w\n%s", err, out)
 		}
@@ -69,28 +69,6 @@ func image(t testing.TB) string {
 		t.Fatal(bakeErr)
 	}
 	return bakeArchive
-}
-
-// kernelCmdline is bake's default plus the host's TSC rate: under TCG on a
-// busy host the guest's own TSC calibration fails and its boot hangs
-// (guest/README.md).
-func kernelCmdline() string {
-	cmdline := "console=ttyS0 panic=-1 quiet"
-	data, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return cmdline
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok || strings.TrimSpace(k) != "cpu MHz" {
-			continue
-		}
-		if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && mhz > 0 {
-			return fmt.Sprintf("%s tsc_early_khz=%d", cmdline, int(mhz*1000))
-		}
-		break
-	}
-	return cmdline
 }
 
 // stack starts containerd with the cocoon snapshotter, the shim on PATH and

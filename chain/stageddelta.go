@@ -64,12 +64,19 @@ func (s *Staged) DeltaPaths(i int) (extents, data string) {
 // must write only where a failed restore loses nothing (a VM's private
 // memory, which the failure throws away).
 func ReadPages(ctx context.Context, extentsPath, dataPath string, l *Link, fn func(off int64, data []byte) error) error {
+	return readPages(ctx, extentsPath, dataPath, l, bufio.NewReaderSize(nil, ioChunk), fn)
+}
+
+// readPages is ReadPages through br, which flatten reuses across links:
+// the data is read in large chunks whatever the extents' sizes, and hashed
+// and handed to fn from br's buffer without a copy.
+func readPages(ctx context.Context, extentsPath, dataPath string, l *Link, br *bufio.Reader, fn func(off int64, data []byte) error) error {
 	data, err := OpenLinkFile(dataPath, l.MemoryBytes)
 	if err != nil {
 		return fmt.Errorf("read link pages: %w", err)
 	}
 	defer data.Close()
-	br := bufio.NewReaderSize(data, ioChunk)
+	br.Reset(data)
 	h := digest.SHA256.Hash()
 	c := extentChecker{memBytes: l.MemoryBytes, pageSize: l.PageSize}
 	_, extDigest, err := readExtents(extentsPath, maxExtentsSize(l.MemoryBytes, l.PageSize), func(e Extent) error {

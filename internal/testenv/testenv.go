@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // Unavailable stops t because what is missing. In the unit tier (go test
@@ -84,4 +85,23 @@ func QEMU(t testing.TB) string {
 	t.Helper()
 	RequireRoot(t)
 	return LookPath(t, "qemu-system-x86_64")
+}
+
+// Eventually waits until check succeeds, looking again with a growing pause
+// (1 ms up to 200 ms), and fails t with check's last error once within has
+// passed. It is for what a test cannot be told of — another process's
+// state, a file a daemon writes — not for timing.
+func Eventually(t testing.TB, within time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for pause := time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, within, err)
+		}
+		time.Sleep(pause)
+	}
 }

@@ -340,15 +340,12 @@ func phaseList(phases []state.Phase) string {
 // gone when status is "".
 func waitStatus(t *testing.T, c *ctrdtest.Containerd, id, status string) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, st := taskPID(t, c, id); st == status {
-			return
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("task %s %q", id, status), func() error {
+		if _, st := taskPID(t, c, id); st != status {
+			return fmt.Errorf("task %s is %q", id, st)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	_, st := taskPID(t, c, id)
-	t.Fatalf("task %s is %s, want %s", id, st, status)
+		return nil
+	})
 }
 
 func processRuns(pid int) bool {

@@ -3,7 +3,7 @@
 // A driver restores a VM, paused, from a chain the snapshotter staged; the
 // returned VM is then resumed, paused, snapshotted and stopped through it.
 // Optional abilities are small interfaces of their own, checked at compile
-// time by each driver (var _ hypervisor.Snapshotter = (*vm)(nil)).
+// time by each driver (var _ hypervisor.Checkpointer = (*vm)(nil)).
 package hypervisor
 
 import (
@@ -196,19 +196,19 @@ type BuildReporter interface {
 	Build(ctx context.Context) (string, error)
 }
 
-// Snapshotter is a VM that can write a chain link of itself into dir. The VM
+// Checkpointer is a VM that can write a chain link of itself into dir. The VM
 // must be paused. A diff link's parent is the top link of the chain the VM
 // was restored from, and it holds the pages changed since that restore.
-type Snapshotter interface {
+type Checkpointer interface {
 	Snapshot(ctx context.Context, dir string, kind SnapshotKind) error
 }
 
-// LiveSnapshotter is a Snapshotter that can also snapshot a running VM and
+// LiveCheckpointer is a Checkpointer that can also snapshot a running VM and
 // leave it running: SnapshotLive stops the guest only while it captures
 // its state (the hypervisor streams what it can while the guest runs, and
 // the link is made durable after the guest runs again). The VM is left
 // running, on error too.
-type LiveSnapshotter interface {
-	Snapshotter
+type LiveCheckpointer interface {
+	Checkpointer
 	SnapshotLive(ctx context.Context, dir string, kind SnapshotKind) error
 }

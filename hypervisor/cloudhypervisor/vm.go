@@ -33,8 +33,8 @@ type vm struct {
 }
 
 var (
-	_ hypervisor.VM          = (*vm)(nil)
-	_ hypervisor.Snapshotter = (*vm)(nil)
+	_ hypervisor.VM           = (*vm)(nil)
+	_ hypervisor.Checkpointer = (*vm)(nil)
 )
 
 func (v *vm) Resume(ctx context.Context) error { return v.api.put(ctx, "vm.resume", nil) }

@@ -41,7 +41,7 @@ func TestDiffAfterFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	snap := v.(hypervisor.Snapshotter)
+	snap := v.(hypervisor.Checkpointer)
 	if err := snap.Snapshot(ctx, filepath.Join(t.TempDir(), "full"), hypervisor.SnapshotFull); err != nil {
 		t.Fatal(err)
 	}

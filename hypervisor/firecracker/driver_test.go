@@ -97,7 +97,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string,
 		t.Fatal(err)
 	}
 	linkDir := t.TempDir()
-	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
+	if err := v.(hypervisor.Checkpointer).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
 		t.Fatal(err)
 	}
 	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.Hypervisor != Name || l.Memory.DataDigest != memDigest {
@@ -216,7 +216,7 @@ func TestStateMachineViolations(t *testing.T) {
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	snap := v.(hypervisor.Snapshotter)
+	snap := v.(hypervisor.Checkpointer)
 	if err := snap.Snapshot(ctx, t.TempDir(), hypervisor.SnapshotFull); !errors.As(err, &apiErr) || apiErr.Status != 400 {
 		t.Errorf("snapshot of a running VM: err = %v, want 400", err)
 	}

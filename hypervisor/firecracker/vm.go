@@ -37,8 +37,8 @@ type vm struct {
 }
 
 var (
-	_ hypervisor.VM          = (*vm)(nil)
-	_ hypervisor.Snapshotter = (*vm)(nil)
+	_ hypervisor.VM           = (*vm)(nil)
+	_ hypervisor.Checkpointer = (*vm)(nil)
 )
 
 // vmState is the PATCH /vm body (Vm in the spec).

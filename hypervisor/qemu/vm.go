@@ -26,9 +26,9 @@ const (
 )
 
 var (
-	_ hypervisor.VM              = (*VM)(nil)
-	_ hypervisor.Snapshotter     = (*VM)(nil)
-	_ hypervisor.LiveSnapshotter = (*VM)(nil)
+	_ hypervisor.VM               = (*VM)(nil)
+	_ hypervisor.Checkpointer     = (*VM)(nil)
+	_ hypervisor.LiveCheckpointer = (*VM)(nil)
 )
 
 // VM is one QEMU process and its run directory.

@@ -52,7 +52,7 @@ type Guest interface {
 }
 
 // VM is the hypervisor process behind a task. hypervisor.VM satisfies it;
-// checkpointing additionally needs hypervisor.Snapshotter.
+// checkpointing additionally needs hypervisor.Checkpointer.
 type VM interface {
 	PID() int
 	Pause(ctx context.Context) error

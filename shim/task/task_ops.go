@@ -153,7 +153,7 @@ func (t *task) setPaused(v bool) {
 func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 	t.opMu.Lock()
 	defer t.opMu.Unlock()
-	snap, ok := t.sb.VM.(hypervisor.Snapshotter)
+	snap, ok := t.sb.VM.(hypervisor.Checkpointer)
 	if !ok {
 		return fmt.Errorf("checkpoint: the %s driver cannot snapshot a running VM: %w", t.sb.Hypervisor, errdefs.ErrNotImplemented)
 	}
@@ -161,7 +161,7 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	wasPaused := t.isPaused()
-	if live, ok := snap.(hypervisor.LiveSnapshotter); ok && !wasPaused && !exit {
+	if live, ok := snap.(hypervisor.LiveCheckpointer); ok && !wasPaused && !exit {
 		if err := t.snapshot(ctx, live.SnapshotLive, dir); err != nil {
 			return fmt.Errorf("snapshot VM into %s: %w", dir, err)
 		}

@@ -60,7 +60,7 @@ func DiffSnapshots(t *testing.T, d hypervisor.Driver, staged string, mode hyperv
 			copy(want[w.Offset:], bytes.Repeat([]byte{w.Fill}, int(w.Length)))
 		}
 		dir := filepath.Join(t.TempDir(), "link")
-		err := v.(hypervisor.Snapshotter).Snapshot(ctx, dir, hypervisor.SnapshotDiff)
+		err := v.(hypervisor.Checkpointer).Snapshot(ctx, dir, hypervisor.SnapshotDiff)
 		if noBase {
 			if !errors.Is(err, hypervisor.ErrNoDiffBase) {
 				t.Fatalf("diff of a %s restore: %v, want ErrNoDiffBase", mode, err)

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 
@@ -15,7 +14,6 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
-	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 )
 
@@ -32,7 +30,7 @@ func init() {
 	register(command{
 		name:    "explain",
 		summary: "show the restore plan for a chain link and why",
-		flags:   explainCommand(os.Stdout, drivers.New),
+		flags:   explainFlags,
 	})
 }
 
@@ -52,20 +50,19 @@ type explainOptions struct {
 	newDriver func(config.Config) (hypervisor.Driver, error)
 }
 
-func explainCommand(out io.Writer, newDriver func(config.Config) (hypervisor.Driver, error)) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		o := explainOptions{annotations: annotations{}, newDriver: newDriver}
-		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (this or --staged)")
-		fs.StringVar(&o.staged, "staged", "", "a container snapshot's staged `dir`ectory (chain.json): also says how its memory was staged and why")
-		fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
-		fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
-		fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
-		return func(ctx context.Context, args []string) error {
-			if len(args) > 0 {
-				return fmt.Errorf("unexpected arguments %q: explain takes only flags", args)
-			}
-			return explain(ctx, out, o)
+func explainFlags(fs *flag.FlagSet) action {
+	o := explainOptions{annotations: annotations{}}
+	fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (this or --staged)")
+	fs.StringVar(&o.staged, "staged", "", "a container snapshot's staged `dir`ectory (chain.json): also says how its memory was staged and why")
+	fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
+	fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
+	fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
+	return func(ctx context.Context, e env, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unexpected arguments %q: explain takes only flags", args)
 		}
+		o.newDriver = e.newDriver
+		return explain(ctx, e.out, o)
 	}
 }
 

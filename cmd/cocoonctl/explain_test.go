@@ -106,11 +106,11 @@ func runExplainCmd(t *testing.T, newDriver func(config.Config) (hypervisor.Drive
 	var out bytes.Buffer
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	fs.SetOutput(&bytes.Buffer{})
-	do := explainCommand(&out, newDriver)(fs)
+	do := explainFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return "", err
 	}
-	err := do(context.Background(), fs.Args())
+	err := do(context.Background(), env{out: &out, errOut: &out, newDriver: newDriver}, fs.Args())
 	return out.String(), err
 }
 

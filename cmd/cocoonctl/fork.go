@@ -30,8 +30,8 @@ import (
 // the task. Everything is written under one lease and the image is created
 // last, so a failure leaves nothing in the image store.
 func init() {
-	register(command{name: "fork", summary: "write a running task as a new image: its image's chain + one diff link", flags: forkCommand(os.Stdout, false)})
-	register(command{name: "hibernate", summary: "fork a running task into an image, then stop it", flags: forkCommand(os.Stdout, true)})
+	register(command{name: "fork", summary: "write a running task as a new image: its image's chain + one diff link", flags: func(fs *flag.FlagSet) action { return forkFlags(fs, false) }})
+	register(command{name: "hibernate", summary: "fork a running task into an image, then stop it", flags: func(fs *flag.FlagSet) action { return forkFlags(fs, true) }})
 }
 
 // runtimeType is the containerd runtime a forkable task runs on.
@@ -42,25 +42,23 @@ type forkOptions struct {
 	hibernate                 bool
 }
 
-func forkCommand(out io.Writer, hibernate bool) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		o := forkOptions{hibernate: hibernate}
-		ns := os.Getenv(namespaces.NamespaceEnvVar)
-		if ns == "" {
-			ns = namespaces.Default
+func forkFlags(fs *flag.FlagSet, hibernate bool) action {
+	o := forkOptions{hibernate: hibernate}
+	ns := os.Getenv(namespaces.NamespaceEnvVar)
+	if ns == "" {
+		ns = namespaces.Default
+	}
+	fs.StringVar(&o.address, "address", defaults.DefaultAddress, "containerd's gRPC `socket`")
+	fs.StringVar(&o.namespace, "namespace", ns, "containerd `namespace` (default $"+namespaces.NamespaceEnvVar+", else "+namespaces.Default+")")
+	fs.StringVar(&o.image, "image", "", "`name` of the image to create, e.g. example.com/app:forked (required)")
+	return func(ctx context.Context, e env, args []string) error {
+		switch {
+		case o.image == "":
+			return errors.New("--image is required: the name of the image to create")
+		case len(args) != 1:
+			return fmt.Errorf("want one TASK argument (the container ID), got %d", len(args))
 		}
-		fs.StringVar(&o.address, "address", defaults.DefaultAddress, "containerd's gRPC `socket`")
-		fs.StringVar(&o.namespace, "namespace", ns, "containerd `namespace` (default $"+namespaces.NamespaceEnvVar+", else "+namespaces.Default+")")
-		fs.StringVar(&o.image, "image", "", "`name` of the image to create, e.g. example.com/app:forked (required)")
-		return func(ctx context.Context, args []string) error {
-			switch {
-			case o.image == "":
-				return errors.New("--image is required: the name of the image to create")
-			case len(args) != 1:
-				return fmt.Errorf("want one TASK argument (the container ID), got %d", len(args))
-			}
-			return fork(ctx, out, o, args[0])
-		}
+		return fork(ctx, e.out, o, args[0])
 	}
 }
 

@@ -15,7 +15,7 @@ CRI_TOOLS_VERSION := v1.37.0
 CNI_PLUGINS_VERSION := v1.10.0
 CNI_PLUGINS := main/bridge ipam/host-local main/loopback
 
-.PHONY: all build containerd tools deps guest test lint generate clean demo bench fuzz
+.PHONY: all build containerd tools deps guest test unit lint generate clean demo bench fuzz soak
 
 all: build
 
@@ -50,12 +50,19 @@ guest: deps build
 ## demo: run a container through cocoon (mmap, then copy restore) in a private containerd;
 ## the snapshot image is baked once into build/snapshots. KEEP=1 leaves the daemons running.
 demo: deps build guest
-	$(BIN)/cocoonctl demo $(if $(KEEP),--keep)
+	$(BIN)/cocoon-bench demo $(if $(KEEP),--keep)
 
-## bench: fan-out restores (N=1,8,16; copy, mmap; direct and through containerd) into
-## bench/results/<date>.{json,md,svg} and the README's benchmark section
+## bench: N=1,8,16 containers at once: cocoon restores (copy, mmap; direct and through
+## containerd), runc and a cold boot side by side, plus a network namespace and an ordinary
+## image (N=1,8) and first-use image conversions, into bench/results/<date>.{json,md,svg}
+## and the README's benchmark section (cocoon-bench bench -h lists the flags)
 bench: deps build guest
-	$(BIN)/cocoonctl bench --readme README.md
+	$(BIN)/cocoon-bench bench --readme README.md
+
+## soak: 1000 restores through containerd, 8 at a time, mixed copy/mmap, with the task,
+## the shim or QEMU killed in 10 %; fails if a restore failed or any count did not come back
+soak: deps build guest
+	$(BIN)/cocoon-bench soak
 
 ## test: install what the tests need, then run every tier
 test: deps build guest lint
@@ -72,6 +79,11 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$dir; \
 		done; \
 	done
+
+## unit: the unit tier alone (go test -short: pure logic, no root, QEMU or
+## containerd; the tests that need them say UNIT TIER and skip)
+unit:
+	$(GO) test -short -count=1 ./...
 
 ## lint: gofmt, go vet, staticcheck
 lint:

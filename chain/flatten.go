@@ -6,11 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
-	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 )
 
@@ -60,51 +58,9 @@ func Flatten(ctx context.Context, linkDirs []string, outPath string) error {
 // is read in large chunks whatever the extents' sizes, and hashed and
 // written from br's buffer without a copy.
 func replay(ctx context.Context, out *os.File, dir string, l *Link, fresh bool, br *bufio.Reader) error {
-	dataPath := filepath.Join(dir, DataFile)
-	data, err := OpenLinkFile(dataPath, l.MemoryBytes)
-	if err != nil {
-		return fmt.Errorf("replay link: %w", err)
-	}
-	defer data.Close()
-	br.Reset(data)
-	h := digest.SHA256.Hash()
-	c := extentChecker{memBytes: l.MemoryBytes, pageSize: l.PageSize}
-	_, extDigest, err := readExtents(filepath.Join(dir, ExtentsFile), maxExtentsSize(l.MemoryBytes, l.PageSize), func(e Extent) error {
-		if err := c.check(e); err != nil {
-			return err
-		}
-		for off := e.Offset; off < e.End(); {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			b, err := br.Peek(int(min(int64(br.Size()), e.End()-off)))
-			if errors.Is(err, io.EOF) {
-				return fmt.Errorf("%s: shorter than its extents", dataPath)
-			} else if err != nil {
-				return fmt.Errorf("read %s: %w", dataPath, err)
-			}
-			h.Write(b)
-			if err := writeBlocks(out, off, b, fresh); err != nil {
-				return err
-			}
-			br.Discard(len(b))
-			off += int64(len(b))
-		}
-		return nil
+	return readPages(ctx, filepath.Join(dir, ExtentsFile), filepath.Join(dir, DataFile), l, br, func(off int64, b []byte) error {
+		return writeBlocks(out, off, b, fresh)
 	})
-	if err != nil {
-		return err
-	}
-	if extDigest != l.Memory.ExtentsDigest {
-		return fmt.Errorf("%s: changed while flattening", filepath.Join(dir, ExtentsFile))
-	}
-	if _, err := br.Peek(1); err != io.EOF {
-		return fmt.Errorf("%s: longer than its extents", dataPath)
-	}
-	if got := digest.NewDigest(digest.SHA256, h); got != l.Memory.DataDigest {
-		return fmt.Errorf("%s: digest mismatch: content is %s, %s says %s", dataPath, got, LinkFile, l.Memory.DataDigest)
-	}
-	return nil
 }
 
 // writeBlocks writes b at off, leaving zero blocks as holes: skipped when

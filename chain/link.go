@@ -21,6 +21,13 @@ const (
 	StagedChain  = "chain.json"
 )
 
+// StateMemoryFiltered is the one non-empty Link.StateMemory: the hypervisor
+// wrote guest memory into its state stream and cocoon removed it, keeping
+// the stream's structure, so the link's memory files are the only source of
+// guest memory. Empty means the hypervisor never wrote guest memory there.
+// A restore refuses a value it does not know.
+const StateMemoryFiltered = "filtered"
+
 // Kind is a link's kind.
 type Kind string
 
@@ -53,6 +60,7 @@ type Link struct {
 	HugePages       bool          `json:"hugePages"`
 	SharedMemory    bool          `json:"sharedMemory"`
 	StateFiles      []string      `json:"stateFiles"`
+	StateMemory     string        `json:"stateMemory,omitempty"`
 	Parent          digest.Digest `json:"parent,omitempty"`
 	Memory          MemoryInfo    `json:"memory"`
 
@@ -134,6 +142,8 @@ func (l *Link) checkHeader() error {
 		return fmt.Errorf("full link names a parent %s", l.Parent)
 	case l.Kind == KindDiff && l.Parent == "":
 		return fmt.Errorf("diff link names no parent")
+	case l.StateMemory != "" && l.StateMemory != StateMemoryFiltered:
+		return fmt.Errorf("state memory %q: want empty or %q", l.StateMemory, StateMemoryFiltered)
 	}
 	if l.Parent != "" {
 		if err := l.Parent.Validate(); err != nil {
@@ -167,7 +177,7 @@ func checkStateFiles(names []string) error {
 		switch {
 		case n == "" || n == "." || n == ".." || strings.ContainsAny(n, `/\`):
 			return fmt.Errorf("state file %q is not a plain file name", n)
-		case n == LinkFile || n == ExtentsFile || n == DataFile || n == StagedMemory || n == StagedChain:
+		case n == LinkFile || n == ExtentsFile || n == DataFile || n == StagedMemory || n == StagedChain || isDeltaName(n):
 			return fmt.Errorf("state file %q uses a reserved name", n)
 		case IsTemp(n):
 			return fmt.Errorf("state file %q uses the temp-file prefix %q", n, tempPrefix)

@@ -30,6 +30,8 @@ type Meta struct {
 	SharedMemory bool
 	// StateFiles must already be in the output directory.
 	StateFiles []string
+	// StateMemory is Link.StateMemory.
+	StateMemory string
 }
 
 func (m Meta) link(kind Kind, memBytes int64, parent *Link) *Link {
@@ -38,7 +40,7 @@ func (m Meta) link(kind Kind, memBytes int64, parent *Link) *Link {
 		Hypervisor: m.Hypervisor, HypervisorBuild: m.HypervisorBuild, GuestOS: m.GuestOS,
 		VCPUs: m.VCPUs, MemoryBytes: memBytes, PageSize: m.pageSize(),
 		HugePages: m.HugePages, SharedMemory: m.SharedMemory,
-		StateFiles: append([]string{}, m.StateFiles...),
+		StateFiles: append([]string{}, m.StateFiles...), StateMemory: m.StateMemory,
 	}
 	if parent != nil {
 		l.Parent = parent.id
@@ -116,9 +118,18 @@ func (w *linkWriter) add(off int64, b []byte) error {
 
 // finish syncs the memory files, records them in l and writes link.json.
 func (w *linkWriter) finish(l *Link) (*Link, error) {
+	return w.finishAfter(l, nil)
+}
+
+// finishAfter is finish that runs written, if set, once the memory files
+// are written and before they are synced.
+func (w *linkWriter) finishAfter(l *Link, written func() error) (*Link, error) {
 	n, extDigest, err := w.ext.close()
 	if err == nil {
 		err = w.data.Flush()
+	}
+	if err == nil && written != nil {
+		err = written()
 	}
 	for _, f := range []*os.File{w.extFile, w.dataFile} {
 		if err == nil {

@@ -15,13 +15,16 @@ type Staged struct {
 	Dir string
 	// Links is the chain, oldest first.
 	Links []*Link
+	// Memory says which links the staged memory file holds.
+	Memory StagedMemoryInfo
 }
 
 // stagedFile is chain.json. Each link keeps its ID, since re-encoding a
 // Link need not reproduce the bytes its ID was computed from.
 type stagedFile struct {
-	Version int          `json:"version"`
-	Links   []stagedLink `json:"links"`
+	Version int               `json:"version"`
+	Links   []stagedLink      `json:"links"`
+	Memory  *StagedMemoryInfo `json:"memory,omitempty"`
 }
 
 type stagedLink struct {
@@ -40,12 +43,26 @@ func (s *Staged) StatePath(name string) string { return filepath.Join(s.Dir, nam
 
 // WriteStaged writes dir/chain.json for links, oldest first, atomically
 // (temp file and rename) but without fsync: a staged dir serves VMs of the
-// current boot only, and its maker re-stages it after a host crash.
+// current boot only, and its maker re-stages it after a host crash. The
+// staged memory holds every link; WriteStagedMemory says otherwise.
 func WriteStaged(dir string, links []*Link) error {
+	return WriteStagedMemory(dir, links, StagedMemoryInfo{})
+}
+
+// WriteStagedMemory is WriteStaged for a memory file that holds the first
+// m.Covers links (all when zero); the others' memory files must be staged
+// as delta files (DeltaPaths).
+func WriteStagedMemory(dir string, links []*Link, m StagedMemoryInfo) error {
 	if err := checkLinks(links); err != nil {
 		return fmt.Errorf("write staged chain: %w", err)
 	}
+	if err := m.check(len(links)); err != nil {
+		return fmt.Errorf("write staged chain: %w", err)
+	}
 	sf := stagedFile{Version: Version, Links: make([]stagedLink, len(links))}
+	if m != (StagedMemoryInfo{}) {
+		sf.Memory = &m
+	}
 	for i, l := range links {
 		sf.Links[i] = stagedLink{ID: l.id, Link: l}
 	}
@@ -87,7 +104,17 @@ func OpenStaged(dir string) (*Staged, error) {
 	if err := checkLinks(links); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return &Staged{Dir: dir, Links: links}, nil
+	st := &Staged{Dir: dir, Links: links}
+	if sf.Memory != nil {
+		st.Memory = *sf.Memory
+	}
+	if err := st.Memory.check(len(links)); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if st.Memory.Covers == 0 {
+		st.Memory.Covers = len(links)
+	}
+	return st, nil
 }
 
 // checkLinks checks that links, oldest first, form one chain.

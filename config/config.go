@@ -52,6 +52,12 @@ type Restore struct {
 	// is an ordinary OCI image, whose layers become the VM's root
 	// filesystem; empty refuses such tasks.
 	BaseImage string `toml:"base_image"`
+	// MaxGuestMemory bounds the guest memory a snapshot may restore with;
+	// 0 means the host's RAM. MaxVCPUs bounds its vCPUs; 0 means the
+	// host's CPUs. A snapshot image states both, so both are the image's
+	// to choose only within these.
+	MaxGuestMemory Size `toml:"max_guest_memory"`
+	MaxVCPUs       int  `toml:"max_vcpus"`
 	// BaseSnapshotter is the containerd snapshotter (the cocoon proxy
 	// plugin's name) the base image is staged through.
 	BaseSnapshotter string `toml:"base_snapshotter"`
@@ -103,6 +109,10 @@ type Snapshotter struct {
 	// FlatCacheSize is the byte budget for flattened chain memory files,
 	// e.g. "64GiB"; "0" means unlimited.
 	FlatCacheSize Size `toml:"flat_cache_size"`
+	// MaxRootfsSize bounds the files of an ordinary image (sizes, holes
+	// included) converted into a VM's root filesystem image; "0" means
+	// unlimited.
+	MaxRootfsSize Size `toml:"max_rootfs_size"`
 }
 
 // Default returns the built-in defaults.
@@ -123,8 +133,9 @@ func Default() Config {
 		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},
 		Firecracker:     Firecracker{Binary: "firecracker"},
 		Snapshotter: Snapshotter{
-			Root:    "/var/lib/cocoon/snapshotter",
-			Address: "/run/cocoon/snapshotter.sock",
+			Root:          "/var/lib/cocoon/snapshotter",
+			Address:       "/run/cocoon/snapshotter.sock",
+			MaxRootfsSize: Size(32 << 30),
 		},
 	}
 }

@@ -27,7 +27,7 @@ func TestParse(t *testing.T) {
 			}},
 		{name: "unknown top key", in: "hypervsor = \"qemu\"\n", wantErr: "unknown key hypervsor"},
 		{name: "unknown nested key", in: "[restore]\nmod = \"copy\"\n", wantErr: "unknown key restore.mod"},
-		{name: "bad mode", in: "[restore]\nmode = \"mmapp\"\n", wantErr: `restore.mode = "mmapp"`},
+		{name: "bad mode", in: "[restore]\nmode = \"mmapp\"\n", wantErr: `restore.mode: unknown restore mode "mmapp"`},
 		{name: "bad force mode", in: "[restore]\nforce_mode = \"auto\"\n", wantErr: "restore.force_mode"},
 		{name: "bad accel", in: "[qemu]\naccel = \"hvf\"\n", wantErr: "qemu.accel"},
 		{name: "bad size", in: "[snapshotter]\nflat_cache_size = \"lots\"\n", wantErr: "bad size"},

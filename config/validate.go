@@ -8,7 +8,6 @@ import (
 )
 
 var (
-	modes      = append([]string{"auto"}, modeNames()...)
 	accels     = []string{"auto", "kvm", "tcg"}
 	cowChoices = []string{"probe", "yes", "no"}
 )
@@ -20,7 +19,6 @@ func (c Config) Validate() error {
 		valid    []string
 	}{
 		{"hypervisor", c.Hypervisor, hypervisor.Names},
-		{"restore.mode", c.Restore.Mode, modes},
 		{"qemu.accel", c.QEMU.Accel, accels},
 		{"cloud_hypervisor.copy_on_write", c.CloudHypervisor.CopyOnWrite, cowChoices},
 	}
@@ -29,8 +27,13 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s = %q: want one of %v", ch.key, ch.val, ch.valid)
 		}
 	}
-	if c.Restore.ForceMode != "" && !slices.Contains(modes[1:], c.Restore.ForceMode) {
-		return fmt.Errorf("restore.force_mode = %q: want empty or one of %v", c.Restore.ForceMode, modes[1:])
+	if _, err := hypervisor.ParseMode(c.Restore.Mode, true); err != nil {
+		return fmt.Errorf("restore.mode: %w", err)
+	}
+	if c.Restore.ForceMode != "" {
+		if _, err := hypervisor.ParseMode(c.Restore.ForceMode, false); err != nil {
+			return fmt.Errorf("restore.force_mode (empty for none): %w", err)
+		}
 	}
 	required := []struct{ key, val string }{
 		{"shim.run_dir", c.Shim.RunDir},
@@ -45,16 +48,11 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s is empty: want a value", r.key)
 		}
 	}
+	if c.Restore.MaxVCPUs < 0 {
+		return fmt.Errorf("restore.max_vcpus = %d: want 0 (the host's CPUs) or a positive count", c.Restore.MaxVCPUs)
+	}
 	if c.Agent.ConnectTimeout <= 0 || c.Agent.CallTimeout <= 0 || c.Shim.RestoreTimeout <= 0 {
 		return fmt.Errorf("agent.connect_timeout, agent.call_timeout and shim.restore_timeout must be positive")
 	}
 	return nil
-}
-
-func modeNames() []string {
-	s := make([]string, len(hypervisor.Modes))
-	for i, m := range hypervisor.Modes {
-		s[i] = string(m)
-	}
-	return s
 }

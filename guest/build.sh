@@ -81,7 +81,7 @@ module_file() {
 install_modules() {
 	local moddir="$1/lib/modules/$2" root=$3 mod f dep loaded=" "
 	mkdir -p "$root/lib/modules"
-	while read -r mod; do
+	while read -r mod _; do
 		case "$mod" in '#'* | '') continue ;; esac
 		f=$(module_file "$moddir" "$mod")
 		for dep in $(tr '\0' '\n' <"$f" | sed -n 's/^depends=//p' | tr ',' ' '); do
@@ -158,7 +158,7 @@ install -m 0644 "$work/kernel/boot/vmlinuz-$release" "$work/vmlinuz"
 	echo "busybox.version=$(dpkg-deb -f "$bdeb" Version)"
 	echo "busybox.deb.sha256=$(sha256sum "$bdeb" | cut -d' ' -f1)"
 	echo "agent.sha256=$(sha256sum "$agent" | cut -d' ' -f1)"
-	echo "modules=$(grep -v '^#' "$guest/modules" | paste -sd, -)"
+	echo "modules=$(grep -v '^#' "$guest/modules" | tr ' ' ':' | paste -sd, -)"
 	echo "source_date_epoch=$epoch"
 	echo "vmlinuz.sha256=$(sha256sum "$work/vmlinuz" | cut -d' ' -f1)"
 	echo "initramfs.sha256=$(sha256sum "$work/initramfs.cpio.gz" | cut -d' ' -f1)"

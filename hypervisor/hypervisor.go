@@ -3,11 +3,12 @@
 // A driver restores a VM, paused, from a chain the snapshotter staged; the
 // returned VM is then resumed, paused, snapshotted and stopped through it.
 // Optional abilities are small interfaces of their own, checked at compile
-// time by each driver (var _ hypervisor.Snapshotter = (*vm)(nil)).
+// time by each driver (var _ hypervisor.Checkpointer = (*vm)(nil)).
 package hypervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -39,18 +40,30 @@ const (
 	ModeMmap Mode = "mmap"
 )
 
+// ModeAuto asks for the best mode a hypervisor supports. It is a request
+// (config, annotation), never a plan's mode.
+const ModeAuto Mode = "auto"
+
 // Modes lists every mode, best first.
 var Modes = []Mode{ModeMmap, ModeOnDemand, ModeCopy}
 
-// ParseMode accepts exactly one of the mode names; anything else is an error
-// naming the bad value and the valid ones.
-func ParseMode(s string) (Mode, error) {
+// ParseMode is the one parser of mode names: exactly one of Modes, or
+// ModeAuto when auto is allowed; anything else is an error naming the bad
+// value and the valid ones.
+func ParseMode(s string, auto bool) (Mode, error) {
+	if auto && s == string(ModeAuto) {
+		return ModeAuto, nil
+	}
 	for _, m := range Modes {
 		if string(m) == s {
 			return m, nil
 		}
 	}
-	return "", fmt.Errorf("unknown restore mode %q: want one of %s", s, JoinModes(Modes))
+	valid := JoinModes(Modes)
+	if auto {
+		valid = string(ModeAuto) + ", " + valid
+	}
+	return "", fmt.Errorf("unknown restore mode %q: want one of %s", s, valid)
 }
 
 // JoinModes lists modes for a message: "mmap, ondemand, copy".
@@ -171,8 +184,31 @@ type VM interface {
 	Close() error
 }
 
-// Snapshotter is a VM that can write a chain link of itself into dir. The VM
-// must be paused.
-type Snapshotter interface {
+// ErrNoDiffBase is wrapped by a diff Snapshot that cannot be made because
+// nothing says what the VM's memory was at its restore (it was booted, or
+// its driver cannot tell): a full snapshot may still be.
+var ErrNoDiffBase = errors.New("no base for a diff snapshot")
+
+// BuildReporter is a driver that can name its hypervisor's build on
+// request when its Capabilities leave Build empty (QEMU keeps the probe off
+// the restore path).
+type BuildReporter interface {
+	Build(ctx context.Context) (string, error)
+}
+
+// Checkpointer is a VM that can write a chain link of itself into dir. The VM
+// must be paused. A diff link's parent is the top link of the chain the VM
+// was restored from, and it holds the pages changed since that restore.
+type Checkpointer interface {
 	Snapshot(ctx context.Context, dir string, kind SnapshotKind) error
+}
+
+// LiveCheckpointer is a Checkpointer that can also snapshot a running VM and
+// leave it running: SnapshotLive stops the guest only while it captures
+// its state (the hypervisor streams what it can while the guest runs, and
+// the link is made durable after the guest runs again). The VM is left
+// running, on error too.
+type LiveCheckpointer interface {
+	Checkpointer
+	SnapshotLive(ctx context.Context, dir string, kind SnapshotKind) error
 }

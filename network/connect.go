@@ -26,17 +26,8 @@ var ingressParent = netlink.MakeHandle(0xffff, 0)
 // exists fails with ErrInUse naming it; one to a tap that is gone (a
 // crashed VM) is replaced, and so is one to tap itself.
 func Connect(n *Namespace, iface Interface, tap *Tap) error {
-	unlock, err := n.lock()
+	err := n.locked(func(h *netlink.Handle) error { return connect(h, iface, tap) })
 	if err != nil {
-		return err
-	}
-	defer unlock()
-	h, err := n.handle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	if err := connect(h, iface, tap); err != nil {
 		return fmt.Errorf("connect %s to tap %s in %s: %w", iface.Name, tap.Name, n.path, err)
 	}
 	return nil
@@ -141,17 +132,8 @@ func Release(nsPath, ifaceName, tapName string) error {
 		return fmt.Errorf("release tap %s: %w", tapName, err)
 	}
 	defer n.Close()
-	unlock, err := n.lock()
+	err = n.locked(func(h *netlink.Handle) error { return release(h, ifaceName, tapName) })
 	if err != nil {
-		return err
-	}
-	defer unlock()
-	h, err := n.handle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	if err := release(h, ifaceName, tapName); err != nil {
 		return fmt.Errorf("release tap %s from %s in %s: %w", tapName, ifaceName, nsPath, err)
 	}
 	return nil

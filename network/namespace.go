@@ -120,6 +120,21 @@ func (n *Namespace) handle() (*netlink.Handle, error) {
 	return h, nil
 }
 
+// locked runs fn with a netlink handle inside n, holding n's lock.
+func (n *Namespace) locked(fn func(h *netlink.Handle) error) error {
+	unlock, err := n.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	h, err := n.handle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return fn(h)
+}
+
 // lock serializes changes to n's tc setup against every other process and
 // Namespace doing the same (flock on the namespace inode), so two VMs
 // cannot both take one interface. The returned func unlocks.

@@ -57,20 +57,16 @@ func TestNewGoneAfterClose(t *testing.T) {
 	}
 	defer h.Close()
 	// Namespace teardown runs in a kernel work queue, so wait for it.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, "the closed namespace destroyed (its veth peer gone)", func() error {
 		_, err := h.LinkByName("o0")
 		if isNotFound(err) {
-			return
+			return nil
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the veth peer of a closed namespace is still there: the namespace was not destroyed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return errors.New("the veth peer is still there")
+	})
 }
 
 // TestOpen: Open accepts network namespace files and names what is wrong

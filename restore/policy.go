@@ -20,9 +20,6 @@ import (
 // when the runtime config allows it (restore.allow_annotation).
 const AnnotationMode = "io.cocoon.restore-mode"
 
-// ModeAuto asks for the best mode the hypervisor supports.
-const ModeAuto = "auto"
-
 // GuestWindows is the chain link's GuestOS for Windows guests.
 const GuestWindows = "windows"
 
@@ -38,6 +35,17 @@ type Inputs struct {
 	Config config.Restore
 	// Annotations are the OCI spec annotations (pod and container).
 	Annotations map[string]string
+	// Staged, if set, is the staged chain: the plan says how its memory
+	// was staged (staging.Memory).
+	Staged *chain.Staged
+	// Host is the machine's size, the default bound on a guest's.
+	Host Host
+}
+
+// Host is what a machine has for guests.
+type Host struct {
+	MemoryBytes int64
+	CPUs        int
 }
 
 // Plan is the policy's decision.
@@ -83,6 +91,9 @@ func Decide(in Inputs) (Plan, error) {
 	p.Mode = mode
 	p.ReleaseAfterLoad = mode == hypervisor.ModeCopy
 	p.because("%s", releaseReason(mode))
+	if err := p.memoryStaging(in); err != nil {
+		return Plan{}, err
+	}
 	return p, nil
 }
 
@@ -96,6 +107,26 @@ func checkInputs(in Inputs) error {
 	}
 	if len(in.Caps.RestoreModes) == 0 {
 		return fmt.Errorf("decide restore mode: %s reports no restore modes", in.Hypervisor)
+	}
+	return checkSize(in)
+}
+
+// checkSize refuses a guest larger than the config allows, or than the
+// host when the config sets no bound: the image states its size.
+func checkSize(in Inputs) error {
+	memMax, memKey := int64(in.Config.MaxGuestMemory), "restore.max_guest_memory"
+	if memMax == 0 {
+		memMax, memKey = in.Host.MemoryBytes, "the host's memory (restore.max_guest_memory = 0)"
+	}
+	if memMax > 0 && in.Link.MemoryBytes > memMax {
+		return fmt.Errorf("restore a snapshot of %d bytes of guest memory: more than %s, %d bytes", in.Link.MemoryBytes, memKey, memMax)
+	}
+	cpuMax, cpuKey := in.Config.MaxVCPUs, "restore.max_vcpus"
+	if cpuMax == 0 {
+		cpuMax, cpuKey = in.Host.CPUs, "the host's CPUs (restore.max_vcpus = 0)"
+	}
+	if cpuMax > 0 && in.Link.VCPUs > cpuMax {
+		return fmt.Errorf("restore a snapshot of %d vCPUs: more than %s, %d", in.Link.VCPUs, cpuKey, cpuMax)
 	}
 	return nil
 }
@@ -164,6 +195,11 @@ func (p *Plan) memoryRule(mode hypervisor.Mode, req request, link *chain.Link) h
 	}
 	p.because("%s needs copy: %s", what, why)
 	p.overridden(req, mode, what)
+	if mode != hypervisor.ModeCopy && req.mode == "" {
+		// The image's flags chose the costliest mode, holding all of its
+		// guest memory privately: the operator should see it.
+		p.warn("the snapshot's %s forces copy: the VM holds all %d bytes of its guest memory privately", what, link.MemoryBytes)
+	}
 	return hypervisor.ModeCopy
 }
 
@@ -244,22 +280,17 @@ func releaseReason(m hypervisor.Mode) string {
 	}
 }
 
-// parseMode accepts exactly one of the mode names (and auto, where asked);
-// anything else is an error naming where it came from and the valid ones.
+// parseMode parses a mode request, naming where it came from; auto reads
+// as "" (no particular mode).
 func parseMode(source, s string, allowAuto bool) (hypervisor.Mode, error) {
-	if allowAuto && s == ModeAuto {
+	m, err := hypervisor.ParseMode(s, allowAuto)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", source, err)
+	}
+	if m == hypervisor.ModeAuto {
 		return "", nil
 	}
-	for _, m := range hypervisor.Modes {
-		if string(m) == s {
-			return m, nil
-		}
-	}
-	valid := hypervisor.JoinModes(hypervisor.Modes)
-	if allowAuto {
-		valid = ModeAuto + ", " + valid
-	}
-	return "", fmt.Errorf("%s = %q: unknown restore mode: want one of %s", source, s, valid)
+	return m, nil
 }
 
 func (p *Plan) because(format string, args ...any) {

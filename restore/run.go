@@ -138,13 +138,18 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 	err := rec.time(PhaseAgent, func() error {
 		actx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 		defer cancel()
+		actx, stop := whileRunning(actx, vm)
+		defer stop()
 		var err error
 		if c, err = agent.Connect(agent.Eager(actx), vm.DialAgent); err != nil {
-			return err
+			return vmExited(actx, err)
 		}
 		go func() { inited <- initGuest(ctx, c, r) }()
-		return c.Accepted(actx)
+		return vmExited(actx, c.Accepted(actx))
 	})
+	if errors.Is(err, ErrVMExited) {
+		return nil, fmt.Errorf("guest agent: %w", err)
+	}
 	if err != nil {
 		if c != nil {
 			c.Close()
@@ -160,6 +165,42 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 		return nil, fmt.Errorf("init guest identity: %w", err)
 	}
 	return c, nil
+}
+
+// ErrVMExited is the cause of a restore that failed because its
+// hypervisor process exited before the guest was up.
+var ErrVMExited = errors.New("the hypervisor exited before the guest was up")
+
+// vmExited is err, or the VM's exit when that ended ctx.
+func vmExited(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrVMExited) {
+		return cause
+	}
+	return err
+}
+
+// whileRunning is ctx, cancelled with ErrVMExited if vm's process exits
+// first: waiting for the agent of a dead VM is waiting for its whole
+// timeout. stop ends the watch.
+func whileRunning(ctx context.Context, vm hypervisor.VM) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := vm.Wait(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		how := "exit status 0"
+		if err != nil {
+			how = err.Error()
+		}
+		cancel(fmt.Errorf("%w: pid %d: %s", ErrVMExited, vm.PID(), how))
+	}()
+	return ctx, func() {
+		cancel(context.Canceled)
+		<-done
+	}
 }
 
 // release unlinks the staged memory of a restore whose plan releases it

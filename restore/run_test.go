@@ -135,6 +135,10 @@ type fakeVM struct {
 	agent     agentState
 	guest     *pipeListener
 
+	// exited, when set, is closed once the hypervisor process has exited;
+	// nil: it runs until it is closed.
+	exited chan struct{}
+
 	mu      sync.Mutex
 	calls   []string
 	closed  int
@@ -162,7 +166,15 @@ func (v *fakeVM) Resume(context.Context) error {
 func (v *fakeVM) Pause(context.Context) error    { v.record("pause"); return nil }
 func (v *fakeVM) Shutdown(context.Context) error { v.record("shutdown"); return nil }
 func (v *fakeVM) Kill() error                    { v.record("kill"); return nil }
-func (v *fakeVM) Wait(context.Context) error     { return nil }
+
+func (v *fakeVM) Wait(ctx context.Context) error {
+	select {
+	case <-v.exited:
+		return errors.New("signal: killed")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 func (v *fakeVM) DialAgent(ctx context.Context) (net.Conn, error) {
 	v.record("dial")
@@ -311,13 +323,18 @@ func TestRunFailureLeavesNothing(t *testing.T) {
 		initHangs bool
 		want      string
 		closes    int
+		// vmExits has the hypervisor dead from the start, with an agent
+		// timeout beyond the test's: only noticing the exit ends the wait.
+		vmExits bool
 	}{
-		{"restore", boom, nil, agentUp, nil, false, "restore fake vm in copy mode: boom", 0},
-		{"resume", nil, boom, agentUp, nil, false, "resume vm: boom", 1},
-		{"agent refuses", nil, nil, agentRefused, nil, false, "connection refused", 1},
-		{"agent never answers", nil, nil, agentMute, nil, false, "guest agent did not answer within 300ms", 1},
-		{"init fails", nil, nil, agentUp, boom, false, "init guest identity", 1},
-		{"init hangs", nil, nil, agentUp, nil, true, "deadline exceeded", 1},
+		{"restore", boom, nil, agentUp, nil, false, "restore fake vm in copy mode: boom", 0, false},
+		{"resume", nil, boom, agentUp, nil, false, "resume vm: boom", 1, false},
+		{"agent refuses", nil, nil, agentRefused, nil, false, "connection refused", 1, false},
+		{"agent never answers", nil, nil, agentMute, nil, false, "guest agent did not answer within 300ms", 1, false},
+		{"init fails", nil, nil, agentUp, boom, false, "init guest identity", 1, false},
+		{"init hangs", nil, nil, agentUp, nil, true, "deadline exceeded", 1, false},
+		{"hypervisor exits before its agent answers", nil, nil, agentRefused, nil, false,
+			"hypervisor exited before the guest was up: pid 4242: signal: killed", 1, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -330,6 +347,11 @@ func TestRunFailureLeavesNothing(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			r := testRequest(t)
+			if tt.vmExits {
+				vm.exited = make(chan struct{})
+				close(vm.exited)
+				r.AgentTimeout = time.Minute
+			}
 			res, err := Run(ctx, &fakeDriver{vm: vm, restoreErr: tt.driverErr}, r)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Run = %+v, %v; want an error containing %q", res, err, tt.want)

@@ -107,6 +107,13 @@ func (c *flatCache) stage(ctx context.Context, name string, build buildFunc, dst
 	return nil
 }
 
+// has reports whether the cache file name exists now: a hint, since it
+// may be evicted before it is staged (stage then builds it again).
+func (c *flatCache) has(name string) bool {
+	_, err := os.Stat(filepath.Join(c.dir, name))
+	return err == nil
+}
+
 func (c *flatCache) build(ctx context.Context, build buildFunc, path string) (os.FileInfo, error) {
 	start := time.Now()
 	// Waiters on the lock share this build: one cancelled request must

@@ -228,7 +228,7 @@ func TestCloseStopsEviction(t *testing.T) {
 	ctx := context.Background()
 	fx := makeChain(t, t.TempDir(), 27, 48, 1)
 	root := t.TempDir()
-	sn, err := New(root, WithFlatCacheSize(1))
+	sn, err := New(context.Background(), root, WithFlatCacheSize(1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func makeChain(t testing.TB, dir string, seed, pages, links int) fixture {
 
 func newSnapshotter(t testing.TB, root string, opts ...Opt) *Snapshotter {
 	t.Helper()
-	sn, err := New(root, opts...)
+	sn, err := New(context.Background(), root, opts...)
 	if err != nil {
 		t.Fatalf("new snapshotter: %v", err)
 	}

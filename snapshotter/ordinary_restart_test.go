@@ -2,6 +2,8 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // TestCrashMidImageBuild kills the daemon while mkfs builds an image (a
@@ -47,12 +50,13 @@ func TestCrashMidImageBuild(t *testing.T) {
 	}
 	<-d.done
 
-	for deadline := time.Now().Add(10 * time.Second); unix.Kill(pid, 0) == nil; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			unix.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("mkfs (pid %d) outlived the snapshotter", pid)
+	t.Cleanup(func() { unix.Kill(pid, syscall.SIGKILL) })
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("mkfs (pid %d) gone with the snapshotter", pid), func() error {
+		if unix.Kill(pid, 0) == nil {
+			return errors.New("it still runs")
 		}
-	}
+		return nil
+	})
 	if ms := mountsUnder(t, root); len(ms) > 0 {
 		t.Errorf("the killed snapshotter left mounts %v", ms)
 	}
@@ -96,7 +100,7 @@ func TestRestartCleansAndKeepsKinds(t *testing.T) {
 	requireOrdinary(t)
 	ctx := context.Background()
 	root := t.TempDir()
-	sn, err := New(root)
+	sn, err := New(context.Background(), root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +170,7 @@ func TestRestageOrdinaryAfterReboot(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
 	boot := "boot-1"
-	sn, err := New(root, withBootID(func() (string, error) { return boot, nil }))
+	sn, err := New(context.Background(), root, withBootID(func() (string, error) { return boot, nil }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,17 +250,16 @@ func TestUpdateKeepsKind(t *testing.T) {
 // waitForPid waits for the stand-in mkfs to write its pid.
 func waitForPid(t *testing.T, path string) int {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	var pid int
+	testenv.Eventually(t, 30*time.Second, "mkfs started", func() error {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			continue
+			return err
 		}
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-			return pid
-		}
-	}
-	t.Fatal("mkfs did not start within 30s")
-	return 0
+		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err
+	})
+	return pid
 }
 
 // leftovers counts the entries of root/sub.

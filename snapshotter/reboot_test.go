@@ -21,7 +21,7 @@ func TestRestageAfterReboot(t *testing.T) {
 	boot := "boot-1"
 	open := func() *Snapshotter {
 		t.Helper()
-		sn, err := New(root, withBootID(func() (string, error) { return boot, nil }))
+		sn, err := New(context.Background(), root, withBootID(func() (string, error) { return boot, nil }))
 		if err != nil {
 			t.Fatal(err)
 		}

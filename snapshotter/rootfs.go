@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -34,6 +36,7 @@ type imageBuilder struct {
 	mntDir   string   // build mount points; emptied at start
 	layerDir string   // lower dirs are given to overlay relative to this dir
 	options  []string // overlay mount options
+	maxSize  int64    // bound on the files' total size; 0 = none
 }
 
 func (b imageBuilder) build(ctx context.Context, layers []string, out string) error {
@@ -41,10 +44,16 @@ func (b imageBuilder) build(ctx context.Context, layers []string, out string) er
 	if err != nil {
 		return fmt.Errorf("build rootfs image: %w", err)
 	}
+	convert := func(dir string) error {
+		if err := b.checkSize(dir); err != nil {
+			return err
+		}
+		return runMkfs(ctx, f.Name(), dir)
+	}
 	if len(layers) == 1 {
-		err = runMkfs(ctx, f.Name(), layers[0])
+		err = convert(layers[0])
 	} else {
-		err = b.withMergedLayers(layers, func(dir string) error { return runMkfs(ctx, f.Name(), dir) })
+		err = b.withMergedLayers(layers, convert)
 	}
 	if err != nil {
 		f.Close()
@@ -53,6 +62,32 @@ func (b imageBuilder) build(ctx context.Context, layers []string, out string) er
 	}
 	if err := chain.Publish(f, out); err != nil {
 		return fmt.Errorf("build rootfs image: %w", err)
+	}
+	return nil
+}
+
+// checkSize refuses a tree whose files add up to more than b.maxSize:
+// their sizes count in full, holes included, as the image stores them.
+func (b imageBuilder) checkSize(dir string) error {
+	if b.maxSize <= 0 {
+		return nil
+	}
+	var total int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if total += info.Size(); total > b.maxSize {
+			return fmt.Errorf("its files add up to more than snapshotter.max_rootfs_size, %d bytes (at %s): %w", b.maxSize, strings.TrimPrefix(p, dir), errdefs.ErrInvalidArgument)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("size the layers: %w", err)
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // The test binary re-executed with these variables set is a snapshotter
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 func serveForTest(root, address string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	sn, err := New(root)
+	sn, err := New(context.Background(), root)
 	if err != nil {
 		os.Stderr.WriteString(err.Error() + "\n")
 		return 1
@@ -265,13 +266,13 @@ func TestCrashMidFlattenRecovers(t *testing.T) {
 // waitForTempFlat waits until a flatten has started writing its temp file.
 func waitForTempFlat(t *testing.T, root string) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	testenv.Eventually(t, 30*time.Second, "a flatten writing its temp file", func() error {
 		for _, name := range flatFiles(t, root) {
 			if chain.IsTemp(name) {
-				return
+				return nil
 			}
 			t.Fatalf("flatten finished (%s) before the test could kill it: make the chain bigger", name)
 		}
-	}
-	t.Fatal("no flatten started within 30s")
+		return errors.New("no flat file yet")
+	})
 }

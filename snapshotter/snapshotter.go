@@ -46,10 +46,19 @@ type Opt func(*config)
 
 type config struct {
 	flatCacheSize int64
+	maxRootfsSize int64
 	flatten       flattenFunc
 	buildImage    imageFunc // nil: mkfs.erofs
 	remove        removeFunc
 	bootID        func() (string, error)
+}
+
+// WithMaxRootfsSize bounds the files of an ordinary image's layer chain
+// (their sizes, holes included) that are converted into a rootfs image; 0
+// means unlimited. A layer can hold a sparse file of any size, which the
+// image would store in full.
+func WithMaxRootfsSize(n int64) Opt {
+	return func(c *config) { c.maxRootfsSize = n }
 }
 
 // WithFlatCacheSize sets the byte budget (allocated bytes on disk) for
@@ -80,7 +89,7 @@ var (
 // New opens (or creates) a snapshotter rooted at root. It removes temp
 // files and build mounts a crash left behind and staging dirs the metadata
 // does not know, and re-stages the staged snapshots after a reboot.
-func New(root string, opts ...Opt) (*Snapshotter, error) {
+func New(ctx context.Context, root string, opts ...Opt) (*Snapshotter, error) {
 	cfg := config{flatten: chain.Flatten, remove: os.Remove, bootID: readBootID}
 	for _, o := range opts {
 		o(&cfg)
@@ -93,7 +102,7 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	if err := cleanBuildMounts(context.Background(), filepath.Join(root, "mnt")); err != nil {
+	if err := cleanBuildMounts(ctx, filepath.Join(root, "mnt")); err != nil {
 		return nil, err
 	}
 	ms, err := storage.NewMetaStore(filepath.Join(root, "metadata.db"))
@@ -102,7 +111,7 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 	}
 	s := &Snapshotter{root: root, ms: ms, flatten: cfg.flatten, buildImage: cfg.buildImage, overlayOpts: overlayOptions(root)}
 	if s.buildImage == nil {
-		b := imageBuilder{mntDir: filepath.Join(root, "mnt"), layerDir: filepath.Join(root, "snapshots"), options: s.overlayOpts}
+		b := imageBuilder{mntDir: filepath.Join(root, "mnt"), layerDir: filepath.Join(root, "snapshots"), options: s.overlayOpts, maxSize: cfg.maxRootfsSize}
 		s.buildImage = b.build
 		if _, err := exec.LookPath(mkfsErofs); err != nil {
 			log.L.WithError(err).Warn("containers on ordinary image layers cannot be prepared without " + mkfsErofs + " (Debian: erofs-utils)")
@@ -110,20 +119,20 @@ func New(root string, opts ...Opt) (*Snapshotter, error) {
 	}
 	s.flat, err = openFlatCache(filepath.Join(root, "flat"), cfg.flatCacheSize, cfg.remove)
 	if err == nil {
-		err = s.reconcile(context.Background(), true)
+		err = s.reconcile(ctx, true)
 	}
 	if err == nil {
-		err = s.restageAfterReboot(context.Background(), cfg.bootID)
+		err = s.restageAfterReboot(ctx, cfg.bootID)
 	}
 	if err == nil {
-		err = s.dropOrphans(context.Background())
+		err = s.dropOrphans(ctx)
 	}
 	if err != nil {
 		ms.Close()
 		return nil, err
 	}
 	// The first pass removes what reconcile unpinned and dropOrphans marked.
-	s.flat.startEvictor(context.Background())
+	s.flat.startEvictor(context.WithoutCancel(ctx))
 	s.flat.requestEvict()
 	return s, nil
 }

@@ -7,12 +7,18 @@ import (
 	"path/filepath"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore/staging"
 )
 
 // stageLinks fills dir with the chain of links lc: memory (a hard link of
-// the chain's flat file), private copies of the top link's state files (the
-// shim patches them) and chain.json. It returns the flat file's name once
-// known, even on error.
+// a flat file), private copies of the top link's state files (the shim
+// patches them) and chain.json. The flat file is the whole chain's, or,
+// where staging.Memory says so, that of a prefix flattened earlier, the
+// top links' memory files then staged as delta files for the restore to
+// write into the guest: a fork of a chain the node has costs its delta,
+// not a flatten of the whole memory. It returns the name of the whole
+// chain's flat file once staged, even on error ("" for a prefix's, which
+// belongs to another snapshot).
 func (s *Snapshotter) stageLinks(ctx context.Context, lc layerChain, dir string) (string, error) {
 	dirs := s.linkDirs(lc)
 	links := make([]*chain.Link, len(dirs))
@@ -22,31 +28,60 @@ func (s *Snapshotter) stageLinks(ctx context.Context, lc layerChain, dir string)
 			return "", fmt.Errorf("read link: %w", err)
 		}
 	}
-	top, topDir := links[len(links)-1], dirs[len(dirs)-1]
+	mem := staging.Memory(links, func(i int) bool { return s.flat.has(links[i].ID().Encoded()) })
+	k := mem.Covers
 	flatten := func(ctx context.Context, out string) error {
-		if err := s.flatten(ctx, dirs, out); err != nil {
-			return fmt.Errorf("flatten chain of %d links: %w", len(dirs), err)
+		if err := s.flatten(ctx, dirs[:k], out); err != nil {
+			return fmt.Errorf("flatten chain of %d links: %w", k, err)
 		}
 		return nil
 	}
-	name := top.ID().Encoded()
-	if err := s.flat.stage(ctx, name, flatten, filepath.Join(dir, chain.StagedMemory)); err != nil {
+	name := links[k-1].ID().Encoded()
+	if k < len(links) {
+		name = ""
+	}
+	if err := s.flat.stage(ctx, links[k-1].ID().Encoded(), flatten, filepath.Join(dir, chain.StagedMemory)); err != nil {
 		return name, err
 	}
+	for i := k; i < len(dirs); i++ {
+		if err := stageDelta(ctx, dirs[i], dir, i); err != nil {
+			return name, err
+		}
+	}
+	if err := stageStateFiles(links[len(links)-1], dirs[len(dirs)-1], dir); err != nil {
+		return name, err
+	}
+	if err := chain.WriteStagedMemory(dir, links, mem); err != nil {
+		return name, fmt.Errorf("write %s: %w", chain.StagedChain, err)
+	}
+	return name, nil
+}
+
+// stageDelta stages the memory files of link i (in linkDir), by hard link:
+// committed links are immutable, like flat files.
+func stageDelta(ctx context.Context, linkDir, dir string, i int) error {
+	ext, data := chain.DeltaNames(i)
+	for src, dst := range map[string]string{chain.ExtentsFile: ext, chain.DataFile: data} {
+		if err := linkOrCopy(ctx, filepath.Join(linkDir, src), filepath.Join(dir, dst)); err != nil {
+			return fmt.Errorf("stage link %d's memory: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// stageStateFiles copies the top link's state files into dir.
+func stageStateFiles(top *chain.Link, topDir, dir string) error {
 	for _, file := range top.StateFiles {
 		if file != filepath.Base(file) || file == chain.StagedMemory || file == chain.StagedChain {
-			return name, fmt.Errorf("link %s: state file name %q: want a plain file name other than %s and %s",
+			return fmt.Errorf("link %s: state file name %q: want a plain file name other than %s and %s",
 				topDir, file, chain.StagedMemory, chain.StagedChain)
 		}
 		// A private copy: the shim patches these files for its VM.
 		if err := chain.CopyStateFile(filepath.Join(topDir, file), filepath.Join(dir, file)); err != nil {
-			return name, fmt.Errorf("copy state file %s: %w", file, err)
+			return fmt.Errorf("copy state file %s: %w", file, err)
 		}
 	}
-	if err := chain.WriteStaged(dir, links); err != nil {
-		return name, fmt.Errorf("write %s: %w", chain.StagedChain, err)
-	}
-	return name, nil
+	return nil
 }
 
 // stageRootfs puts into dir (a container snapshot on the ordinary layers lc)

@@ -183,7 +183,7 @@ func TestStartupReconciles(t *testing.T) {
 	ctx := context.Background()
 	fx := makeChain(t, t.TempDir(), 4, 16, 1)
 	root := t.TempDir()
-	sn, err := New(root)
+	sn, err := New(context.Background(), root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,12 +24,16 @@ const (
 
 // LinuxMounts is the Mounter of the guest the agent runs in.
 type LinuxMounts struct {
-	Sys string // sysfs; empty means /sys
-	Dev string // devtmpfs; empty means /dev
+	Sys     string // sysfs; empty means /sys
+	Dev     string // devtmpfs; empty means /dev
+	Modules string // the guest's kernel modules; empty means /lib/modules
+	// LoadModule loads a kernel module file; nil means finit_module(2).
+	LoadModule func(path string) error
 }
 
-func (l LinuxMounts) sys() string { return orDefault(l.Sys, "/sys") }
-func (l LinuxMounts) dev() string { return orDefault(l.Dev, "/dev") }
+func (l LinuxMounts) sys() string     { return orDefault(l.Sys, "/sys") }
+func (l LinuxMounts) dev() string     { return orDefault(l.Dev, "/dev") }
+func (l LinuxMounts) modules() string { return orDefault(l.Modules, "/lib/modules") }
 
 func orDefault(s, def string) string {
 	if s == "" {
@@ -66,11 +70,15 @@ func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
 	}
 }
 
-// bindVirtioBlk binds every virtio block device without a driver.
+// bindVirtioBlk binds every virtio block device without a driver, loading
+// the driver first if the guest has not: the guest loads virtio_blk only
+// on demand (guest/modules), and loading it probes every slot.
 func (l LinuxMounts) bindVirtioBlk() error {
 	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
 	if _, err := os.Stat(driver); err != nil {
-		return fmt.Errorf("the virtio_blk driver is not loaded in the guest: %w", errdefs.ErrNotImplemented)
+		if err := l.loadVirtioBlk(); err != nil {
+			return err
+		}
 	}
 	devices := filepath.Join(l.sys(), "bus/virtio/devices")
 	entries, err := os.ReadDir(devices)
@@ -91,6 +99,31 @@ func (l LinuxMounts) bindVirtioBlk() error {
 		}
 	}
 	return nil
+}
+
+// loadVirtioBlk loads the virtio_blk module the guest carries.
+func (l LinuxMounts) loadVirtioBlk() error {
+	path := filepath.Join(l.modules(), "virtio_blk.ko")
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("the virtio_blk driver is not loaded in the guest and %s is missing: %w", path, errdefs.ErrNotImplemented)
+	}
+	load := l.LoadModule
+	if load == nil {
+		load = finitModule
+	}
+	if err := load(path); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("load %s: %w", path, err)
+	}
+	return nil
+}
+
+func finitModule(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.FinitModule(int(f.Fd()), "", 0)
 }
 
 // findSerial returns the block device whose serial is serial, or "" and

@@ -67,7 +67,11 @@ func (f *fakeSysfs) bound() string {
 	return string(b)
 }
 
-func (f *fakeSysfs) mounts() LinuxMounts { return LinuxMounts{Sys: f.sys, Dev: f.dev} }
+func (f *fakeSysfs) mounts() LinuxMounts {
+	return LinuxMounts{Sys: f.sys, Dev: f.dev, Modules: f.t.TempDir(), LoadModule: func(string) error {
+		return errors.New("no module loading in this test")
+	}}
+}
 
 // TestDiskBindsAndFinds: only the unbound virtio block device is bound,
 // and the disk is found by serial.
@@ -116,8 +120,32 @@ func TestDiskOnlyOne(t *testing.T) {
 	}
 }
 
+// TestDiskLoadsDriver: a guest without virtio_blk loaded (it loads it on
+// demand) loads the module it carries, which binds the slot.
+func TestDiskLoadsDriver(t *testing.T) {
+	f := newFakeSysfs(t, false)
+	f.virtio("virtio0", "0x0002", false)
+	m := f.mounts()
+	if err := os.WriteFile(filepath.Join(m.Modules, "virtio_blk.ko"), []byte("module"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var loaded []string
+	m.LoadModule = func(path string) error {
+		loaded = append(loaded, path)
+		f.write("bus/virtio/drivers/virtio_blk/bind", "")
+		f.disk("vda", "cocoon-rootfs")
+		return nil
+	}
+	if dev, err := m.Disk(context.Background(), "cocoon-rootfs"); err != nil || dev != filepath.Join(f.dev, "vda") {
+		t.Fatalf("disk %q %v, want vda", dev, err)
+	}
+	if len(loaded) != 1 || loaded[0] != filepath.Join(m.Modules, "virtio_blk.ko") {
+		t.Fatalf("loaded %v, want the guest's virtio_blk.ko once", loaded)
+	}
+}
+
 func TestDiskErrors(t *testing.T) {
-	t.Run("no driver", func(t *testing.T) {
+	t.Run("no driver and no module", func(t *testing.T) {
 		_, err := newFakeSysfs(t, false).mounts().Disk(context.Background(), "s")
 		if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "virtio_blk driver is not loaded") {
 			t.Errorf("Disk: %v, want the driver missing", err)

@@ -227,3 +227,30 @@ func TestPreparedProcessGivenUp(t *testing.T) {
 		t.Errorf("start after Delete: %v, want not found", err)
 	}
 }
+
+// TestHeldProcessDetached: a process Init prepared but nothing started
+// (a snapshot's) is killed when the next Init detaches what the guest
+// inherited.
+func TestHeldProcessDetached(t *testing.T) {
+	testenv.RequireRoot(t)
+	s := New(&fakeSystem{j: &journal{}})
+	ctx := context.Background()
+	if _, err := s.Init(ctx, &api.InitRequest{Process: limited("held")}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.process("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Init(ctx, &api.InitRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the held process outlived the Init that detached it")
+	}
+	if p.status.signal != 9 {
+		t.Errorf("held process ended %+v, want killed", p.status)
+	}
+}

@@ -23,9 +23,10 @@ type initPlan struct {
 
 // Init gives the guest its clone identity (clock, entropy, hostname), then
 // writes its files, configures its NIC, mounts its container root and
-// prepares its process, in that order. Everything is checked before
-// anything changes, but the process, whose program and cwd are looked up
-// in the root; an error names the step that failed.
+// prepares its process, in that order. It first detaches the processes the
+// clone inherited from its snapshot (detachAll). Everything is checked
+// before anything changes, but the process, whose program and cwd are
+// looked up in the root; an error names the step that failed.
 func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitResponse, error) {
 	plan, err := s.planInit(r)
 	if err != nil {
@@ -33,6 +34,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 	}
 	s.initMu.Lock()
 	defer s.initMu.Unlock()
+	s.detachAll()
 	for _, step := range []struct {
 		name string
 		run  func() error

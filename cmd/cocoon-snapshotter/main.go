@@ -58,7 +58,7 @@ func run(args []string) error {
 	defer stop()
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("component", "cocoon-snapshotter"))
 
-	sn, err := snapshotter.New(sc.Root, snapshotter.WithFlatCacheSize(int64(sc.FlatCacheSize)))
+	sn, err := snapshotter.New(ctx, sc.Root, snapshotter.WithFlatCacheSize(int64(sc.FlatCacheSize)), snapshotter.WithMaxRootfsSize(int64(sc.MaxRootfsSize)))
 	if err != nil {
 		return err
 	}

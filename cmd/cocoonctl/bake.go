@@ -30,7 +30,7 @@ func init() {
 	register(command{
 		name:    "bake",
 		summary: "boot the guest, warm it up and snapshot it into a chain link",
-		flags:   bakeCommand(os.Stdout, os.Stderr),
+		flags:   bakeFlags,
 	})
 }
 
@@ -45,26 +45,24 @@ type bakeOptions struct {
 	timeout                                                          time.Duration
 }
 
-func bakeCommand(out, errOut io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		var o bakeOptions
-		fs.StringVar(&o.guest, "guest", "build/guest", "guest build `dir`ectory holding vmlinuz and initramfs.cpio.gz")
-		fs.StringVar(&o.memory, "memory", "512M", "guest memory `size`")
-		fs.IntVar(&o.vcpus, "vcpus", 1, "guest vCPUs")
-		fs.StringVar(&o.run, "run", "", "warm-up `command` run in the guest with /bin/sh -c before the snapshot")
-		fs.StringVar(&o.out, "out", "", "link `dir`ectory to write (required, must not exist)")
-		fs.StringVar(&o.image, "image", "", "image `ref` for --archive")
-		fs.StringVar(&o.archive, "archive", "", "also write an OCI image archive `file` of the link")
-		fs.StringVar(&o.config, "config", "", "config.toml `file` for the [qemu] section (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
-		fs.StringVar(&o.cmdline, "cmdline", defaultCmdline, "guest kernel command `line`")
-		fs.StringVar(&o.runDir, "run-dir", "", "`dir`ectory for the VM's sockets and logs (default a temporary one)")
-		fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up after this `duration`")
-		return func(ctx context.Context, args []string) error {
-			if len(args) > 0 {
-				return fmt.Errorf("unexpected arguments %q: bake takes only flags", args)
-			}
-			return bake(ctx, out, errOut, o)
+func bakeFlags(fs *flag.FlagSet) action {
+	var o bakeOptions
+	fs.StringVar(&o.guest, "guest", "build/guest", "guest build `dir`ectory holding vmlinuz and initramfs.cpio.gz")
+	fs.StringVar(&o.memory, "memory", "512M", "guest memory `size`")
+	fs.IntVar(&o.vcpus, "vcpus", 1, "guest vCPUs")
+	fs.StringVar(&o.run, "run", "", "warm-up `command` run in the guest with /bin/sh -c before the snapshot")
+	fs.StringVar(&o.out, "out", "", "link `dir`ectory to write (required, must not exist)")
+	fs.StringVar(&o.image, "image", "", "image `ref` for --archive")
+	fs.StringVar(&o.archive, "archive", "", "also write an OCI image archive `file` of the link")
+	fs.StringVar(&o.config, "config", "", "config.toml `file` for the [qemu] section (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
+	fs.StringVar(&o.cmdline, "cmdline", defaultCmdline, "guest kernel command `line`")
+	fs.StringVar(&o.runDir, "run-dir", "", "`dir`ectory for the VM's sockets and logs (default a temporary one)")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up after this `duration`")
+	return func(ctx context.Context, e env, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unexpected arguments %q: bake takes only flags", args)
 		}
+		return bake(ctx, e.out, e.errOut, o)
 	}
 }
 

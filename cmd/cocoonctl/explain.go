@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 
@@ -31,58 +30,44 @@ func init() {
 	register(command{
 		name:    "explain",
 		summary: "show the restore plan for a chain link and why",
-		flags:   explainCommand(os.Stdout),
+		flags:   explainFlags,
 	})
 }
 
-// capabilities asks the configured driver what it can do, and which build
-// it is where the driver leaves that to an explicit probe (QEMU keeps it off
-// the restore path). Tests replace it with static capabilities.
-var capabilities = func(ctx context.Context, cfg config.Config) (hypervisor.Capabilities, error) {
-	d, err := restore.NewDriver(cfg)
-	if err != nil {
-		return hypervisor.Capabilities{}, err
+// buildOf names the hypervisor build where the driver leaves that to an
+// explicit probe (QEMU keeps it off the restore path).
+func buildOf(ctx context.Context, d hypervisor.Driver, caps hypervisor.Capabilities) (string, error) {
+	if b, ok := d.(hypervisor.BuildReporter); ok && caps.Build == "" {
+		return b.Build(ctx)
 	}
-	caps, err := d.Capabilities(ctx)
-	if err != nil {
-		return caps, err
-	}
-	if b, ok := d.(interface {
-		Build(context.Context) (string, error)
-	}); ok && caps.Build == "" {
-		if caps.Build, err = b.Build(ctx); err != nil {
-			return caps, err
-		}
-	}
-	return caps, nil
+	return caps.Build, nil
 }
 
 type explainOptions struct {
-	link, config, hypervisor string
-	annotations              annotations
+	link, staged, config, hypervisor string
+	annotations                      annotations
+	// newDriver builds the configured driver, as the shim does.
+	newDriver func(config.Config) (hypervisor.Driver, error)
 }
 
-func explainCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		o := explainOptions{annotations: annotations{}}
-		fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (required)")
-		fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
-		fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
-		fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
-		return func(ctx context.Context, args []string) error {
-			if len(args) > 0 {
-				return fmt.Errorf("unexpected arguments %q: explain takes only flags", args)
-			}
-			return explain(ctx, out, o)
+func explainFlags(fs *flag.FlagSet) action {
+	o := explainOptions{annotations: annotations{}}
+	fs.StringVar(&o.link, "link", "", "the chain's top link `dir`ectory (this or --staged)")
+	fs.StringVar(&o.staged, "staged", "", "a container snapshot's staged `dir`ectory (chain.json): also says how its memory was staged and why")
+	fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
+	fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
+	fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
+	return func(ctx context.Context, e env, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unexpected arguments %q: explain takes only flags", args)
 		}
+		o.newDriver = e.newDriver
+		return explain(ctx, e.out, o)
 	}
 }
 
 func explain(ctx context.Context, out io.Writer, o explainOptions) error {
-	if o.link == "" {
-		return errors.New("--link is required: the chain's top link directory")
-	}
-	link, err := chain.ReadLink(o.link)
+	link, staged, err := explainTarget(o)
 	if err != nil {
 		return err
 	}
@@ -90,22 +75,36 @@ func explain(ctx context.Context, out io.Writer, o explainOptions) error {
 	if err != nil {
 		return err
 	}
-	caps, err := capabilities(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("capabilities of %s: %w", cfg.Hypervisor, err)
-	}
-	plan, err := restore.Decide(restore.Inputs{
-		Hypervisor:  cfg.Hypervisor,
-		Caps:        caps,
-		Link:        link,
-		Config:      cfg.Restore,
-		Annotations: o.annotations,
-	})
+	d, err := o.newDriver(cfg)
 	if err != nil {
 		return err
 	}
+	plan, caps, err := restore.PlanFor(ctx, d, cfg.Restore, link, staged, o.annotations)
+	if err != nil {
+		return err
+	}
+	if caps.Build, err = buildOf(ctx, d, caps); err != nil {
+		return fmt.Errorf("%s build: %w", d.Name(), err)
+	}
 	printPlan(out, o, link, cfg.Hypervisor, caps, source, plan)
 	return nil
+}
+
+// explainTarget reads the top link from --link, or the staged chain and its
+// top link from --staged.
+func explainTarget(o explainOptions) (*chain.Link, *chain.Staged, error) {
+	switch {
+	case (o.link == "") == (o.staged == ""):
+		return nil, nil, errors.New("give one of --link (the chain's top link directory) and --staged (a staged directory)")
+	case o.link != "":
+		l, err := chain.ReadLink(o.link)
+		return l, nil, err
+	}
+	st, err := chain.OpenStaged(o.staged)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st.Top(), st, nil
 }
 
 // loadExplainConfig finds the config as the shim does and applies the
@@ -133,7 +132,11 @@ func printPlan(w io.Writer, o explainOptions, l *chain.Link, hv string, caps hyp
 	if l.HypervisorBuild != "" {
 		made += ": " + l.HypervisorBuild
 	}
-	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", o.link, l.Kind, made)
+	where := o.link
+	if o.staged != "" {
+		where = "top of the chain staged in " + o.staged
+	}
+	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", where, l.Kind, made)
 	fmt.Fprintf(w, "guest        %s, %d vCPUs, %s memory, %s pages, hugepages %s, shared memory %s\n",
 		l.GuestOS, l.VCPUs, units.BytesSize(float64(l.MemoryBytes)), units.BytesSize(float64(l.PageSize)),
 		yesNo(l.HugePages), yesNo(l.SharedMemory))

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,24 +14,36 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
-// explainStaticCaps stands in for the drivers: Cloud Hypervisor without
+// staticDriver stands in for the drivers: Cloud Hypervisor without
 // CopyOnWrite, as copy_on_write = "no" (or a probe of an upstream build)
 // reports it.
-func explainStaticCaps(t *testing.T) {
-	t.Helper()
-	saved := capabilities
-	t.Cleanup(func() { capabilities = saved })
-	modes := map[string][]hypervisor.Mode{
-		"qemu":             {hypervisor.ModeMmap, hypervisor.ModeCopy},
-		"cloud-hypervisor": {hypervisor.ModeOnDemand, hypervisor.ModeCopy},
-		"firecracker":      {hypervisor.ModeMmap, hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+type staticDriver struct{ name string }
+
+var staticModes = map[string][]hypervisor.Mode{
+	"qemu":             {hypervisor.ModeMmap, hypervisor.ModeCopy},
+	"cloud-hypervisor": {hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+	"firecracker":      {hypervisor.ModeMmap, hypervisor.ModeOnDemand, hypervisor.ModeCopy},
+}
+
+func newStaticDriver(cfg config.Config) (hypervisor.Driver, error) {
+	if _, ok := staticModes[cfg.Hypervisor]; !ok {
+		return nil, fmt.Errorf("hypervisor %q: not a test driver", cfg.Hypervisor)
 	}
-	capabilities = func(_ context.Context, cfg config.Config) (hypervisor.Capabilities, error) {
-		return hypervisor.Capabilities{RestoreModes: modes[cfg.Hypervisor], Build: cfg.Hypervisor + " test build"}, nil
-	}
+	return staticDriver{cfg.Hypervisor}, nil
+}
+
+func (d staticDriver) Name() string { return d.name }
+
+func (d staticDriver) Capabilities(context.Context) (hypervisor.Capabilities, error) {
+	return hypervisor.Capabilities{RestoreModes: staticModes[d.name], Build: d.name + " test build"}, nil
+}
+
+func (d staticDriver) Restore(context.Context, hypervisor.RestoreRequest) (hypervisor.VM, error) {
+	return nil, errors.New("a static test driver restores nothing")
 }
 
 // explainLink writes a full link of an empty (sparse) 512 MiB guest made by hv.
@@ -50,6 +64,34 @@ func explainLink(t *testing.T, hv, guestOS string, huge bool) string {
 	return dir
 }
 
+// explainStagedFork stages a fork of the link in base as a node with base
+// flattened does: base's memory plus the fork's as a delta.
+func explainStagedFork(t *testing.T, base string) string {
+	t.Helper()
+	mem := filepath.Join(t.TempDir(), "memory")
+	if err := os.WriteFile(mem, []byte("forked"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(mem, 512<<20); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	meta := chain.Meta{Hypervisor: "qemu", HypervisorBuild: "qemu 1.0", GuestOS: "linux", VCPUs: 2}
+	fork, err := chain.WriteDiffPages(context.Background(), mem, []chain.Extent{{Offset: 0, Length: 4096}}, base, meta, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := chain.ReadLink(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged := t.TempDir()
+	if err := chain.WriteStagedMemory(staged, []*chain.Link{parent, fork}, chain.StagedMemoryInfo{Covers: 1, Reason: "the base is flattened here"}); err != nil {
+		t.Fatal(err)
+	}
+	return staged
+}
+
 func explainConfig(t *testing.T, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.toml")
@@ -59,21 +101,20 @@ func explainConfig(t *testing.T, body string) string {
 	return p
 }
 
-func runExplainCmd(t *testing.T, args ...string) (string, error) {
+func runExplainCmd(t *testing.T, newDriver func(config.Config) (hypervisor.Driver, error), args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	fs.SetOutput(&bytes.Buffer{})
-	do := explainCommand(&out)(fs)
+	do := explainFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return "", err
 	}
-	err := do(context.Background(), fs.Args())
+	err := do(context.Background(), env{out: &out, errOut: &out, newDriver: newDriver}, fs.Args())
 	return out.String(), err
 }
 
 func TestExplain(t *testing.T) {
-	explainStaticCaps(t)
 	t.Setenv(config.EnvPath, "")
 	qemuLink := explainLink(t, "qemu", "linux", false)
 	chLink := explainLink(t, "cloud-hypervisor", "linux", false)
@@ -105,13 +146,16 @@ func TestExplain(t *testing.T) {
 			[]string{`"fast"`, "want one of auto, mmap, ondemand, copy"}, true},
 		{"link for another hypervisor", []string{"--link", qemuLink, "--hypervisor", "firecracker"}, []string{`made by "qemu"`}, true},
 		{"unknown hypervisor", []string{"--link", qemuLink, "--hypervisor", "xen"}, []string{`"xen"`}, true},
-		{"no link", []string{}, []string{"--link is required"}, true},
+		{"no link", []string{}, []string{"give one of --link"}, true},
+		{"link and staged", []string{"--link", qemuLink, "--staged", qemuLink}, []string{"give one of --link"}, true},
+		{"staged with a delta", []string{"--staged", explainStagedFork(t, qemuLink), "--config", explainConfig(t, "")},
+			[]string{"top of the chain staged in", "(diff, made by qemu", "memory: the staged file holds links 1-1 and the restore writes the top 1 into the guest before it runs (the base is flattened here)"}, false},
 		{"bad annotation", []string{"--link", qemuLink, "--annotation", "novalue"}, []string{"want key=value"}, true},
 		{"stray argument", []string{"--link", qemuLink, "extra"}, []string{"unexpected arguments"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := runExplainCmd(t, tt.args...)
+			out, err := runExplainCmd(t, newStaticDriver, tt.args...)
 			got := out
 			if tt.err {
 				if err == nil {
@@ -132,7 +176,6 @@ func TestExplain(t *testing.T) {
 
 // TestExplainRegistered runs explain through the CLI entry point.
 func TestExplainRegistered(t *testing.T) {
-	explainStaticCaps(t)
 	t.Setenv(config.EnvPath, explainConfig(t, "[restore]\nmode = \"bogus\"\n"))
 	if code := run([]string{"explain", "--link", explainLink(t, "qemu", "linux", false)}); code != 1 {
 		t.Fatalf("explain with a bad config mode exited %d, want 1", code)
@@ -144,7 +187,7 @@ func TestExplainRegistered(t *testing.T) {
 func TestExplainQEMU(t *testing.T) {
 	bin := testenv.QEMU(t)
 	cfg := explainConfig(t, "[qemu]\nbinary = \""+bin+"\"\n")
-	out, err := runExplainCmd(t, "--link", explainLink(t, "qemu", "linux", false), "--config", cfg)
+	out, err := runExplainCmd(t, drivers.New, "--link", explainLink(t, "qemu", "linux", false), "--config", cfg)
 	if err != nil {
 		t.Fatalf("explain: %v", err)
 	}

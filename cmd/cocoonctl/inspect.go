@@ -21,7 +21,7 @@ func init() {
 	register(command{
 		name:    "inspect",
 		summary: "show and verify a chain: an image archive, a link dir or a staged dir",
-		flags:   inspectCommand(os.Stdout),
+		flags:   inspectFlags,
 	})
 }
 
@@ -38,25 +38,23 @@ type inspectedLink struct {
 	Link *chain.Link `json:"link"`
 }
 
-func inspectCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		var asJSON bool
-		fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-		return func(ctx context.Context, args []string) error {
-			if len(args) != 1 {
-				return errors.New("want exactly one PATH: an image archive, a link dir or a staged dir")
-			}
-			r, err := inspectPath(args[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(r)
-			}
-			return printChain(out, r)
+func inspectFlags(fs *flag.FlagSet) action {
+	var asJSON bool
+	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	return func(ctx context.Context, e env, args []string) error {
+		if len(args) != 1 {
+			return errors.New("want exactly one PATH: an image archive, a link dir or a staged dir")
 		}
+		r, err := inspectPath(args[0])
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			enc := json.NewEncoder(e.out)
+			enc.SetIndent("", "  ")
+			return enc.Encode(r)
+		}
+		return printChain(e.out, r)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -22,7 +21,7 @@ func init() {
 	register(command{
 		name:    "link",
 		summary: "make a chain link (full, or a diff against --parent) from a raw memory image",
-		flags:   linkCommand(os.Stdout),
+		flags:   linkFlags,
 	})
 }
 
@@ -38,32 +37,30 @@ type linkOptions struct {
 	meta                      chain.Meta
 }
 
-func linkCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		var o linkOptions
-		fs.StringVar(&o.memory, "memory", "", "raw guest memory image `file` (required)")
-		fs.Var(&o.parents, "parent", "parent chain link `dir`, oldest first; repeat for every link of the parent chain, the last is the direct parent (makes a diff link)")
-		fs.StringVar(&o.parentMemory, "parent-memory", "", "the parent chain's flattened memory `file` (default: flatten the --parent links into a temp file)")
-		fs.StringVar(&o.out, "out", "", "output link `dir` (required; created if missing)")
-		fs.StringVar(&o.meta.Hypervisor, "hypervisor", "", "hypervisor `name` that made the snapshot: "+strings.Join(hypervisor.Names, ", ")+" (required)")
-		fs.StringVar(&o.meta.HypervisorBuild, "hypervisor-build", "", "hypervisor build `version` string")
-		fs.StringVar(&o.meta.GuestOS, "guest-os", "linux", "guest `os`: linux or windows")
-		fs.IntVar(&o.meta.VCPUs, "vcpus", 1, "guest vCPU `count`")
-		fs.Int64Var(&o.meta.PageSize, "page-size", chain.DefaultPageSize, "guest page size in `bytes`")
-		fs.BoolVar(&o.meta.HugePages, "hugepages", false, "guest memory is backed by huge pages")
-		fs.BoolVar(&o.meta.SharedMemory, "shared-memory", false, "guest memory was mapped shared (e.g. QEMU memory-backend-file share=on)")
-		fs.Var(&o.state, "state", "hypervisor state `file` to copy into the link (repeatable)")
-		return func(ctx context.Context, args []string) error {
-			if len(args) > 0 {
-				return fmt.Errorf("unexpected arguments %q", args)
-			}
-			l, err := makeLink(ctx, o)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(out, "%s %s %s: %d extents, %d bytes of memory data\n", o.out, l.Kind, l.ID(), l.Memory.Extents, l.Memory.DataBytes)
-			return nil
+func linkFlags(fs *flag.FlagSet) action {
+	var o linkOptions
+	fs.StringVar(&o.memory, "memory", "", "raw guest memory image `file` (required)")
+	fs.Var(&o.parents, "parent", "parent chain link `dir`, oldest first; repeat for every link of the parent chain, the last is the direct parent (makes a diff link)")
+	fs.StringVar(&o.parentMemory, "parent-memory", "", "the parent chain's flattened memory `file` (default: flatten the --parent links into a temp file)")
+	fs.StringVar(&o.out, "out", "", "output link `dir` (required; created if missing)")
+	fs.StringVar(&o.meta.Hypervisor, "hypervisor", "", "hypervisor `name` that made the snapshot: "+strings.Join(hypervisor.Names, ", ")+" (required)")
+	fs.StringVar(&o.meta.HypervisorBuild, "hypervisor-build", "", "hypervisor build `version` string")
+	fs.StringVar(&o.meta.GuestOS, "guest-os", "linux", "guest `os`: linux or windows")
+	fs.IntVar(&o.meta.VCPUs, "vcpus", 1, "guest vCPU `count`")
+	fs.Int64Var(&o.meta.PageSize, "page-size", chain.DefaultPageSize, "guest page size in `bytes`")
+	fs.BoolVar(&o.meta.HugePages, "hugepages", false, "guest memory is backed by huge pages")
+	fs.BoolVar(&o.meta.SharedMemory, "shared-memory", false, "guest memory was mapped shared (e.g. QEMU memory-backend-file share=on)")
+	fs.Var(&o.state, "state", "hypervisor state `file` to copy into the link (repeatable)")
+	return func(ctx context.Context, e env, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unexpected arguments %q", args)
 		}
+		l, err := makeLink(ctx, o)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(e.out, "%s %s %s: %d extents, %d bytes of memory data\n", o.out, l.Kind, l.ID(), l.Memory.Extents, l.Memory.DataBytes)
+		return nil
 	}
 }
 

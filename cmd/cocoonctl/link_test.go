@@ -12,9 +12,9 @@ import (
 	"testing"
 )
 
-// chainCommands are the chain subcommands with their output redirectable.
-var chainCommands = map[string]func(io.Writer) func(*flag.FlagSet) func(context.Context, []string) error{
-	"link": linkCommand, "flatten": flattenCommand, "pack": packCommand, "inspect": inspectCommand,
+// chainCommands are the chain subcommands.
+var chainCommands = map[string]func(*flag.FlagSet) action{
+	"link": linkFlags, "flatten": flattenFlags, "pack": packFlags, "inspect": inspectFlags,
 }
 
 // runChainCmd runs one chain subcommand and returns its output.
@@ -23,11 +23,11 @@ func runChainCmd(t *testing.T, name string, args ...string) (string, error) {
 	var out bytes.Buffer
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	do := chainCommands[name](&out)(fs)
+	do := chainCommands[name](fs)
 	if err := fs.Parse(args); err != nil {
 		return "", err
 	}
-	err := do(context.Background(), fs.Args())
+	err := do(context.Background(), env{out: &out, errOut: &out}, fs.Args())
 	return out.String(), err
 }
 

@@ -7,18 +7,34 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
 	"syscall"
 	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
 )
 
-// command is one subcommand. run gets the flag set already parsed.
+// command is one subcommand: flags binds its flags on fs and returns the
+// action that runs once they are parsed.
 type command struct {
 	name    string
 	summary string
-	flags   func(fs *flag.FlagSet) func(ctx context.Context, args []string) error
+	flags   func(fs *flag.FlagSet) action
+}
+
+// action runs a command with its flags parsed.
+type action func(ctx context.Context, e env, args []string) error
+
+// env is what a command takes from outside: its output streams and how it
+// builds hypervisor drivers. Tests give their own.
+type env struct {
+	out, errOut io.Writer
+	newDriver   func(config.Config) (hypervisor.Driver, error)
 }
 
 var commands = map[string]command{}
@@ -48,7 +64,7 @@ func run(args []string) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	defer cancelOnSignal(cancel)()
-	if err := do(ctx, fs.Args()); err != nil {
+	if err := do(ctx, env{out: os.Stdout, errOut: os.Stderr, newDriver: drivers.New}, fs.Args()); err != nil {
 		fmt.Fprintf(os.Stderr, "cocoonctl %s: %v\n", c.name, err)
 		return 1
 	}

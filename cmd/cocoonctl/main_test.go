@@ -35,15 +35,15 @@ func TestMain(m *testing.M) {
 // Commands only tests register: they wait for a signal, one honouring its
 // context and one stuck in a call that ignores it.
 func init() {
-	register(command{name: "test-wait", summary: "(test) wait for the context", flags: func(*flag.FlagSet) func(context.Context, []string) error {
-		return func(ctx context.Context, _ []string) error {
+	register(command{name: "test-wait", summary: "(test) wait for the context", flags: func(*flag.FlagSet) action {
+		return func(ctx context.Context, _ env, _ []string) error {
 			fmt.Println("ready")
 			<-ctx.Done()
 			return ctx.Err()
 		}
 	}})
-	register(command{name: "test-stuck", summary: "(test) block ignoring the context", flags: func(*flag.FlagSet) func(context.Context, []string) error {
-		return func(context.Context, []string) error {
+	register(command{name: "test-stuck", summary: "(test) block ignoring the context", flags: func(*flag.FlagSet) action {
+		return func(context.Context, env, []string) error {
 			fmt.Println("ready")
 			select {}
 		}

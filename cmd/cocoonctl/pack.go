@@ -5,8 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"os"
 
 	"github.com/containerd/containerd/v2/pkg/atomicfile"
 
@@ -17,30 +15,28 @@ func init() {
 	register(command{
 		name:    "pack",
 		summary: "write a chain as an OCI image archive (ctr images import)",
-		flags:   packCommand(os.Stdout),
+		flags:   packFlags,
 	})
 }
 
-func packCommand(out io.Writer) func(fs *flag.FlagSet) func(context.Context, []string) error {
-	return func(fs *flag.FlagSet) func(context.Context, []string) error {
-		var name, file string
-		fs.StringVar(&name, "name", "", "image `reference`, e.g. example.com/snap/app:v1 (required)")
-		fs.StringVar(&file, "out", "", "output archive `file`.tar (required); LINKDIR arguments are the chain, oldest first")
-		return func(ctx context.Context, dirs []string) error {
-			switch {
-			case name == "":
-				return errors.New("--name is required")
-			case file == "":
-				return errors.New("--out is required")
-			case len(dirs) == 0:
-				return errors.New("no link directories given: want LINKDIR... oldest first")
-			}
-			if err := writePack(ctx, name, dirs, file); err != nil {
-				return err
-			}
-			fmt.Fprintf(out, "%s: %s, %d layers\n", file, name, len(dirs))
-			return nil
+func packFlags(fs *flag.FlagSet) action {
+	var name, file string
+	fs.StringVar(&name, "name", "", "image `reference`, e.g. example.com/snap/app:v1 (required)")
+	fs.StringVar(&file, "out", "", "output archive `file`.tar (required); LINKDIR arguments are the chain, oldest first")
+	return func(ctx context.Context, e env, dirs []string) error {
+		switch {
+		case name == "":
+			return errors.New("--name is required")
+		case file == "":
+			return errors.New("--out is required")
+		case len(dirs) == 0:
+			return errors.New("no link directories given: want LINKDIR... oldest first")
 		}
+		if err := writePack(ctx, name, dirs, file); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.out, "%s: %s, %d layers\n", file, name, len(dirs))
+		return nil
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
@@ -41,7 +40,7 @@ func chainImage(t testing.TB) string {
 		chain.archive = filepath.Join(chain.dir, "chain.tar")
 		cmd := exec.Command(cocoonctl, "bake", "--guest", guest, "--memory", strconv.Itoa(guestMemory>>20)+"M",
 			"--out", filepath.Join(chain.dir, "link"), "--image", chainRef, "--archive", chain.archive,
-			"--config", "/dev/null", "--timeout", "4m", "--cmdline", kernelCmdline())
+			"--config", "/dev/null", "--timeout", "4m")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			chain.err = fmt.Errorf("bake the chain image: %w\n%s", err, out)
 		}
@@ -50,25 +49,4 @@ func chainImage(t testing.TB) string {
 		t.Fatal(chain.err)
 	}
 	return chain.archive
-}
-
-// kernelCmdline is bake's default plus the host's TSC rate: under TCG on a
-// busy host the guest's own TSC calibration can fail and hang its boot.
-func kernelCmdline() string {
-	cmdline := "console=ttyS0 panic=-1 quiet"
-	data, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return cmdline
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok || strings.TrimSpace(k) != "cpu MHz" {
-			continue
-		}
-		if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && mhz > 0 {
-			return fmt.Sprintf("%s tsc_early_khz=%d", cmdline, int(mhz*1000))
-		}
-		break
-	}
-	return cmdline
 }

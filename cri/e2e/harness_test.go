@@ -11,6 +11,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -177,31 +178,16 @@ func (n *node) crictlErr(args ...string) (string, error) {
 // with what is left otherwise.
 func (n *node) waitIdle(t *testing.T, what string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		left := n.stack.InUse()
-		if len(left) == 0 {
-			return
+	testenv.Eventually(t, 30*time.Second, what+" gone", func() error {
+		if left := n.stack.InUse(); len(left) > 0 {
+			return fmt.Errorf("left:\n%s", strings.Join(left, "\n"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s left:\n%s", what, strings.Join(left, "\n"))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
-// eventually retries check every 200 ms until it returns nil or 60 s pass.
+// eventually retries check until it returns nil or 60 s pass.
 func eventually(t *testing.T, what string, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, what, check)
 }

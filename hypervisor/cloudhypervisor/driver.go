@@ -75,7 +75,7 @@ func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 	}
 	caps := hypervisor.Capabilities{
 		RestoreModes:  []hypervisor.Mode{hypervisor.ModeOnDemand, hypervisor.ModeCopy},
-		SnapshotKinds: []hypervisor.SnapshotKind{hypervisor.SnapshotFull},
+		SnapshotKinds: []hypervisor.SnapshotKind{hypervisor.SnapshotFull, hypervisor.SnapshotDiff},
 		Build:         build,
 	}
 	if cow {

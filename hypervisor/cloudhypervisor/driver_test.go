@@ -114,7 +114,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string)
 		t.Fatal(err)
 	}
 	linkDir := t.TempDir()
-	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
+	if err := v.(hypervisor.Checkpointer).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
 		t.Fatal(err)
 	}
 	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.MemoryBytes != drivertest.MemBytes {
@@ -214,10 +214,10 @@ func TestStateMachineViolations(t *testing.T) {
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, t.TempDir(), hypervisor.SnapshotFull); !errors.As(err, &apiErr) || apiErr.Status != 405 {
+	if err := v.(hypervisor.Checkpointer).Snapshot(ctx, t.TempDir(), hypervisor.SnapshotFull); !errors.As(err, &apiErr) || apiErr.Status != 405 {
 		t.Errorf("snapshot of a running VM: err = %v, want 405", err)
 	}
-	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, t.TempDir(), hypervisor.SnapshotDiff); err == nil {
+	if err := v.(hypervisor.Checkpointer).Snapshot(ctx, t.TempDir(), hypervisor.SnapshotDiff); err == nil {
 		t.Error("diff snapshot: want an error")
 	}
 	pid := v.PID()

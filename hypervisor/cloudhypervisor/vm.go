@@ -14,6 +14,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/dirtylog"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
@@ -26,11 +27,14 @@ type vm struct {
 	// source is the snapshot directory the VM was restored from, in the
 	// staged directory (see materialize).
 	source string
+	// dirty holds the pages changed since the restore, as diff snapshots
+	// report them; nil until the first diff.
+	dirty *dirtylog.Log
 }
 
 var (
-	_ hypervisor.VM          = (*vm)(nil)
-	_ hypervisor.Snapshotter = (*vm)(nil)
+	_ hypervisor.VM           = (*vm)(nil)
+	_ hypervisor.Checkpointer = (*vm)(nil)
 )
 
 func (v *vm) Resume(ctx context.Context) error { return v.api.put(ctx, "vm.resume", nil) }
@@ -76,12 +80,16 @@ func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
 // snapshot directory it was restored from and the run directory.
 func (v *vm) Close() error {
 	return v.CloseWith(func() error {
+		var err error
+		if v.dirty != nil {
+			err = v.dirty.Close()
+		}
 		if v.source == "" {
-			return nil
+			return err
 		}
-		if err := os.RemoveAll(v.source); err != nil {
-			return fmt.Errorf("remove restore dir: %w", err)
+		if rerr := os.RemoveAll(v.source); rerr != nil {
+			return errors.Join(err, fmt.Errorf("remove restore dir: %w", rerr))
 		}
-		return nil
+		return err
 	})
 }

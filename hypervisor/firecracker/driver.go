@@ -78,7 +78,7 @@ func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 	}
 	return hypervisor.Capabilities{
 		RestoreModes:  restoreModes,
-		SnapshotKinds: []hypervisor.SnapshotKind{hypervisor.SnapshotFull},
+		SnapshotKinds: []hypervisor.SnapshotKind{hypervisor.SnapshotFull, hypervisor.SnapshotDiff},
 		Build:         build,
 	}, nil
 }

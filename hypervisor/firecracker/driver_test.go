@@ -48,10 +48,11 @@ func TestRestoreFlow(t *testing.T) {
 			}
 			defer v.Close()
 			want := map[string]any{
-				"snapshot_path":  filepath.Join(staged, vmstateFile),
-				"mem_backend":    tt.backend(staged, run),
-				"resume_vm":      false,
-				"vsock_override": map[string]any{"uds_path": filepath.Join(run, vsockSock)},
+				"snapshot_path":     filepath.Join(staged, vmstateFile),
+				"mem_backend":       tt.backend(staged, run),
+				"track_dirty_pages": true,
+				"resume_vm":         false,
+				"vsock_override":    map[string]any{"uds_path": filepath.Join(run, vsockSock)},
 			}
 			if got := apifake.Bodies(t, record, "PUT", "snapshot/load"); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 				t.Errorf("snapshot/load bodies %v, want [%v]", got, want)
@@ -96,7 +97,7 @@ func exercise(t *testing.T, ctx context.Context, v hypervisor.VM, record string,
 		t.Fatal(err)
 	}
 	linkDir := t.TempDir()
-	if err := v.(hypervisor.Snapshotter).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
+	if err := v.(hypervisor.Checkpointer).Snapshot(ctx, linkDir, hypervisor.SnapshotFull); err != nil {
 		t.Fatal(err)
 	}
 	if l, err := chain.Validate(linkDir, nil); err != nil || l.Kind != chain.KindFull || l.Hypervisor != Name || l.Memory.DataDigest != memDigest {
@@ -215,7 +216,7 @@ func TestStateMachineViolations(t *testing.T) {
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	snap := v.(hypervisor.Snapshotter)
+	snap := v.(hypervisor.Checkpointer)
 	if err := snap.Snapshot(ctx, t.TempDir(), hypervisor.SnapshotFull); !errors.As(err, &apiErr) || apiErr.Status != 400 {
 		t.Errorf("snapshot of a running VM: err = %v, want 400", err)
 	}

@@ -28,10 +28,13 @@ type vsockOverride struct {
 	UDSPath string `json:"uds_path"`
 }
 
-// snapshotLoad is the PUT /snapshot/load body (SnapshotLoadParams).
+// snapshotLoad is the PUT /snapshot/load body (SnapshotLoadParams). Dirty
+// page tracking is always on, so that Diff snapshots hold the pages
+// changed since the load (see Snapshot).
 type snapshotLoad struct {
 	SnapshotPath     string            `json:"snapshot_path"`
 	MemBackend       memBackend        `json:"mem_backend"`
+	TrackDirtyPages  bool              `json:"track_dirty_pages"`
 	ResumeVM         bool              `json:"resume_vm"`
 	VsockOverride    *vsockOverride    `json:"vsock_override,omitempty"`
 	NetworkOverrides []networkOverride `json:"network_overrides,omitempty"`
@@ -152,6 +155,7 @@ func (v *vm) load(ctx context.Context, req hypervisor.RestoreRequest, backend me
 	body := snapshotLoad{
 		SnapshotPath:     vmstate,
 		MemBackend:       backend,
+		TrackDirtyPages:  true,
 		VsockOverride:    &vsockOverride{UDSPath: host.Vsock},
 		NetworkOverrides: host.overrides(),
 	}

@@ -2,6 +2,7 @@ package firecracker
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/firecracker/uffd"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/dirtylog"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
 )
 
@@ -27,11 +29,16 @@ type vm struct {
 	build  string
 	// faults serves guest page faults for ondemand restores.
 	faults *uffd.Handler
+	// dirty holds the pages changed since the restore, as Diff snapshots
+	// report them; dirtyLost says a Full snapshot restarted Firecracker's
+	// dirty log, so that it no longer tells.
+	dirty     *dirtylog.Log
+	dirtyLost bool
 }
 
 var (
-	_ hypervisor.VM          = (*vm)(nil)
-	_ hypervisor.Snapshotter = (*vm)(nil)
+	_ hypervisor.VM           = (*vm)(nil)
+	_ hypervisor.Checkpointer = (*vm)(nil)
 )
 
 // vmState is the PATCH /vm body (Vm in the spec).
@@ -80,9 +87,13 @@ func (v *vm) DialAgent(ctx context.Context) (net.Conn, error) {
 // handler and removes the run directory.
 func (v *vm) Close() error {
 	return v.CloseWith(func() error {
-		if v.faults == nil {
-			return nil
+		var err error
+		if v.dirty != nil {
+			err = v.dirty.Close()
 		}
-		return v.faults.Close()
+		if v.faults != nil {
+			err = errors.Join(err, v.faults.Close())
+		}
+		return err
 	})
 }

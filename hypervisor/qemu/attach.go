@@ -3,9 +3,7 @@ package qemu
 import (
 	"fmt"
 	"os"
-	"os/exec"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -89,24 +87,6 @@ func checkNetNS(f *os.File) error {
 	}
 	if t != unix.CLONE_NEWNET {
 		return fmt.Errorf("network namespace %s is a namespace of another type (%#x)", f.Name(), t)
-	}
-	return nil
-}
-
-// startIn starts cmd in the network namespace netns, or in ours when netns
-// is nil: the fork happens on an OS thread switched into netns, so QEMU is
-// born there and everything it opens by name is the namespace's.
-func startIn(netns *os.File, cmd *exec.Cmd) error {
-	if netns == nil {
-		return cmd.Start()
-	}
-	target, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", netns.Fd()))
-	if err != nil {
-		return fmt.Errorf("network namespace %s: %w", netns.Name(), err)
-	}
-	defer target.Close()
-	if err := target.Do(func(ns.NetNS) error { return cmd.Start() }); err != nil {
-		return fmt.Errorf("in network namespace %s: %w", netns.Name(), err)
 	}
 	return nil
 }

@@ -122,28 +122,35 @@ func TestRestoreKilledDuringLoad(t *testing.T) {
 	s := newStager(t, root, bakeBare(t, d, root))
 	staged := s.stage()
 	// A FIFO that never gets data keeps the load waiting, so the kill
-	// lands in it. Holding its write end lets the driver open it.
+	// lands in it. It replaces the state once QEMU runs, after the driver
+	// checked the real one; holding its write end lets the driver open it.
 	state := filepath.Join(staged, StateFile)
-	if err := os.Remove(state); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mkfifo(state, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fifo, err := os.OpenFile(state, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fifo.Close()
 	runDir := s.runDir()
 	killed := make(chan int, 1)
+	var fifo *os.File
 	req := hypervisor.RestoreRequest{StagedDir: staged, RunDir: runDir, Mode: hypervisor.ModeMmap,
 		OnPhase: func(phase string, _ time.Duration) {
-			if phase == "spawn" {
-				go func() { killed <- killWhenLoading(runDir, state) }()
+			if phase != "spawn" {
+				return
 			}
+			if err := os.Remove(state); err != nil {
+				t.Error(err)
+			}
+			if err := syscall.Mkfifo(state, 0o600); err != nil {
+				t.Error(err)
+			}
+			var err error
+			if fifo, err = os.OpenFile(state, os.O_RDWR, 0); err != nil {
+				t.Error(err)
+			}
+			go func() { killed <- killWhenLoading(runDir, state) }()
 		}}
-	_, err = d.Restore(testContext(t, 30*time.Second), req)
+	t.Cleanup(func() {
+		if fifo != nil {
+			fifo.Close()
+		}
+	})
+	_, err := d.Restore(testContext(t, 30*time.Second), req)
 	if err == nil || !strings.Contains(err.Error(), "signal: killed") {
 		t.Fatalf("restore err %v, want qemu exited with signal: killed", err)
 	}
@@ -202,7 +209,7 @@ func TestRestoreRejectsBadRequests(t *testing.T) {
 		}, "staged memory"},
 		{"corrupt device state", hypervisor.ModeMmap, func(s string) {
 			os.WriteFile(filepath.Join(s, StateFile), []byte("not a migration stream"), 0o644)
-		}, "load device state"},
+		}, "not a QEMU migration stream"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -62,25 +62,38 @@ func bakeBare(t testing.TB, d *Driver, root string) string {
 	return link
 }
 
-// stager plays the snapshotter: one flat memory file per link, staged by
+// stager plays the snapshotter: one flat memory file per chain, staged by
 // hard link into a fresh directory per restore.
 type stager struct {
-	t    testing.TB
-	root string
-	link string
-	flat string
-	n    int
-	// edit, if set, changes the link as chain.json describes it.
+	t     testing.TB
+	root  string
+	links []string
+	flat  string
+	n     int
+	// covers is how many links flat holds; the others are staged as
+	// deltas. Zero means all.
+	covers int
+	// edit, if set, changes the top link as chain.json describes it.
 	edit func(*chain.Link)
 }
 
-func newStager(t testing.TB, root, link string) *stager {
+func newStager(t testing.TB, root string, links ...string) *stager {
+	return newDeltaStager(t, root, len(links), links...)
+}
+
+// newDeltaStager stages a flat file of the first covers links, and the
+// others' memory files as deltas, as the snapshotter does on a node that
+// has the prefix flattened.
+func newDeltaStager(t testing.TB, root string, covers int, links ...string) *stager {
 	t.Helper()
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	flat := filepath.Join(root, "flat")
-	if err := chain.Flatten(context.Background(), []string{link}, flat); err != nil {
+	if err := chain.Flatten(context.Background(), links[:covers], flat); err != nil {
 		t.Fatalf("flatten: %v", err)
 	}
-	return &stager{t: t, root: root, link: link, flat: flat}
+	return &stager{t: t, root: root, links: links, flat: flat, covers: covers}
 }
 
 func (s *stager) stage() string {
@@ -90,15 +103,20 @@ func (s *stager) stage() string {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		s.t.Fatal(err)
 	}
-	l, err := chain.ReadLink(s.link)
-	if err != nil {
-		s.t.Fatal(err)
+	var links []*chain.Link
+	for _, d := range s.links {
+		l, err := chain.ReadLink(d)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		links = append(links, l)
 	}
+	top, topDir := links[len(links)-1], s.links[len(s.links)-1]
 	if s.edit != nil {
-		s.edit(l)
+		s.edit(top)
 	}
-	for _, name := range l.StateFiles {
-		b, err := os.ReadFile(filepath.Join(s.link, name))
+	for _, name := range top.StateFiles {
+		b, err := os.ReadFile(filepath.Join(topDir, name))
 		if err != nil {
 			s.t.Fatal(err)
 		}
@@ -109,7 +127,15 @@ func (s *stager) stage() string {
 	if err := os.Link(s.flat, filepath.Join(dir, chain.StagedMemory)); err != nil {
 		s.t.Fatal(err)
 	}
-	if err := chain.WriteStaged(dir, []*chain.Link{l}); err != nil {
+	for i := s.covers; i < len(links); i++ {
+		ext, data := chain.DeltaNames(i)
+		for src, dst := range map[string]string{chain.ExtentsFile: ext, chain.DataFile: data} {
+			if err := os.Link(filepath.Join(s.links[i], src), filepath.Join(dir, dst)); err != nil {
+				s.t.Fatal(err)
+			}
+		}
+	}
+	if err := chain.WriteStagedMemory(dir, links, chain.StagedMemoryInfo{Covers: s.covers}); err != nil {
 		s.t.Fatal(err)
 	}
 	return dir

@@ -27,6 +27,11 @@ type qmpMessage struct {
 	Error  *QMPError       `json:"error,omitempty"`
 	Event  string          `json:"event,omitempty"`
 	Data   json.RawMessage `json:"data,omitempty"`
+	// Timestamp is when QEMU emitted an event.
+	Timestamp struct {
+		Seconds      int64 `json:"seconds"`
+		Microseconds int64 `json:"microseconds"`
+	} `json:"timestamp"`
 }
 
 // QMPError is an error reply to a QMP command.
@@ -41,6 +46,8 @@ func (e *QMPError) Error() string { return e.Class + ": " + e.Desc }
 type Event struct {
 	Name string
 	Data json.RawMessage
+	// At is when QEMU emitted it.
+	At time.Time
 }
 
 // errQMPClosed is returned to every waiter once the connection is gone,
@@ -129,7 +136,7 @@ func (c *qmp) dispatch(m qmpMessage) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m.Event != "" {
-		ev := Event{Name: m.Event, Data: m.Data}
+		ev := Event{Name: m.Event, Data: m.Data, At: time.Unix(m.Timestamp.Seconds, m.Timestamp.Microseconds*1000)}
 		for w := range c.waits {
 			if w.match(ev) {
 				delete(c.waits, w)

@@ -42,15 +42,18 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	if err != nil {
 		return nil, err
 	}
+	if err := checkState(staged.StatePath(StateFile), staged.Top()); err != nil {
+		return nil, err
+	}
+	written := newPageHashes(staged.Top().PageSize)
+	var hashes *pendingHash
 	switch req.Mode {
 	case hypervisor.ModeMmap:
 		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
 	case hypervisor.ModeCopy:
-		t := time.Now()
-		if a.memfd, err = fillMemfd(staged.MemoryPath(), shape.MemoryBytes); err != nil {
+		if a.memfd, hashes, err = fillCopy(ctx, req, staged, shape.MemoryBytes, written); err != nil {
 			return nil, err
 		}
-		req.Phase("fill", time.Since(t))
 		l.Memory = memory{Path: memfdChildPath, Share: true}
 	default:
 		return nil, fmt.Errorf("qemu restore mode %q: want %s or %s (QEMU cannot restore lazily from a file)", req.Mode, hypervisor.ModeMmap, hypervisor.ModeCopy)
@@ -58,10 +61,23 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	t := time.Now()
 	v, err := d.spawnVM(ctx, req.RunDir, l, a, true)
 	if err != nil {
+		if hashes != nil {
+			hashes.stop()
+		}
 		return nil, err
 	}
-	v.staged = staged
+	v.staged, v.hashes, v.written = staged, hashes, written
 	req.Phase("spawn", time.Since(t))
+	// Before the load: loading virtio devices reads their rings in guest
+	// memory, which must be the chain's by then.
+	if req.Mode == hypervisor.ModeMmap && len(staged.Pending()) > 0 {
+		t = time.Now()
+		if err := v.writeDeltas(ctx); err != nil {
+			v.Close()
+			return nil, err
+		}
+		req.Phase("delta", time.Since(t))
+	}
 	t = time.Now()
 	if err := v.load(ctx, staged.StatePath(StateFile)); err != nil {
 		v.Close()
@@ -125,8 +141,8 @@ func (v *VM) load(ctx context.Context, statePath string) error {
 		return fmt.Errorf("load device state: %w", err)
 	}
 	err = v.migrate(ctx, "migrate-incoming", f)
-	if err != nil && v.proc.exitedWithin(exitGrace) {
-		return fmt.Errorf("load device state: %w", v.proc.exitError())
+	if err != nil && v.proc.ExitedWithin(exitGrace) {
+		return fmt.Errorf("load device state: %w", v.proc.ExitError())
 	}
 	if err != nil {
 		return fmt.Errorf("load device state: %w", err)

@@ -10,12 +10,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
@@ -262,13 +262,22 @@ func TestSnapshotRefusals(t *testing.T) {
 	if sid, err := unix.Getsid(v.PID()); err != nil || sid != v.PID() {
 		t.Errorf("restored qemu session %d (%v), want its own (%d)", sid, err, v.PID())
 	}
-	ctx := testContext(t, 10*time.Second)
-	if err := v.Snapshot(ctx, filepath.Join(root, "diff"), hypervisor.SnapshotDiff); err == nil || !strings.Contains(err.Error(), "diff") {
-		t.Errorf("diff snapshot: %v, want a refusal naming the kind", err)
+	ctx := testContext(t, 30*time.Second)
+	if err := v.Snapshot(ctx, filepath.Join(root, "odd"), "partial"); err == nil || !strings.Contains(err.Error(), `"partial"`) {
+		t.Errorf("snapshot of kind partial: %v, want a refusal naming the kind", err)
 	}
-	err = v.Snapshot(ctx, filepath.Join(root, "mmap"), hypervisor.SnapshotFull)
-	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "mmap") || !strings.Contains(err.Error(), "copy mode") {
-		t.Errorf("snapshot of an mmap restore: %v, want a failed precondition naming mmap and copy mode", err)
+	booted, err := d.Boot(ctx, BootSpec{MemoryBytes: testMemory, VCPUs: 1, RunDir: filepath.Join(root, "boot")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeVM(t, booted)
+	dir := filepath.Join(root, "diff")
+	err = booted.Snapshot(ctx, dir, hypervisor.SnapshotDiff)
+	if !errors.Is(err, hypervisor.ErrNoDiffBase) || !strings.Contains(err.Error(), "booted") {
+		t.Errorf("diff of a booted VM: %v, want ErrNoDiffBase naming the boot", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused diff left %s (%v)", dir, err)
 	}
 }
 
@@ -281,8 +290,8 @@ func TestCapabilities(t *testing.T) {
 	if !caps.Supports(hypervisor.ModeMmap) || !caps.Supports(hypervisor.ModeCopy) || caps.Supports(hypervisor.ModeOnDemand) {
 		t.Errorf("restore modes %v, want mmap and copy only", caps.RestoreModes)
 	}
-	if len(caps.SnapshotKinds) != 1 || caps.SnapshotKinds[0] != hypervisor.SnapshotFull {
-		t.Errorf("snapshot kinds %v, want full only", caps.SnapshotKinds)
+	if want := []hypervisor.SnapshotKind{hypervisor.SnapshotFull, hypervisor.SnapshotDiff}; !slices.Equal(caps.SnapshotKinds, want) {
+		t.Errorf("snapshot kinds %v, want %v", caps.SnapshotKinds, want)
 	}
 	if caps.Build != "" {
 		t.Errorf("build %q before any probe: Capabilities must not run the binary", caps.Build)

@@ -2,38 +2,80 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-
-	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/stagedchain"
 )
 
-// Snapshot writes a full chain link of the VM into dir: the device state
-// (migration stream without the RAM, x-ignore-shared), qemu.json, then the
-// memory through chain.WriteFull. The VM is left paused. QEMU 7.2 refuses
-// a second migration from a VM a finished one paused, so resume it (or
-// restore the link) before snapshotting again.
+// Snapshot writes a chain link of the VM into dir: the device state
+// (migration stream without guest RAM), qemu.json, then the memory.
+//   - full: every non-zero page;
+//   - diff: on the top link of the chain the VM was restored from, the pages
+//     that changed since the restore: under mmap the anonymous pages of
+//     QEMU's private mapping whose bytes differ from the staged file's, under
+//     copy the memfd's pages whose hashes differ from the restored memory's.
+//
+// A VM restored with mmap maps its RAM privately (share=off), which QEMU
+// 7.2 streams in full even with x-ignore-shared: the stream is filtered on
+// its way to disk (filterRAM) and the link says so (stateMemory).
+//
+// The VM is paused first and left paused. QEMU 7.2 refuses a second
+// migration from a VM a finished one paused, so resume it (or restore the
+// link) before snapshotting again.
 func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
-	if kind != hypervisor.SnapshotFull {
-		return fmt.Errorf("qemu snapshot kind %q: QEMU 7.2 cannot report the pages dirtied in a file-backed guest, only %q is supported", kind, hypervisor.SnapshotFull)
-	}
-	if v.memPath == "" {
-		return fmt.Errorf("qemu snapshot of a VM restored with mmap: the guest's changed pages are private copy-on-write pages of QEMU (share=off), not in the memory file, so a link would miss them; restore with copy mode to checkpoint this guest: %w", errdefs.ErrFailedPrecondition)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create snapshot dir: %w", err)
+	if err := checkKind(kind); err != nil {
+		return err
 	}
 	if err := v.Pause(ctx); err != nil {
 		return err
 	}
-	if err := v.saveState(ctx, filepath.Join(dir, StateFile)); err != nil {
+	return v.snapshot(ctx, dir, kind, nil)
+}
+
+// SnapshotLive is Snapshot of a running VM that stops its guest only while
+// it captures the state: QEMU streams the RAM of an mmap restore (to be
+// dropped) while the guest runs, as a live migration does, stops it to save
+// the device state, the changed pages are written to the page cache, and
+// the guest runs again before the link is made durable. A guest that
+// dirties memory faster than the stream drains is stopped after
+// liveBudget. The VM is left running, on error too.
+func (v *VM) SnapshotLive(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
+	if err := checkKind(kind); err != nil {
 		return err
+	}
+	err := v.snapshot(ctx, dir, kind, v.Resume)
+	if err != nil {
+		if rerr := v.Resume(context.WithoutCancel(ctx)); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+	}
+	return err
+}
+
+func checkKind(kind hypervisor.SnapshotKind) error {
+	if kind != hypervisor.SnapshotFull && kind != hypervisor.SnapshotDiff {
+		return fmt.Errorf("qemu snapshot kind %q: want %q or %q", kind, hypervisor.SnapshotFull, hypervisor.SnapshotDiff)
+	}
+	return nil
+}
+
+// snapshot writes the link; the migration stops the VM if it still runs.
+// Once the state and the pages are written, resume (if set) runs before
+// the files are synced.
+func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind, resume func(context.Context) error) error {
+	ram, err := v.openRAM(ctx, kind)
+	if err != nil {
+		return err
+	}
+	defer ram.Close()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create snapshot dir: %w", err)
 	}
 	if err := WriteShape(dir, v.shape); err != nil {
 		return err
@@ -42,8 +84,67 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if err != nil {
 		return err
 	}
-	if _, err := chain.WriteFull(ctx, v.memPath, v.linkMeta(build), dir); err != nil {
+	state, err := os.OpenFile(filepath.Join(dir, StateFile), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("create device state: %w", err)
+	}
+	defer state.Close()
+	stats, err := v.migrateFiltered(ctx, state)
+	if err != nil {
+		return fmt.Errorf("save device state: %w", err)
+	}
+	meta := v.linkMeta(build)
+	if stats.Dropped > 0 {
+		meta.StateMemory = chain.StateMemoryFiltered
+	}
+	written := func() error {
+		if resume != nil {
+			if err := resume(ctx); err != nil {
+				return err
+			}
+		}
+		return syncFiles(state, filepath.Join(dir, ShapeFile))
+	}
+	if kind == hypervisor.SnapshotDiff {
+		return v.writeDiff(ctx, ram, meta, dir, written)
+	}
+	return writeFull(ctx, ram, v.shape.MemoryBytes, meta, dir, written)
+}
+
+func writeFull(ctx context.Context, ram guestRAM, size int64, meta chain.Meta, dir string, written func() error) error {
+	regions, err := ram.regions()
+	if err != nil {
+		return err
+	}
+	if _, err := chain.WriteFullFrom(ctx, ram, size, regions, meta, dir, written); err != nil {
 		return fmt.Errorf("write memory: %w", err)
+	}
+	return nil
+}
+
+func (v *VM) writeDiff(ctx context.Context, ram guestRAM, meta chain.Meta, dir string, written func() error) error {
+	dirty, err := ram.changed(ctx)
+	if err != nil {
+		return fmt.Errorf("find the pages changed since the restore: %w", err)
+	}
+	if _, err := chain.WriteDiffOn(ctx, ram, dirty, v.staged.Top(), meta, dir, written); err != nil {
+		return fmt.Errorf("write memory: %w", err)
+	}
+	return nil
+}
+
+// syncFiles makes state and the file at path durable.
+func syncFiles(state *os.File, path string) error {
+	if err := state.Sync(); err != nil {
+		return fmt.Errorf("sync device state: %w", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
 	}
 	return nil
 }
@@ -82,20 +183,4 @@ func (v *VM) build(ctx context.Context) (string, error) {
 		build += " (" + pkg + ")"
 	}
 	return build, nil
-}
-
-// saveState writes the device-state stream to path, durably.
-func (v *VM) saveState(ctx context.Context, path string) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return fmt.Errorf("create device state: %w", err)
-	}
-	defer f.Close()
-	if err := v.migrate(ctx, "migrate", f); err != nil {
-		return fmt.Errorf("save device state: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync device state: %w", err)
-	}
-	return f.Close()
 }

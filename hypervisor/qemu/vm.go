@@ -26,13 +26,14 @@ const (
 )
 
 var (
-	_ hypervisor.VM          = (*VM)(nil)
-	_ hypervisor.Snapshotter = (*VM)(nil)
+	_ hypervisor.VM               = (*VM)(nil)
+	_ hypervisor.Checkpointer     = (*VM)(nil)
+	_ hypervisor.LiveCheckpointer = (*VM)(nil)
 )
 
 // VM is one QEMU process and its run directory.
 type VM struct {
-	proc   *process
+	proc   *vmmproc.Process
 	qmp    *qmp
 	runDir string
 	shape  Shape
@@ -43,12 +44,18 @@ type VM struct {
 	// where changed pages are private to QEMU.
 	memPath string
 	memfd   *os.File
+	// hashes are a copy restore's page hashes of the memory it restored,
+	// what a diff snapshot compares the memfd with.
+	hashes *pendingHash
+	// written are the hashes of the pages the restore wrote from staged
+	// deltas over the staged memory file.
+	written *pageHashes
 	once    sync.Once
 	err     error
 }
 
 // PID is the QEMU process id.
-func (v *VM) PID() int { return v.proc.pid() }
+func (v *VM) PID() int { return v.proc.PID() }
 
 // RunDir is the VM's private directory (sockets, logs).
 func (v *VM) RunDir() string { return v.runDir }
@@ -80,19 +87,19 @@ func (v *VM) Shutdown(ctx context.Context) error {
 	// quit may lose its reply to the exit it causes; the exit is what counts.
 	qerr := v.qmp.Execute(ctx, "quit", nil, nil)
 	select {
-	case <-v.proc.done:
+	case <-v.proc.Done():
 		return nil
 	case <-ctx.Done():
 	}
 	log.G(ctx).WithError(qerr).WithField("pid", v.PID()).Warn("qemu did not exit after quit, killing it")
-	return v.proc.kill()
+	return v.proc.Stop()
 }
 
 // Kill sends SIGKILL to QEMU and waits until it is reaped.
-func (v *VM) Kill() error { return v.proc.kill() }
+func (v *VM) Kill() error { return v.proc.Stop() }
 
 // Wait blocks until QEMU has exited; a non-zero exit or a signal is an error.
-func (v *VM) Wait(ctx context.Context) error { return v.proc.wait(ctx) }
+func (v *VM) Wait(ctx context.Context) error { return v.proc.Wait(ctx) }
 
 // DialAgent opens an agent session on the guest agent's port.
 func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
@@ -103,9 +110,12 @@ func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
 func (v *VM) Close() error {
 	v.once.Do(func() {
 		v.qmp.Close()
-		kerr := v.proc.kill()
+		kerr := v.proc.Stop()
 		if v.memfd != nil {
 			v.memfd.Close()
+		}
+		if v.hashes != nil {
+			v.hashes.stop()
 		}
 		v.err = errors.Join(kerr, os.RemoveAll(v.runDir))
 	})

@@ -47,6 +47,9 @@ type Fake struct {
 	Hang []string
 	// IgnoreCtrlAltDel makes a Firecracker guest ignore SendCtrlAltDel.
 	IgnoreCtrlAltDel bool
+	// GuestWrites are what the fake guest writes, a round each time the
+	// restored VM starts running (CH.Guest, FC.Guest).
+	GuestWrites [][]GuestWrite
 }
 
 // Script writes an executable that runs this fake with whatever arguments
@@ -64,6 +67,7 @@ func (f Fake) Script(t testing.TB) (bin, record string) {
 	env := map[string]string{
 		envFake: "1", envSpec: SpecPath(t, f.Spec), envRecord: record,
 		envName: f.Name, envVersion: f.Version, envFail: strings.Join(f.Fail, ","), envHang: strings.Join(f.Hang, ","),
+		envGuest: encodeGuestWrites(f.GuestWrites),
 	}
 	if f.IgnoreCtrlAltDel {
 		env[envIgnoreCAD] = "1"

@@ -24,10 +24,15 @@ type FC struct {
 	IgnoreCtrlAltDel bool
 	// Exit is called when the guest has shut down.
 	Exit func()
+	// Guest is the fake guest's writes, a round each time the VM runs.
+	// Loaded with track_dirty_pages, the VMM records the pages they dirty,
+	// and a Diff snapshot writes those dirtied since the load or the last
+	// snapshot, in a sparse file at their offsets.
+	Guest [][]GuestWrite
 
 	mu     sync.Mutex
 	state  string // "Not started" until loaded, then Running or Paused
-	dirty  bool   // dirty page tracking on: Diff snapshots allowed
+	guest  *guest
 	vmst   []byte
 	config fcDevices // what GET /vm/config reports
 	mem    *guestMemory
@@ -106,10 +111,14 @@ func (f *FC) load(body []byte) Response {
 	if err := f.loadFiles(p); err != nil {
 		return f.fail(http.StatusBadRequest, "Load snapshot error: %v", err)
 	}
-	f.dirty = p.TrackDirtyPages
+	f.guest = &guest{rounds: f.Guest}
+	if p.TrackDirtyPages {
+		f.guest.track()
+	}
 	f.state = "Paused"
 	if p.ResumeVM {
 		f.state = "Running"
+		f.guest.run(f.mem)
 	}
 	return Response{Status: http.StatusNoContent}
 }
@@ -233,6 +242,9 @@ func (f *FC) patchVM(body []byte) Response {
 		return f.fail(http.StatusBadRequest, "cannot set the microVM %s: it is %s", v.State, f.state)
 	}
 	f.state = map[string]string{"Paused": "Paused", "Resumed": "Running"}[v.State]
+	if f.state == "Running" {
+		f.guest.run(f.mem)
+	}
 	return Response{Status: http.StatusNoContent}
 }
 
@@ -250,13 +262,22 @@ func (f *FC) create(body []byte) Response {
 	if err := json.Unmarshal(body, &p); err != nil {
 		return f.fail(http.StatusBadRequest, "%v", err)
 	}
-	if p.SnapshotType == "Diff" && !f.dirty {
+	if p.SnapshotType == "Diff" && !f.guest.tracking {
 		return f.fail(http.StatusBadRequest, "Diff snapshots are not enabled: load with track_dirty_pages")
 	}
 	if err := os.WriteFile(p.SnapshotPath, f.vmst, 0o600); err != nil {
 		return f.fail(http.StatusBadRequest, "Create snapshot error: %v", err)
 	}
-	if err := f.mem.writeTo(p.MemFilePath); err != nil {
+	var err error
+	if p.SnapshotType == "Diff" {
+		err = f.mem.writeSparse(p.MemFilePath, f.guest.dirtyPages())
+	} else {
+		err = f.mem.writeTo(p.MemFilePath)
+		if f.guest.tracking {
+			f.guest.dirtyPages() // a snapshot of any type restarts the dirty log
+		}
+	}
+	if err != nil {
 		return f.fail(http.StatusBadRequest, "Create snapshot error: %v", err)
 	}
 	return Response{Status: http.StatusNoContent}

@@ -21,6 +21,7 @@ const (
 	envIgnoreCAD = "COCOON_FAKE_IGNORE_CTRL_ALT_DEL"
 	envName      = "COCOON_FAKE_NAME"
 	envHang      = "COCOON_FAKE_HANG"
+	envGuest     = "COCOON_FAKE_GUEST_WRITES"
 )
 
 // RunIfFake turns the current process into a fake VMM when it was started
@@ -55,13 +56,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var sock string
 	exit := make(chan struct{})
 	fail := failSet(os.Getenv(envFail))
+	writes, err := parseGuestWrites(os.Getenv(envGuest))
+	if err != nil {
+		fmt.Fprintln(stderr, "fake-vmm:", err)
+		return 2
+	}
 	switch {
 	case *chSock != "":
 		sock = strings.TrimPrefix(*chSock, "path=")
-		model = &CH{Fail: fail, Version: v, Exit: func() { close(exit) }}
+		model = &CH{Fail: fail, Version: v, Exit: func() { close(exit) }, Guest: writes}
 	case *fcSock != "":
 		sock = *fcSock
-		model = &FC{Fail: fail, Version: v, IgnoreCtrlAltDel: os.Getenv(envIgnoreCAD) != "", Exit: func() { close(exit) }}
+		model = &FC{Fail: fail, Version: v, IgnoreCtrlAltDel: os.Getenv(envIgnoreCAD) != "", Exit: func() { close(exit) }, Guest: writes}
 	default:
 		fmt.Fprintln(stderr, "fake-vmm: need --api-socket path=SOCK or --api-sock SOCK")
 		return 2

@@ -17,6 +17,9 @@ type guestMemory struct {
 	data []byte
 	file *os.File
 	anon *uffdpeer.Peer
+	// written holds the pages the fake guest wrote, by offset, over any
+	// backend: a private overlay, as a copy-on-write mapping keeps them.
+	written map[int64][]byte
 }
 
 func loadMemory(path string, lazy bool) (*guestMemory, error) {
@@ -48,6 +51,11 @@ func (m *guestMemory) writeTo(path string) error {
 	default:
 		_, err = out.Write(m.data)
 	}
+	for off, page := range m.written {
+		if err == nil {
+			_, err = out.WriteAt(page, off)
+		}
+	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -70,4 +78,44 @@ func copyAnon(w io.Writer, mem *uffdpeer.Peer) error {
 		}
 	}
 	return nil
+}
+
+// write records the guest writing page at off.
+func (m *guestMemory) write(off int64, page []byte) {
+	if m.written == nil {
+		m.written = map[int64][]byte{}
+	}
+	m.written[off] = page
+}
+
+// read reads the page at off as the guest sees it.
+func (m *guestMemory) read(off int64, page []byte) error {
+	if w, ok := m.written[off]; ok {
+		copy(page, w)
+		return nil
+	}
+	switch {
+	case m.file != nil:
+		_, err := m.file.ReadAt(page, off)
+		return err
+	case m.anon != nil:
+		return m.anon.Read(int(off), page)
+	}
+	copy(page, m.data[off:])
+	return nil
+}
+
+// size is the guest memory's size in bytes.
+func (m *guestMemory) size() (int64, error) {
+	switch {
+	case m.file != nil:
+		fi, err := m.file.Stat()
+		if err != nil {
+			return 0, err
+		}
+		return fi.Size(), nil
+	case m.anon != nil:
+		return int64(m.anon.Size()), nil
+	}
+	return int64(len(m.data)), nil
 }

@@ -146,3 +146,14 @@ func dropNulls(v any) any {
 	}
 	return v
 }
+
+// HasProperty reports whether the spec's schema names prop: the Cloud
+// Hypervisor fork's VmSnapshotConfig has snapshot_type, upstream's has not.
+func (s *Spec) HasProperty(schema, prop string) bool {
+	ref, ok := s.doc.Components.Schemas[schema]
+	if !ok || ref.Value == nil {
+		return false
+	}
+	_, ok = ref.Value.Properties[prop]
+	return ok
+}

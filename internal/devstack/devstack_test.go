@@ -32,7 +32,7 @@ func TestStartRequiresBinaries(t *testing.T) {
 }
 
 // TestDestroyKeptStack tears down a running stack from its dir alone, as
-// `cocoonctl demo --down` does, including a process the stack did not
+// `cocoon-bench demo --down` does, including a process the stack did not
 // start itself (standing in for a re-parented shim).
 func TestDestroyKeptStack(t *testing.T) {
 	testenv.RequireRoot(t)

@@ -35,11 +35,7 @@ func Flatten(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	cls := errdefs.Resolve(err)
-	if cls == nil {
-		cls = errdefs.ErrUnknown
-	}
-	return flat{msg: err.Error(), cls: cls}
+	return flat{msg: err.Error(), cls: errdefs.Resolve(err)}
 }
 
 // ToGRPC is Flatten, then the gRPC status of the class.

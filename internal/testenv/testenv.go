@@ -12,22 +12,28 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 )
 
-// Unavailable stops t because what is missing. Under CI=true that fails the
-// test; elsewhere it skips with the reason printed.
+// Unavailable stops t because what is missing. In the unit tier (go test
+// -short, `make unit`) it skips: that tier runs only pure logic. Under
+// CI=true it fails the test; elsewhere it skips with the reason printed.
 func Unavailable(t testing.TB, what string) {
 	t.Helper()
+	if testing.Short() {
+		t.Skipf("UNIT TIER: not run: %s", what)
+	}
 	if os.Getenv("CI") == "true" {
 		t.Fatalf("REQUIRED IN CI: %s", what)
 	}
 	t.Skipf("NOT RUN: %s (run `make test` to install it)", what)
 }
 
-// RequireRoot stops t unless it runs as root.
+// RequireRoot stops t unless it runs as root; in the unit tier always,
+// since a test that needs root needs the machine.
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	if os.Geteuid() != 0 || testing.Short() {
 		Unavailable(t, "this test needs root")
 	}
 }
@@ -43,7 +49,7 @@ func RepoRoot() string {
 func Bin(t testing.TB, name string) string {
 	t.Helper()
 	p := filepath.Join(RepoRoot(), "bin", name)
-	if _, err := os.Stat(p); err != nil {
+	if _, err := os.Stat(p); err != nil || testing.Short() {
 		Unavailable(t, "bin/"+name+" is not built (make build)")
 	}
 	return p
@@ -57,7 +63,7 @@ func Guest(t testing.TB) string {
 		dir = filepath.Join(RepoRoot(), "build", "guest")
 	}
 	for _, f := range []string{"vmlinuz", "initramfs.cpio.gz"} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil || testing.Short() {
 			Unavailable(t, "guest build missing "+f+" in "+dir+" (make guest)")
 		}
 	}
@@ -79,4 +85,23 @@ func QEMU(t testing.TB) string {
 	t.Helper()
 	RequireRoot(t)
 	return LookPath(t, "qemu-system-x86_64")
+}
+
+// Eventually waits until check succeeds, looking again with a growing pause
+// (1 ms up to 200 ms), and fails t with check's last error once within has
+// passed. It is for what a test cannot be told of — another process's
+// state, a file a daemon writes — not for timing.
+func Eventually(t testing.TB, within time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for pause := time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, within, err)
+		}
+		time.Sleep(pause)
+	}
 }

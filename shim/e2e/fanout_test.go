@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // TestFanOut starts 8 tasks of one image at once in mmap mode: all print
@@ -31,9 +32,9 @@ func TestFanOut(t *testing.T) {
 		}()
 	}
 	waitRunning(t, c, n)
-	flat, nlink := flatMemory(t, c, "f0")
-	if nlink != n+1 {
-		t.Errorf("flat memory %s has %d links with %d mmap tasks running, want %d", flat, nlink, n, n+1)
+	flat, links := flatMemory(t, c, "f0")
+	if links != n+1 {
+		t.Errorf("flat memory %s has %d links with %d mmap tasks running, want %d", flat, links, n, n+1)
 	}
 	wg.Wait()
 	for i := range n {
@@ -41,39 +42,26 @@ func TestFanOut(t *testing.T) {
 			t.Errorf("task f%d printed %q (%v), want %s", i, outs[i], errs[i], want)
 		}
 	}
-	// containerd removes the tasks' snapshots in its background garbage
-	// collection, so the staged links go some time after the tasks.
-	var st syscall.Stat_t
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if err := syscall.Stat(flat, &st); err != nil {
-			t.Fatal(err)
-		}
-		if st.Nlink == 1 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("flat memory has %d links after the tasks are gone, want 1", st.Nlink)
-		}
-		time.Sleep(200 * time.Millisecond)
+	// containerd removes the tasks' snapshots when it collects garbage.
+	c.CollectGarbage()
+	if n := nlink(t, flat); n != 1 {
+		t.Fatalf("flat memory has %d links after the tasks are gone, want 1", n)
 	}
 }
 
 // waitRunning waits until n tasks are RUNNING.
 func waitRunning(t *testing.T, c *ctrdtest.Containerd, n int) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for time.Now().Before(deadline) {
+	testenv.Eventually(t, 3*time.Minute, fmt.Sprintf("%d tasks running at once", n), func() error {
 		out, err := c.Ctr("task", "ls")
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if strings.Count(out, "RUNNING") == n {
-			return
+		if got := strings.Count(out, "RUNNING"); got != n {
+			return fmt.Errorf("%d running", got)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%d tasks never ran at once", n)
+		return nil
+	})
 }
 
 // flatMemory finds the snapshotter's flat memory file that task id's

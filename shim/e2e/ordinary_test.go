@@ -21,9 +21,9 @@ const ordinaryRef = "example.com/cocoon/busybox:1"
 // image as the base snapshot of ordinary images, with a busybox image (two
 // layers, a whiteout, a non-root user) imported into the cocoon
 // snapshotter.
-func ordinaryStack(t *testing.T, baseImage string) (*ctrdtest.Containerd, *testimage.BusyboxImage) {
+func ordinaryStack(t *testing.T, baseImage string, extraConfig ...string) (*ctrdtest.Containerd, *testimage.BusyboxImage) {
 	t.Helper()
-	c := stack(t, fmt.Sprintf("[restore]\nbase_image = %q\n", baseImage))
+	c := stack(t, fmt.Sprintf("[restore]\nbase_image = %q\n%s", baseImage, strings.Join(extraConfig, "\n")))
 	img, err := testimage.Busybox(testimage.BusyboxOptions{Name: ordinaryRef, Layers: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -163,6 +163,28 @@ func TestOrdinaryImageBadBase(t *testing.T) {
 				t.Fatalf("processes still use the stack: %v", pids)
 			}
 		})
+	}
+}
+
+// TestOrdinaryImageNotConverted: an image whose layers cannot become a
+// root filesystem image (here: larger than snapshotter.max_rootfs_size, as
+// a layer's sparse file of any size would be) fails the run with an error
+// naming why, and leaves no container, snapshot or half-built image.
+func TestOrdinaryImageNotConverted(t *testing.T) {
+	c, _ := ordinaryStack(t, imageRef, "[snapshotter]\nmax_rootfs_size = \"256KiB\"\n")
+	_, err := runOrdinary(c, []string{"--rm"}, "big", "true")
+	if err == nil || !strings.Contains(err.Error(), "max_rootfs_size") {
+		t.Fatalf("run of an image over max_rootfs_size: %v, want an error naming it", err)
+	}
+	if out, _ := c.Ctr("containers", "ls", "-q"); strings.TrimSpace(out) != "" {
+		t.Fatalf("containers left: %q", out)
+	}
+	c.CollectGarbage()
+	if out, _ := c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "ls"); strings.Contains(out, "Active") {
+		t.Fatalf("an active snapshot was left:\n%s", out)
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.SnapshotterRoot, "flat", "*")); len(left) > 0 {
+		t.Fatalf("the flat cache holds %v after a failed conversion", left)
 	}
 }
 

@@ -210,17 +210,14 @@ func TestStartIsolatesPods(t *testing.T) {
 func stopFakeServer(t *testing.T, bundle string) {
 	t.Helper()
 	var pid int
-	for range 200 {
-		// The server may not have written its pid yet.
-		data, _ := os.ReadFile(filepath.Join(bundle, "server.pid"))
-		if pid, _ = strconv.Atoi(string(data)); pid > 0 {
-			break
+	testenv.Eventually(t, 10*time.Second, "the spawned server's pid", func() error {
+		data, err := os.ReadFile(filepath.Join(bundle, "server.pid"))
+		if err != nil {
+			return err
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if pid == 0 {
-		t.Fatal("the spawned server never started")
-	}
+		pid, err = strconv.Atoi(string(data))
+		return err
+	})
 	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
 }
 

@@ -91,6 +91,10 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 	if err := killProcess(t); err != nil {
 		errs = append(errs, err)
 	}
+	// A record written before the hypervisor existed has no pid.
+	if err := killNaming(t.RunDir); err != nil {
+		errs = append(errs, err)
+	}
 	if t.Cgroup != "" {
 		if err := deleteCgroup(t.Cgroup); err != nil {
 			errs = append(errs, err)

@@ -34,7 +34,8 @@ type fakeVM struct {
 	paused       bool
 	pauseGate    chan struct{} // if set, Pause blocks until it closes, after a send on pauseEntered
 	pauseEntered chan struct{}
-	snapshots    []string
+	snapshots    []string // "kind:dir" of each link written
+	noDiff       bool     // Snapshot refuses diffs as a booted VM's driver does
 	closed       bool
 }
 
@@ -123,15 +124,35 @@ func (v *fakeVM) exited() bool {
 }
 
 // Snapshot writes a marker link into dir; like the real drivers it
-// refuses a running VM.
+// refuses a running VM, and a diff when noDiff is set.
 func (v *fakeVM) Snapshot(_ context.Context, dir string, kind hypervisor.SnapshotKind) error {
 	if !v.isPaused() {
 		return errors.New("snapshot of a running VM")
 	}
 	v.mu.Lock()
-	v.snapshots = append(v.snapshots, dir)
-	v.mu.Unlock()
+	defer v.mu.Unlock()
+	if kind == hypervisor.SnapshotDiff && v.noDiff {
+		return fmt.Errorf("fake VM booted: %w", hypervisor.ErrNoDiffBase)
+	}
+	v.snapshots = append(v.snapshots, string(kind)+":"+dir)
 	return os.WriteFile(filepath.Join(dir, "link.json"), []byte(`{"kind":"`+string(kind)+`"}`), 0o600)
+}
+
+// liveVM snapshots a running VM and leaves it running, as QEMU does; it
+// refuses a paused one, which the service must snapshot with Snapshot.
+type liveVM struct{ *fakeVM }
+
+func (v liveVM) SnapshotLive(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
+	if v.isPaused() {
+		return errors.New("live snapshot of a paused VM")
+	}
+	if err := v.Pause(ctx); err != nil {
+		return err
+	}
+	if err := v.Snapshot(ctx, dir, "live-"+kind); err != nil {
+		return err
+	}
+	return v.Resume(ctx)
 }
 
 // plainVM hides fakeVM's Snapshot: a driver that cannot checkpoint.

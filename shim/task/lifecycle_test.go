@@ -10,6 +10,7 @@ import (
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
@@ -376,17 +377,41 @@ func TestConcurrentCreate(t *testing.T) {
 }
 
 func TestCheckpoint(t *testing.T) {
-	h := newHarness(t)
-	h.create("t1", specFor("sleep"), newFifos(t, false, false))
-	h.start("t1", "")
-	dir := t.TempDir()
-	if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: dir}); err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name                 string
+		noDiff, live, paused bool
+		want                 string
+	}{
+		{"diff", false, false, false, "diff"},
+		{"full where no diff is possible", true, false, false, "full"},
+		{"live", false, true, false, "live-diff"},
+		{"paused stays paused", false, true, true, "diff"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.vm.noDiff = tt.noDiff
+			if tt.live {
+				h.launcher.vm = liveVM{h.vm}
+			}
+			h.create("t1", specFor("sleep"), newFifos(t, false, false))
+			h.start("t1", "")
+			topics := []string{"/tasks/create", "/tasks/start", "/tasks/checkpointed"}
+			if tt.paused {
+				if _, err := h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "t1"}); err != nil {
+					t.Fatal(err)
+				}
+				topics = slices.Insert(topics, 2, "/tasks/paused")
+			}
+			dir := t.TempDir()
+			if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: dir}); err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{tt.want + ":" + dir}; !slices.Equal(h.vm.snapshots, want) || h.vm.isPaused() != tt.paused {
+				t.Fatalf("snapshots %v, VM paused %v; want %v and paused %v as before", h.vm.snapshots, h.vm.isPaused(), want, tt.paused)
+			}
+			wantTopics(t, h.events.waitTopics(t, len(topics)), topics...)
+		})
 	}
-	if !slices.Equal(h.vm.snapshots, []string{dir}) || h.vm.isPaused() {
-		t.Fatalf("snapshots %v, VM paused %v; want one into %s and the VM running again", h.vm.snapshots, h.vm.isPaused(), dir)
-	}
-	wantTopics(t, h.events.waitTopics(t, 3), "/tasks/create", "/tasks/start", "/tasks/checkpointed")
 
 	plain := newHarness(t)
 	plain.launcher.vm = plainVM{plain.vm}
@@ -394,6 +419,31 @@ func TestCheckpoint(t *testing.T) {
 	plain.start("t1", "")
 	_, err := plain.svc.Checkpoint(plain.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: t.TempDir()})
 	wantCode(t, err, errdefs.ErrNotImplemented)
+}
+
+// A checkpoint that ends the task snapshots a paused VM, even where the
+// driver could snapshot it live: nothing may run after the snapshot.
+func TestCheckpointExitPausesFirst(t *testing.T) {
+	h := newHarness(t)
+	h.launcher.vm = liveVM{h.vm}
+	h.create("t1", specFor("sleep"), newFifos(t, false, false))
+	h.start("t1", "")
+	opts, err := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "t1", Path: dir, Options: opts}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"diff:" + dir}; !slices.Equal(h.vm.snapshots, want) {
+		t.Fatalf("snapshots %v, want %v (paused, not live)", h.vm.snapshots, want)
+	}
+	select {
+	case <-h.vm.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the VM still runs after a checkpoint with exit")
+	}
 }
 
 func TestPids(t *testing.T) {

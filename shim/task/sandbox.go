@@ -53,7 +53,7 @@ type Guest interface {
 }
 
 // VM is the hypervisor process behind a task. hypervisor.VM satisfies it;
-// checkpointing additionally needs hypervisor.Snapshotter.
+// checkpointing additionally needs hypervisor.Checkpointer.
 type VM interface {
 	PID() int
 	Pause(ctx context.Context) error
@@ -130,6 +130,12 @@ type LaunchRequest struct {
 	// Guest's Exec of it then starts what was prepared); nil prepares
 	// nothing.
 	Process *ProcessSpec
+	// Starting, when set, is called before the launcher creates anything
+	// for the VM (base snapshot, tap, run dir, hypervisor process), with
+	// the names of all it may create: all of Spawn but the pid and plan.
+	// The service records them, so `shim delete` can clean up after a shim
+	// that dies before Spawned. An error fails the launch.
+	Starting func(Spawn) error
 	// Spawned, when set, is called once the hypervisor process exists,
 	// before the guest is brought up, so the service can record the VM
 	// and place it in its cgroup meanwhile. It does not block. Launch

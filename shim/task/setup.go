@@ -37,6 +37,20 @@ func newVMSetup(req LaunchRequest, spec *specs.Spec) *vmSetup {
 	return s
 }
 
+// starting records what a launch is about to create (sp without a pid),
+// before it exists; it is the LaunchRequest's Starting hook. A shim killed
+// before spawned records the pid leaves `shim delete` this record: the run
+// dir (which the hypervisor's command line names), the tap, the base
+// snapshot and the cgroup.
+func (s *vmSetup) starting(sp Spawn) error {
+	rec, err := newRecord(s.req, sp)
+	if err != nil {
+		return err
+	}
+	rec.Cgroup = s.path
+	return state.WriteTask(s.req.Bundle, rec)
+}
+
 // spawned starts the setup of sp's VM in the background; it is the
 // LaunchRequest's Spawned hook.
 func (s *vmSetup) spawned(sp Spawn) {
@@ -79,10 +93,15 @@ func (s *vmSetup) run(sp Spawn) {
 	s.cg, s.err = joinCgroup(s.path, s.res, sp)
 }
 
+// newRecord is the task record of sp; without a pid (nothing spawned
+// yet) it names only what the launch will create.
 func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
-	start, err := state.StartTime(sp.PID)
-	if err != nil {
-		return nil, fmt.Errorf("identify hypervisor process: %w", err)
+	var start uint64
+	if sp.PID != 0 {
+		var err error
+		if start, err = state.StartTime(sp.PID); err != nil {
+			return nil, fmt.Errorf("identify hypervisor process: %w", err)
+		}
 	}
 	return &state.Task{
 		ID:         req.ID,

@@ -108,30 +108,29 @@ func (h *harness) kill(id string) {
 
 func waitRecord(t *testing.T, bundle string) *state.Task {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		rec, err := state.ReadTask(bundle)
-		if err == nil {
-			return rec
-		}
-		if !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+	var rec *state.Task
+	testenv.Eventually(t, 10*time.Second, "task record", func() error {
+		var err error
+		rec, err = state.ReadTask(bundle)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("task record: %v", err)
 		}
-	}
+		return err
+	})
+	return rec
 }
 
 // waitInCgroup waits until pid's cgroup (in any hierarchy) is path.
 func waitInCgroup(t *testing.T, pid int, path string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("pid %d in cgroup %s", pid, path), func() error {
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(string(data), ":"+path+"\n") {
-			return
+		if !strings.Contains(string(data), ":"+path+"\n") {
+			return fmt.Errorf("it is in\n%s", data)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d is in\n%s\nwant cgroup %s", pid, data, path)
-		}
-	}
+		return nil
+	})
 }

@@ -144,12 +144,16 @@ func (t *task) setPaused(v bool) {
 	t.mu.Unlock()
 }
 
-// checkpoint writes a full chain link of the VM into dir. The VM is paused
-// for the snapshot and resumed after, unless exit asks to end the task.
+// checkpoint writes a chain link of the VM into dir: a diff on the chain
+// the VM was restored from, holding the pages changed since, or a full
+// link where the driver cannot make one (it logs why). A running VM whose
+// driver snapshots live is stopped only while its state is captured;
+// otherwise the VM is paused for the snapshot and resumed after, unless
+// exit asks to end the task.
 func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 	t.opMu.Lock()
 	defer t.opMu.Unlock()
-	snap, ok := t.sb.VM.(hypervisor.Snapshotter)
+	snap, ok := t.sb.VM.(hypervisor.Checkpointer)
 	if !ok {
 		return fmt.Errorf("checkpoint: the %s driver cannot snapshot a running VM: %w", t.sb.Hypervisor, errdefs.ErrNotImplemented)
 	}
@@ -157,13 +161,19 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 		return fmt.Errorf("task %s is %s, want running: %w", t.id, st, errdefs.ErrFailedPrecondition)
 	}
 	wasPaused := t.isPaused()
+	if live, ok := snap.(hypervisor.LiveCheckpointer); ok && !wasPaused && !exit {
+		if err := t.snapshot(ctx, live.SnapshotLive, dir); err != nil {
+			return fmt.Errorf("snapshot VM into %s: %w", dir, err)
+		}
+		return nil
+	}
 	if !wasPaused {
 		if err := t.sb.VM.Pause(ctx); err != nil {
 			return fmt.Errorf("pause VM for checkpoint: %w", err)
 		}
 		t.setPaused(true)
 	}
-	if err := snap.Snapshot(ctx, dir, hypervisor.SnapshotFull); err != nil {
+	if err := t.snapshot(ctx, snap.Snapshot, dir); err != nil {
 		return errors.Join(fmt.Errorf("snapshot VM into %s: %w", dir, err), t.resumeAfter(ctx, wasPaused))
 	}
 	if exit {
@@ -171,6 +181,16 @@ func (t *task) checkpoint(ctx context.Context, dir string, exit bool) error {
 		return nil
 	}
 	return t.resumeAfter(ctx, wasPaused)
+}
+
+// snapshot writes a diff link, else a full one where no diff is possible.
+func (t *task) snapshot(ctx context.Context, take func(context.Context, string, hypervisor.SnapshotKind) error, dir string) error {
+	err := take(ctx, dir, hypervisor.SnapshotDiff)
+	if !errors.Is(err, hypervisor.ErrNoDiffBase) {
+		return err
+	}
+	log.G(ctx).WithError(err).WithField("id", t.id).Warn("checkpoint writes a full link: no diff is possible")
+	return take(ctx, dir, hypervisor.SnapshotFull)
 }
 
 func (t *task) resumeAfter(ctx context.Context, wasPaused bool) error {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
-	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/drivers"
 )
 
 // driver returns the driver for cfg's hypervisor, one per distinct driver
@@ -34,7 +34,7 @@ func (l *Launcher) driver(cfg config.Config) (hypervisor.Driver, error) {
 	}
 	newDriver := l.NewDriver
 	if newDriver == nil {
-		newDriver = restore.NewDriver
+		newDriver = drivers.New
 	}
 	d, err := newDriver(cfg)
 	if err != nil {

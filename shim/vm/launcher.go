@@ -58,7 +58,7 @@ func (c *phaseClock) lap(name string) {
 
 // Launcher restores VMs with the driver the config names.
 type Launcher struct {
-	// NewDriver builds the driver from the config; restore.NewDriver when nil.
+	// NewDriver builds the driver from the config; drivers.New when nil.
 	NewDriver func(config.Config) (hypervisor.Driver, error)
 
 	mu      sync.Mutex
@@ -77,6 +77,9 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	}
 	d, err := l.driver(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := starting(cfg, d, r); err != nil {
 		return nil, err
 	}
 	src, err := l.source(ctx, cfg, r, clock)
@@ -241,23 +244,13 @@ func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.
 		return restore.Plan{}, nil, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
 			dir, err, errdefs.ErrInvalidArgument)
 	}
-	caps, err := d.Capabilities(ctx)
-	if err != nil {
-		return restore.Plan{}, nil, fmt.Errorf("%s capabilities: %w", d.Name(), err)
-	}
 	var annotations map[string]string
 	if r.Spec != nil {
 		annotations = r.Spec.Annotations
 	}
-	plan, err := restore.Decide(restore.Inputs{
-		Hypervisor:  d.Name(),
-		Caps:        caps,
-		Link:        staged.Top(),
-		Config:      cfg.Restore,
-		Annotations: annotations,
-	})
+	plan, _, err := restore.PlanFor(ctx, d, cfg.Restore, staged.Top(), staged, annotations)
 	if err != nil {
-		return restore.Plan{}, nil, fmt.Errorf("restore plan: %w: %w", err, errdefs.ErrInvalidArgument)
+		return restore.Plan{}, nil, err
 	}
 	entry := log.G(ctx).WithFields(log.Fields{"id": r.ID, "hypervisor": d.Name(), "mode": plan.Mode, "reasons": plan.Reasons})
 	if len(plan.Warnings) > 0 {

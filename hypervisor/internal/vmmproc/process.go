@@ -1,13 +1,14 @@
-// Package vmmproc supervises a VMM process that serves a REST API on a unix
-// socket (Cloud Hypervisor, Firecracker): spawn it in its own session and
-// in the network namespace it is given (or a new one of its own), wait
-// for its API socket, kill and reap it by PID, keep its exit status for
-// every waiter, and remove its run directory when it is closed. The run
-// directory, socket path and timeout helpers serve QEMU too, whose process
-// (a process group, QMP on an inherited listener) is its driver's own.
+// Package vmmproc supervises every driver's VMM process (QEMU, Cloud
+// Hypervisor, Firecracker): spawn it in its own process group or session
+// and in the network namespace it is given (or a new one of its own), with
+// inherited fds, wait for a REST VMM's API socket, kill and reap it (its
+// whole group) by PID, keep its exit status for every waiter, describe how
+// it ended with the tail of its log, and remove its run directory when it
+// is closed.
 package vmmproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,12 @@ type Spec struct {
 	// it holds, so whatever network device it creates there is gone with
 	// it. It excludes NetNS.
 	OwnNetNS bool
+	// ExtraFiles are inherited as fds 3, 4, ...
+	ExtraFiles []*os.File
+	// Attached ties the VMM to its parent: it gets SIGKILL when the parent
+	// dies (a bake's throwaway VM). Otherwise it runs in a session of its
+	// own and outlives a crashed shim, as a restored VM must.
+	Attached bool
 }
 
 // Process is one supervised VMM process. Its exit status is collected
@@ -55,6 +62,7 @@ type Spec struct {
 type Process struct {
 	cmd  *exec.Cmd
 	name string
+	log  string // path of its output
 	done chan struct{}
 	err  error
 }
@@ -65,7 +73,7 @@ func Start(ctx context.Context, dir string, s Spec) (*Process, error) {
 	if err := CheckSockPath(s.Socket); err != nil {
 		return nil, err
 	}
-	p, err := spawn(dir, s)
+	p, err := Spawn(dir, s)
 	if err != nil {
 		return nil, err
 	}
@@ -76,9 +84,9 @@ func Start(ctx context.Context, dir string, s Spec) (*Process, error) {
 	return p, nil
 }
 
-// spawn starts the process in a session of its own: a restored VM must
-// outlive a crashed shim.
-func spawn(dir string, s Spec) (*Process, error) {
+// Spawn starts the process in dir, its output appended to s.Log there; the
+// caller waits for it to serve however it serves.
+func Spawn(dir string, s Spec) (*Process, error) {
 	if s.NetNS != nil && s.OwnNetNS {
 		return nil, errors.New("start hypervisor: both a network namespace and one of its own asked for")
 	}
@@ -90,14 +98,18 @@ func spawn(dir string, s Spec) (*Process, error) {
 	cmd := exec.Command(s.Binary, s.Args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = s.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if s.Attached {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	}
 	if s.OwnNetNS {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	}
 	if err := startIn(s.NetNS, cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.Binary, err)
 	}
-	p := &Process{cmd: cmd, name: filepath.Base(s.Binary), done: make(chan struct{})}
+	p := &Process{cmd: cmd, name: filepath.Base(s.Binary), log: logf.Name(), done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -148,17 +160,65 @@ func (p *Process) waitSocket(ctx context.Context, path string) error {
 // PID is the process id.
 func (p *Process) PID() int { return p.cmd.Process.Pid }
 
-// Kill sends SIGKILL unless the process has already been reaped.
+// Done is closed once the process has been reaped.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Kill sends SIGKILL to the process's group (the VMM and anything it
+// forked) unless the process has been reaped: then its pid, and so the
+// group's id, may be another's.
 func (p *Process) Kill() error {
 	select {
 	case <-p.done:
 		return nil
 	default:
 	}
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill hypervisor pid %d: %w", p.PID(), err)
+	if err := syscall.Kill(-p.PID(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill %s pid %d: %w", p.name, p.PID(), err)
 	}
 	return nil
+}
+
+// ExitedWithin reports whether the process exits within d: a VMM that
+// drops its control connection is usually on its way out, and its exit
+// status and log say why better than "connection reset".
+func (p *Process) ExitedWithin(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// ExitError waits for the process to be reaped and says how it ended,
+// with the tail of its log.
+func (p *Process) ExitError() error {
+	<-p.done
+	err := p.err
+	if err == nil {
+		err = errors.New("exit status 0")
+	}
+	if tail := logTail(p.log); tail != "" {
+		return fmt.Errorf("%s exited: %w: %s", p.name, err, tail)
+	}
+	return fmt.Errorf("%s exited: %w", p.name, err)
+}
+
+// logTailBytes is how much of a VMM's log an exit error quotes.
+const logTailBytes = 512
+
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) > logTailBytes {
+		b = b[len(b)-logTailBytes:]
+	}
+	return string(b)
 }
 
 // Wait blocks until the process has exited or ctx ends. It returns nil

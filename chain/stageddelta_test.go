@@ -1,0 +1,106 @@
+package chain
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A prefix's flat file plus the top links' pages read with ReadPages is
+// the chain's memory, and chain.json says how much the file holds.
+func TestStagedDeltas(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	c := buildChain(t, root, 64)
+	links, err := ValidateChain(c.dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged := filepath.Join(root, "staged")
+	if err := os.Mkdir(staged, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteStagedMemory(staged, links, StagedMemoryInfo{Covers: 1, Reason: "prefix cached"}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := OpenStaged(staged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Memory.Covers != 1 || st.Memory.Reason != "prefix cached" || len(st.Pending()) != 2 {
+		t.Fatalf("staged memory %+v with %d pending links, want covers 1 and 2 pending", st.Memory, len(st.Pending()))
+	}
+	mem := bytes.Clone(c.mems[0])
+	for i, l := range st.Pending() {
+		dir := c.dirs[st.Memory.Covers+i]
+		err := ReadPages(ctx, filepath.Join(dir, ExtentsFile), filepath.Join(dir, DataFile), l, func(off int64, b []byte) error {
+			copy(mem[off:], b)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(mem, c.mems[2]) {
+		t.Fatal("prefix memory + pending links' pages is not the chain's memory")
+	}
+
+	all := filepath.Join(root, "all")
+	if err := os.Mkdir(all, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteStaged(all, links); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := OpenStaged(all); err != nil || st.Memory.Covers != 3 || len(st.Pending()) != 0 {
+		t.Fatalf("fully staged chain: %+v, %v; want covers 3, nothing pending", st, err)
+	}
+	if err := WriteStagedMemory(all, links, StagedMemoryInfo{Covers: 4}); err == nil || !strings.Contains(err.Error(), "covers 4 links of a chain of 3") {
+		t.Errorf("covers past the chain: %v", err)
+	}
+}
+
+func TestReadPagesRejects(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	c := buildChain(t, root, 64)
+	links, err := ValidateChain(c.dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, l := c.dirs[1], links[1]
+	data, err := os.ReadFile(filepath.Join(dir, DataFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	corrupt := filepath.Join(root, "corrupt")
+	bad := bytes.Clone(data)
+	bad[len(bad)/2] ^= 1
+	short := filepath.Join(root, "short")
+	long := filepath.Join(root, "long")
+	for path, b := range map[string][]byte{corrupt: bad, short: data[:len(data)-testPage], long: append(bytes.Clone(data), 0)} {
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct{ data, want string }{
+		{corrupt, "digest mismatch"}, {short, "shorter than its extents"}, {long, "longer than its extents"},
+	} {
+		err := ReadPages(ctx, filepath.Join(dir, ExtentsFile), tt.data, l, func(int64, []byte) error { return nil })
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q", filepath.Base(tt.data), err, tt.want)
+		}
+	}
+	// The other link's extents are not this link's.
+	if err := ReadPages(ctx, filepath.Join(c.dirs[2], ExtentsFile), filepath.Join(dir, DataFile), l, func(int64, []byte) error { return nil }); err == nil {
+		t.Error("pages read with another link's extents")
+	}
+	m := testMeta("memory.delta1.data")
+	writeState(t, filepath.Join(root, "reserved"), "memory.delta1.data")
+	if _, err := WriteFull(ctx, filepath.Join(root, "mem0"), m, filepath.Join(root, "reserved")); err == nil || !strings.Contains(err.Error(), "reserved name") {
+		t.Errorf("a state file named like a staged delta: %v, want a reserved-name error", err)
+	}
+}

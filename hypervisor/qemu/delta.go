@@ -1,0 +1,88 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// A staged chain may hold only a prefix of its links in the memory file
+// (chain.StagedMemoryInfo); the restore writes the other links' pages into
+// the guest's memory before it resumes: into the memfd under copy, into
+// QEMU's private mapping of the file under mmap (through /proc/PID/mem,
+// which makes them copy-on-write pages exactly as the guest's own writes
+// would), never into the shared file. Their hashes are kept: a later diff
+// must not count them as changed unless the guest changed them again.
+
+// applyDeltas writes the pending links' pages at their offsets into w,
+// oldest first, and records their hashes in written. The pages' digests
+// are verified as they stream: on a mismatch the restore fails and its
+// private memory is thrown away.
+func applyDeltas(ctx context.Context, staged *chain.Staged, w io.WriterAt, written *pageHashes) error {
+	for j, l := range staged.Pending() {
+		i := staged.Memory.Covers + j
+		ext, data := staged.DeltaPaths(i)
+		err := chain.ReadPages(ctx, ext, data, l, func(off int64, b []byte) error {
+			if _, err := w.WriteAt(b, off); err != nil {
+				return fmt.Errorf("write guest memory at %d: %w", off, err)
+			}
+			written.add(off, b)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("write link %d of the chain into the guest: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+// fillCopy makes a copy restore's memfd: the staged file's data, then the
+// pending links' pages. The hashes a diff will compare it with are made in
+// the background.
+func fillCopy(ctx context.Context, req hypervisor.RestoreRequest, staged *chain.Staged, size int64, written *pageHashes) (*os.File, *pendingHash, error) {
+	t := time.Now()
+	memfd, err := fillMemfd(staged.MemoryPath(), size)
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Phase("fill", time.Since(t))
+	if len(staged.Pending()) > 0 {
+		t = time.Now()
+		if err := applyDeltas(ctx, staged, memfd, written); err != nil {
+			memfd.Close()
+			return nil, nil, err
+		}
+		req.Phase("delta", time.Since(t))
+	}
+	f, err := os.Open(staged.MemoryPath())
+	if err != nil {
+		memfd.Close()
+		return nil, nil, fmt.Errorf("open staged memory: %w", err)
+	}
+	return memfd, hashLater(f, size, written), nil
+}
+
+// writeDeltas writes the pending links into an mmap restore's private
+// mapping of the staged file.
+func (v *VM) writeDeltas(ctx context.Context) error {
+	flat, err := os.Open(v.staged.MemoryPath())
+	if err != nil {
+		return fmt.Errorf("open staged memory: %w", err)
+	}
+	defer flat.Close()
+	m, err := fileMapping(v.PID(), flat, v.shape.MemoryBytes)
+	if err != nil {
+		return err
+	}
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", v.PID()), os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open qemu's memory: %w", err)
+	}
+	defer mem.Close()
+	return applyDeltas(ctx, v.staged, io.NewOffsetWriter(mem, int64(m.addr)), v.written)
+}

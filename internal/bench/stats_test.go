@@ -1,0 +1,99 @@
+package bench
+
+import (
+	"encoding/xml"
+	"strings"
+	"testing"
+	"time"
+)
+
+func d(msec int) time.Duration { return time.Duration(msec) * time.Millisecond }
+
+func TestSummarize(t *testing.T) {
+	copyRun := cellRun{ready: []time.Duration{d(400), d(100), d(300), d(200)}, wall: d(450),
+		mem: []cloneMemory{{pss: 2048, held: 4096, guest: 3072}, {pss: 2048, held: 4096, guest: 1024}}}
+	mmapRun := cellRun{ready: []time.Duration{d(100), d(100)}, wall: d(120),
+		mem: []cloneMemory{{pss: 512, held: 512, guest: 512}, {pss: 512, held: 512, guest: 512}},
+		phases: [][]phase{
+			{{"spawn", d(10)}, {"agent", d(50)}, {"process started", d(20)}},
+			{{"spawn", d(30)}, {"agent", d(40)}, {"process started", d(10)}},
+		}}
+	c := summarize(cellKey{armID{Path: PathDirect, Mode: "copy"}, 4}, []cellRun{copyRun})
+	if c.P50Ms != 200 || c.P95Ms != 400 || c.WallMs != 450 || c.PSSMiB != 2 || c.HeldMiB != 4 || c.GuestMiB != 2 || c.Samples != 4 {
+		t.Errorf("copy cell = %+v, want p50 200 p95 400 wall 450 pss 2 held 4 guest 2 samples 4", c)
+	}
+	m := summarize(cellKey{armID{Path: PathDirect, Mode: "mmap"}, 4}, []cellRun{mmapRun})
+	if m.VMMP50Ms != 10 || m.OutsideP50Ms != 20 || m.GuestP50Ms != 50 {
+		t.Errorf("mmap cell vmm %v ms, outside %v ms, guest %v ms: want 10, 100-80 and 40+10 (sum of medians)", m.VMMP50Ms, m.OutsideP50Ms, m.GuestP50Ms)
+	}
+	if ps := m.Phases; len(ps) != 3 || ps[0].Name != "spawn" || ps[0].P50Ms != 10 || ps[1].P50Ms != 40 {
+		t.Errorf("mmap phases = %+v, want spawn 10, agent 40 (nearest-rank p50), process started", ps)
+	}
+	if p := m.phase("agent"); p == nil || *p != 40 {
+		t.Errorf("phase(agent) = %v, want 40", p)
+	}
+	if p := m.phase("network"); p != nil {
+		t.Errorf("phase(network) = %v, want none", *p)
+	}
+}
+
+// cell is a summarized cell of n clones of arm, all ready after p50 ms,
+// with phases (ms each).
+func cell(a armID, n, p50 int, phases ...phase) cellResult {
+	run := cellRun{wall: d(p50), mem: []cloneMemory{{pss: 1024, held: 1024, guest: 1024}}}
+	for range n {
+		run.ready = append(run.ready, d(p50))
+		run.phases = append(run.phases, phases)
+	}
+	return summarize(cellKey{a, n}, []cellRun{run})
+}
+
+func TestFillRatios(t *testing.T) {
+	r := &results{Cells: []cellResult{
+		cell(armID{Path: PathDirect, Mode: "copy"}, 1, 400),
+		cell(armID{Path: PathDirect, Mode: "mmap"}, 1, 200),
+		cell(armID{Path: PathShim, Mode: "mmap"}, 1, 300, phase{"network", d(2)}),
+		cell(armID{Path: PathRunc}, 1, 100),
+		cell(armID{Path: PathCold}, 1, 3000),
+		cell(armID{Path: PathShim, Mode: "mmap", Variant: VariantNetwork}, 1, 330, phase{"network", d(5)}),
+		cell(armID{Path: PathShim, Mode: "mmap", Variant: VariantOrdinary}, 1, 450),
+	}}
+	r.fillRatios()
+	if len(r.ModeRatios) != 1 || r.ModeRatios[0].CopyOverMmap != 2 {
+		t.Errorf("mode ratios = %+v, want direct copy ÷ mmap 2", r.ModeRatios)
+	}
+	if len(r.PathRatios) != 1 || r.PathRatios[0].ShimOverDirect != 1.5 {
+		t.Errorf("path ratios = %+v, want shim ÷ direct mmap 1.5", r.PathRatios)
+	}
+	want := alternative{N: 1, MmapOverRunc: 3, ColdOverMmap: 15, ColdOverCopy: 7.5}
+	if len(r.Alternatives) != 1 || r.Alternatives[0] != want {
+		t.Errorf("alternatives = %+v, want %+v (no shim copy cell: no copy ÷ runc)", r.Alternatives, want)
+	}
+	if len(r.Network) != 1 || r.Network[0].P50OverBase != 1.1 || *r.Network[0].BasePhaseP50Ms != 2 || *r.Network[0].PhaseP50Ms != 5 {
+		t.Errorf("network = %+v, want 1.1× with network phases 2 and 5", r.Network)
+	}
+	if len(r.Ordinary) != 1 || r.Ordinary[0].P50OverBase != 1.5 || r.Ordinary[0].PhaseP50Ms != nil {
+		t.Errorf("ordinary = %+v, want 1.5× and no plan phase", r.Ordinary)
+	}
+	md := r.markdown("chart.svg")
+	for _, s := range []string{"| 1 | runc |", "| 1 | 100 / 100 | 300 / 300 | – | 3000 / 3000 | 3.00× | – | 15.00× | 7.50× |", "| 1 | 300 | 330 | 1.10× | 2.0 / 5.0 |", "![create-to-running p50 per clone](chart.svg)"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md)
+		}
+	}
+	if err := xml.Unmarshal([]byte(r.svg()), new(struct{})); err != nil {
+		t.Errorf("chart is not well-formed XML: %v", err)
+	}
+}
+
+func TestLogAxis(t *testing.T) {
+	a := newLogAxis([]cellResult{{P50Ms: 120}, {P50Ms: 3500}}, 300)
+	if a.lo != 100 || a.hi != 10000 {
+		t.Fatalf("axis %v..%v, want 100..10000", a.lo, a.hi)
+	}
+	for _, tt := range []struct{ v, want float64 }{{100, 0}, {50, 0}, {1000, 150}, {10000, 300}} {
+		if got := a.at(tt.v); got != tt.want {
+			t.Errorf("at(%v) = %v, want %v", tt.v, got, tt.want)
+		}
+	}
+}

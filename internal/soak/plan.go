@@ -1,0 +1,153 @@
+package soak
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// ImageKind is what a restore's container image is.
+type ImageKind string
+
+const (
+	// ImageChain is the snapshot image: its layers are the chain.
+	ImageChain ImageKind = "chain"
+	// ImageOrdinary is the busybox image, run in a VM restored from the
+	// config's [restore] base_image.
+	ImageOrdinary ImageKind = "ordinary"
+)
+
+// NetKind is the network a restore's task gets.
+type NetKind string
+
+const (
+	// NetHost shares the runtime's network namespace: no tap.
+	NetHost NetKind = "host"
+	// NetNew is ctr's default: the spec asks for a new namespace, which
+	// the shim makes; nothing in it to take over.
+	NetNew NetKind = "new"
+	// NetPair is a namespace the soak made with a veth to a peer namespace
+	// it also made: the guest takes the veth over and pings the peer.
+	NetPair NetKind = "veth"
+)
+
+// KillKind is what a deliberate kill hits.
+type KillKind string
+
+const (
+	// KillTask is SIGKILL of the task through containerd.
+	KillTask KillKind = "task"
+	// KillShim is SIGKILL of the shim's task server by its pid.
+	KillShim KillKind = "shim"
+	// KillQEMU is SIGKILL of the hypervisor by its pid.
+	KillQEMU KillKind = "qemu"
+)
+
+// KillPoint is when in a task's life the kill comes.
+type KillPoint string
+
+const (
+	// DuringCreate kills while the task is being created (the VM being
+	// restored), or as soon as it can be hit.
+	DuringCreate KillPoint = "create"
+	// AfterStart kills once the init process runs.
+	AfterStart KillPoint = "started"
+	// DuringExec kills while an exec'd process runs.
+	DuringExec KillPoint = "exec"
+)
+
+var (
+	killKinds  = []KillKind{KillTask, KillShim, KillQEMU}
+	killPoints = []KillPoint{DuringCreate, AfterStart, DuringExec}
+)
+
+// Kill is a deliberate kill of one restore.
+type Kill struct {
+	Kind  KillKind
+	Point KillPoint
+	// Delay is how long after the point's start the kill comes.
+	Delay time.Duration
+}
+
+// Plan is what one restore does.
+type Plan struct {
+	Index int
+	ID    string
+	Mode  hypervisor.Mode
+	Image ImageKind
+	Net   NetKind
+	// Exec runs a process beside init, checking its output.
+	Exec bool
+	// SelfExit makes init exit on its own with exitCode; otherwise the
+	// soak stops it with SIGTERM. Never with Exec.
+	SelfExit bool
+	// Kill, when set, is the deliberate kill; the restore may then fail.
+	Kill *Kill
+}
+
+// exitCode is what a self-exiting init exits with.
+const exitCode = 7
+
+func (p Plan) String() string {
+	s := fmt.Sprintf("%s (%s, %s image, %s network", p.ID, p.Mode, p.Image, p.Net)
+	if p.Kill != nil {
+		s += fmt.Sprintf(", kill %s %s +%s", p.Kill.Kind, p.Kill.Point, p.Kill.Delay)
+	}
+	return s + ")"
+}
+
+// makePlans lays out n restores from seed: modes alternate, a half runs
+// without a network namespace and the rest split between a veth pair and a
+// new namespace, ordinaryShare of them use the ordinary image, and
+// round(n*killRate) of them are killed, cycling through every kind and
+// point. Each property is shuffled on its own, so the mixes cross.
+func makePlans(prefix string, n int, killRate, ordinaryShare float64, seed uint64) []Plan {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	plans := make([]Plan, n)
+	modes := spread(rng, n, []hypervisor.Mode{hypervisor.ModeCopy, hypervisor.ModeMmap})
+	nets := spread(rng, n, []NetKind{NetHost, NetHost, NetNew, NetPair})
+	ordinary := int(float64(n)*ordinaryShare + 0.5)
+	kills := int(float64(n)*killRate + 0.5)
+	images, killed := rng.Perm(n), rng.Perm(n)
+	for i := range plans {
+		plans[i] = Plan{
+			Index: i, ID: fmt.Sprintf("%s-%04d", prefix, i),
+			Mode: modes[i], Image: ImageChain, Net: nets[i],
+			Exec: rng.IntN(3) == 0, SelfExit: rng.IntN(2) == 0,
+		}
+		// An exec needs init alive beside it.
+		plans[i].SelfExit = plans[i].SelfExit && !plans[i].Exec
+	}
+	for _, i := range images[:ordinary] {
+		plans[i].Image = ImageOrdinary
+	}
+	for k, i := range killed[:kills] {
+		combo := k % (len(killKinds) * len(killPoints))
+		plans[i].Kill = &Kill{
+			Kind:  killKinds[combo%len(killKinds)],
+			Point: killPoints[combo/len(killKinds)],
+			Delay: time.Duration(rng.IntN(1500)) * time.Millisecond,
+		}
+		// A kill after start aims at a running init, an exec kill at
+		// one beside it.
+		switch plans[i].Kill.Point {
+		case AfterStart:
+			plans[i].SelfExit = false
+		case DuringExec:
+			plans[i].Exec, plans[i].SelfExit = true, false
+		}
+	}
+	return plans
+}
+
+// spread returns n values cycling through vals, shuffled.
+func spread[T any](rng *rand.Rand, n int, vals []T) []T {
+	out := make([]T, n)
+	for i := range out {
+		out[i] = vals[i%len(vals)]
+	}
+	rng.Shuffle(n, func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}

@@ -1,0 +1,62 @@
+package soak
+
+import (
+	"testing"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+)
+
+// TestMakePlans: the mix is exact (modes, networks, ordinary share, kills
+// cycling through every kind and point), ids are unique, an exec never
+// goes with a self-exiting init, and a seed lays out the same plans.
+func TestMakePlans(t *testing.T) {
+	const n = 1000
+	plans := makePlans("r", n, 0.1, 0.25, 42)
+	counts := map[string]int{}
+	ids := map[string]bool{}
+	for _, p := range plans {
+		counts[string(p.Mode)]++
+		counts["net "+string(p.Net)]++
+		counts["image "+string(p.Image)]++
+		if ids[p.ID] {
+			t.Fatalf("id %s twice", p.ID)
+		}
+		ids[p.ID] = true
+		if p.Exec && p.SelfExit {
+			t.Fatalf("plan %s execs beside an init that exits on its own", p)
+		}
+		if k := p.Kill; k != nil {
+			counts["kill "+string(k.Kind)+" "+string(k.Point)]++
+			if k.Point == DuringExec && !p.Exec {
+				t.Fatalf("plan %s kills during an exec it does not run", p)
+			}
+			if k.Point != DuringCreate && p.SelfExit {
+				t.Fatalf("plan %s kills after start an init that exits on its own", p)
+			}
+		}
+	}
+	want := map[string]int{
+		string(hypervisor.ModeCopy): 500, string(hypervisor.ModeMmap): 500,
+		"net host": 500, "net new": 250, "net veth": 250,
+		"image ordinary": 250, "image chain": 750,
+	}
+	for _, k := range killKinds {
+		for _, p := range killPoints {
+			// 100 kills over 9 combinations: 11 or 12 each.
+			if c := counts["kill "+string(k)+" "+string(p)]; c != 11 && c != 12 {
+				t.Errorf("%d kills of %s %s, want 11 or 12", c, k, p)
+			}
+		}
+	}
+	for k, v := range want {
+		if counts[k] != v {
+			t.Errorf("%d plans %s, want %d", counts[k], k, v)
+		}
+	}
+	again := makePlans("r", n, 0.1, 0.25, 42)
+	for i := range plans {
+		if plans[i].String() != again[i].String() || plans[i].Exec != again[i].Exec {
+			t.Fatalf("seed 42 laid out %s, then %s", plans[i], again[i])
+		}
+	}
+}

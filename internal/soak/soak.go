@@ -1,0 +1,314 @@
+// Package soak restores many VMs through containerd, the cocoon snapshotter
+// and the cocoon shim, mixed copy and mmap, several at a time, killing the
+// task, the shim or QEMU in some of them at random points of their life,
+// and checks that the stack ends where it began: the same processes,
+// descriptors, mounts, staged dirs, flat-file links, cgroups, run dirs,
+// taps, network namespaces, leases and snapshots. `make soak` runs 1000
+// restores (cocoon-bench soak); a short run is a test in `make test`.
+//
+//	res, err := soak.Run(ctx, soak.Options{BinDir: "bin", Image: img, Restores: 1000})
+//	if err != nil { ... }            // the stack could not be set up
+//	fmt.Print(res.Markdown())
+//	if err := res.Err(); err != nil { ... } // a failed restore or a count that moved
+package soak
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"google.golang.org/grpc"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/network"
+)
+
+// Image is a snapshot image to restore: an OCI archive and its reference.
+type Image struct {
+	Ref, Archive string
+}
+
+// Options shape a soak.
+type Options struct {
+	// BinDir holds containerd, ctr, cocoon-snapshotter and the shim.
+	BinDir string
+	// Image is the snapshot image (a chain), also the ordinary image's base.
+	Image Image
+	// Restores is how many restores run; Parallel how many at a time (8
+	// when 0).
+	Restores, Parallel int
+	// KillRate is the share of restores killed on purpose.
+	KillRate float64
+	// OrdinaryShare is the share of restores of the busybox image on the
+	// base snapshot; 0 runs none.
+	OrdinaryShare float64
+	// Seed lays out the plans; a random one when 0.
+	Seed uint64
+	// Progress, when set, gets a line now and then.
+	Progress io.Writer
+	// SettleTimeout bounds the wait for the counts to come back after the
+	// last restore (2 minutes when 0).
+	SettleTimeout time.Duration
+	// RestoreTimeout bounds one restore (4 minutes when 0).
+	RestoreTimeout time.Duration
+	// LogLevel is containerd's and the snapshotter's, and so the shims';
+	// "info" when empty.
+	LogLevel string
+	// Logs, when set, is a file that gets containerd's and the
+	// snapshotter's logs (the shims' included) once the soak is over.
+	Logs string
+}
+
+func (o *Options) check() error {
+	switch {
+	case o.BinDir == "":
+		return errors.New("soak: no bin dir: want the directory make build fills")
+	case o.Image.Ref == "" || o.Image.Archive == "":
+		return errors.New("soak: no snapshot image: want its archive and reference")
+	case o.Restores < 1:
+		return fmt.Errorf("soak: %d restores: want at least 1", o.Restores)
+	case o.Parallel < 0, o.KillRate < 0 || o.KillRate > 1, o.OrdinaryShare < 0 || o.OrdinaryShare > 1:
+		return fmt.Errorf("soak: parallel %d, kill rate %g, ordinary share %g: want parallel >= 0 and shares in [0, 1]",
+			o.Parallel, o.KillRate, o.OrdinaryShare)
+	}
+	if o.Parallel == 0 {
+		o.Parallel = 8
+	}
+	if o.SettleTimeout == 0 {
+		o.SettleTimeout = 2 * time.Minute
+	}
+	if o.RestoreTimeout == 0 {
+		o.RestoreTimeout = 4 * time.Minute
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = "info"
+	}
+	if o.Seed == 0 {
+		o.Seed = randomSeed()
+	}
+	return nil
+}
+
+// soak is a run in progress.
+type soak struct {
+	opts     Options
+	stack    *devstack.Stack
+	client   *client.Client
+	snConn   *grpc.ClientConn
+	images   map[ImageKind]client.Image
+	pairs    pairs
+	tapNames map[string]struct{}
+	// randomContent is the busybox image's testimage.RandomFile.
+	randomContent string
+}
+
+// Run starts a private containerd, imports the images, warms the caches
+// up, counts, runs the restores, lets the stack settle, counts again and
+// tears the stack down. The error is for a soak that could not run; its
+// findings are in the Result (Result.Err).
+func Run(ctx context.Context, opts Options) (res *Result, err error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	runID := randomHex(3)
+	stack, err := devstack.Start(ctx, devstack.Options{
+		BinDir: opts.BinDir, Namespace: "soak-" + runID, Config: stackConfig(opts), LogLevel: opts.LogLevel,
+	})
+	if err != nil {
+		return nil, err
+	}
+	dir := stack.Dir
+	s := &soak{opts: opts, stack: stack, tapNames: map[string]struct{}{}}
+	defer func() {
+		if opts.Logs != "" {
+			err = errors.Join(err, os.WriteFile(opts.Logs, []byte(stack.Logs()), 0o644))
+		}
+		if err != nil {
+			err = fmt.Errorf("%w\n%s", err, tail(stack.Logs(), logTail))
+		}
+		if cerr := s.close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+		if res != nil {
+			res.Teardown = devstack.Leftovers(dir)
+		}
+	}()
+	if err := s.setup(ctx); err != nil {
+		return nil, err
+	}
+	plans := makePlans(runID, opts.Restores, opts.KillRate, opts.OrdinaryShare, opts.Seed)
+	for _, p := range append(plans, s.warmups(runID)...) {
+		s.tapNames[network.TapName(p.ID)] = struct{}{}
+	}
+	return s.run(ctx, runID, plans)
+}
+
+// stackConfig is the shims' config: the annotation picks the mode, strict
+// makes a mode QEMU cannot do fail rather than fall back, the base image is
+// the snapshot image, and timeouts suit many TCG guests on a busy host.
+func stackConfig(o Options) *config.Config {
+	cfg := config.Default()
+	cfg.Restore.AllowAnnotation = true
+	cfg.Restore.Strict = true
+	if o.OrdinaryShare > 0 {
+		cfg.Restore.BaseImage = o.Image.Ref
+	}
+	cfg.Agent.ConnectTimeout = config.Duration(2 * time.Minute)
+	cfg.Agent.CallTimeout = config.Duration(time.Minute)
+	cfg.Shim.RestoreTimeout = config.Duration(3 * time.Minute)
+	return &cfg
+}
+
+func (s *soak) close() error {
+	var errs []error
+	if s.snConn != nil {
+		errs = append(errs, s.snConn.Close())
+	}
+	return errors.Join(append(errs, s.stack.Close())...)
+}
+
+// run warms up, counts, restores, settles and counts again.
+func (s *soak) run(ctx context.Context, runID string, plans []Plan) (*Result, error) {
+	for _, p := range s.warmups(runID) {
+		if o := s.restore(ctx, p); o.Err != nil {
+			return nil, fmt.Errorf("warm-up restore %s: %w", p, o.Err)
+		}
+	}
+	before, err := s.settle(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Options: s.opts, Before: before, Started: time.Now()}
+	res.Outcomes = s.restoreAll(ctx, plans)
+	res.Wall = time.Since(res.Started)
+	if res.After, err = s.settle(ctx, before); err != nil {
+		return nil, err
+	}
+	res.Moved = Diff(before, res.After)
+	return res, nil
+}
+
+// warmups are restores before the first count, one per image and mode, so
+// the counts start with the caches filled: the flat memory file, the
+// filesystem image, the namespace's cgroup parents.
+func (s *soak) warmups(runID string) []Plan {
+	var out []Plan
+	for _, img := range []ImageKind{ImageChain, ImageOrdinary} {
+		if _, ok := s.images[img]; !ok {
+			continue
+		}
+		for _, m := range []hypervisor.Mode{hypervisor.ModeCopy, hypervisor.ModeMmap} {
+			out = append(out, Plan{Index: -1, ID: fmt.Sprintf("%s-warm-%s-%s", runID, img, m), Mode: m, Image: img, Net: NetPair})
+		}
+	}
+	return out
+}
+
+// restoreAll runs plans, Parallel at a time, each under RestoreTimeout.
+func (s *soak) restoreAll(ctx context.Context, plans []Plan) []Outcome {
+	out := make([]Outcome, len(plans))
+	next := make(chan int)
+	done := make(chan int)
+	for range s.opts.Parallel {
+		go func() {
+			for i := range next {
+				rctx, cancel := context.WithTimeout(ctx, s.opts.RestoreTimeout)
+				out[i] = s.restore(rctx, plans[i])
+				cancel()
+				done <- i
+			}
+		}()
+	}
+	go func() {
+		for i := range plans {
+			next <- i
+		}
+		close(next)
+	}()
+	p := newProgress(s.opts.Progress, len(plans))
+	for range plans {
+		p.add(out[<-done])
+	}
+	return out
+}
+
+// settle waits until the stack is back to want (or, with want nil, until
+// no task is left and two counts in a row agree), collecting containerd's
+// garbage first each time, and returns the last count.
+func (s *soak) settle(ctx context.Context, want Census) (Census, error) {
+	ctx = namespaces.WithNamespace(ctx, s.stack.Namespace)
+	deadline := time.Now().Add(s.opts.SettleTimeout)
+	var last Census
+	for {
+		if err := s.collectGarbage(ctx); err != nil {
+			return nil, err
+		}
+		c, err := s.take(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if want != nil && len(Diff(want, c)) == 0 {
+			return c, nil
+		}
+		if want == nil && idle(c) && last != nil && len(Diff(last, c)) == 0 {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			return c, nil
+		}
+		last = c
+		sleep(ctx, time.Second)
+	}
+}
+
+// idle reports whether c has no task, container, shim or VM.
+func idle(c Census) bool {
+	for _, name := range []string{CountShims, CountQEMU, CountTasks, CountContainers} {
+		if n, _ := c.Get(name); n.Value != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// logTail bounds the daemons' log a failed soak prints.
+const logTail = 64 << 10
+
+// tail is the last n bytes of s, from a line start.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[len(s)-n:]
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return "...\n" + s
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	var v uint64
+	for _, x := range b {
+		v = v<<8 | uint64(x)
+	}
+	return max(v%math.MaxInt64, 1)
+}

@@ -1,0 +1,62 @@
+package manager
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/shim"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+)
+
+// startNaming starts a sleep whose command line names path (as a
+// hypervisor names the sockets in its run dir) and returns a channel
+// closed once it exits.
+func startNaming(t *testing.T, path string) <-chan struct{} {
+	t.Helper()
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// sleep refuses extra operands, but its argv[0] may name anything.
+	cmd := &exec.Cmd{Path: sleep, Args: []string{path, "600"}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	return exited
+}
+
+// TestStopKillsUnrecordedHypervisor: a record written before the
+// hypervisor was spawned has no pid (the shim died in between); `shim
+// delete` kills the process that names the record's run dir, and nothing
+// that names another.
+func TestStopKillsUnrecordedHypervisor(t *testing.T) {
+	runDir := filepath.Join(t.TempDir(), "run", "ns", "t1")
+	vm := startNaming(t, filepath.Join(runDir, "agent.sock"))
+	sibling := startNaming(t, filepath.Join(runDir+"0", "agent.sock"))
+
+	bundle := t.TempDir()
+	if err := state.WriteTask(bundle, &state.Task{ID: "t1", Hypervisor: "qemu", RunDir: runDir}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.WithValue(context.Background(), shim.OptsKey{}, shim.Opts{BundlePath: bundle})
+	if _, err := New(Name).Stop(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-vm:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop left the unrecorded hypervisor naming the run dir running")
+	}
+	select {
+	case <-sibling:
+		t.Fatal("Stop killed a process naming another task's run dir")
+	default:
+	}
+}

@@ -25,6 +25,9 @@ func benchFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 	network := fs.String("network", "1,8", "comma-separated `counts` at which shim mmap also runs with a network namespace per container; empty: off")
 	ordinary := fs.String("ordinary", "1,8", "comma-separated `counts` at which shim mmap also runs an ordinary busybox image; empty: off")
 	convert := fs.String("convert", "0,16M,64M,256M", "comma-separated `sizes` of random data added to a busybox image whose first use (erofs build) is measured; empty: off")
+	baselineNs := fs.String("baseline-n", "1,8", "comma-separated `counts` at which the baseline's shim path runs")
+	fs.StringVar(&o.Baseline, "baseline", "", "`dir`ectory of another build's tree (make build guest there) whose shim path also runs, side by side, in every mode; empty: off")
+	fs.StringVar(&o.BaselineLabel, "baseline-label", "", "what the baseline is, for the results (default its directory)")
 	fs.IntVar(&o.Rounds, "rounds", 5, "times each cell runs; samples are pooled")
 	fs.StringVar(&o.Out, "out", "bench/results", "results `dir`ectory: <date>.json, .md and .svg")
 	fs.StringVar(&o.Readme, "readme", "", "also write the latest tables and chart to this markdown `file`")
@@ -38,6 +41,11 @@ func benchFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 		}
 		if o.OrdinaryNs, err = parseCounts("ordinary", *ordinary, true); err != nil {
 			return err
+		}
+		if o.Baseline != "" {
+			if o.BaselineNs, err = parseCounts("baseline-n", *baselineNs, false); err != nil {
+				return err
+			}
 		}
 		if o.Modes, err = parseModes(*modes); err != nil {
 			return err

@@ -16,11 +16,12 @@ import (
 
 // armSet is every arm a run measures and what they share.
 type armSet struct {
-	arms    []armAt
-	stagers []stager
-	direct  *directPath
-	shim    *shimStack // nil unless an arm runs through containerd
-	cold    *coldArm
+	arms     []armAt
+	stagers  []stager
+	direct   *directPath
+	shim     *shimStack // nil unless an arm runs through containerd
+	baseline *shimStack // the baseline build's, nil without one
+	cold     *coldArm
 }
 
 // stager stages the snapshot chain for one clone and removes it again.
@@ -47,12 +48,20 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 			return set, err
 		}
 	}
+	if o.Baseline != "" {
+		if err := set.openBaseline(ctx, out, o, guestKiB); err != nil {
+			return set, err
+		}
+	}
 	for _, mode := range o.Modes {
 		if set.direct != nil {
 			set.add(armID{Path: PathDirect, Mode: string(mode)}, directArm{p: set.direct, mode: mode}, nil)
 		}
 		if has(PathShim) {
 			set.add(armID{Path: PathShim, Mode: string(mode)}, shimArm{s: set.shim, mode: mode}, nil)
+		}
+		if set.baseline != nil {
+			set.add(armID{Path: PathShim, Mode: string(mode), Variant: VariantBaseline}, shimArm{s: set.baseline, mode: mode}, o.BaselineNs)
 		}
 	}
 	if has(PathRunc) {
@@ -117,6 +126,9 @@ func (set *armSet) close() error {
 	var errs []error
 	if set.shim != nil {
 		errs = append(errs, set.shim.close())
+	}
+	if set.baseline != nil {
+		errs = append(errs, set.baseline.close())
 	}
 	if set.direct != nil {
 		errs = append(errs, set.direct.close())

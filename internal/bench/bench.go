@@ -41,13 +41,19 @@ type Options struct {
 	// whose first use on the node is measured, one image each; none
 	// measures nothing.
 	ConvertPads []int64
-	Rounds      int // times each cell runs; samples are pooled
-	Guest       string
-	Cache       string // the snapshot image cache
-	Memory      string // the snapshot's guest memory, e.g. 512M
-	BinDir      string // make build's binaries
-	Out         string // results dir
-	Readme      string // also write the table and chart here, if set
+	// Baseline, when set, is the tree of another build (make build guest
+	// there) whose shim path also runs, in every mode, at BaselineNs (see
+	// VariantBaseline); BaselineLabel names it in the results.
+	Baseline      string
+	BaselineLabel string
+	BaselineNs    []int
+	Rounds        int // times each cell runs; samples are pooled
+	Guest         string
+	Cache         string // the snapshot image cache
+	Memory        string // the snapshot's guest memory, e.g. 512M
+	BinDir        string // make build's binaries
+	Out           string // results dir
+	Readme        string // also write the table and chart here, if set
 }
 
 func (o Options) validate() error {
@@ -59,12 +65,18 @@ func (o Options) validate() error {
 			return fmt.Errorf("path %q: want one of %v", p, Paths)
 		}
 	}
-	for _, n := range slices.Concat(o.NetworkNs, o.OrdinaryNs) {
+	for _, n := range slices.Concat(o.NetworkNs, o.OrdinaryNs, o.BaselineNs) {
 		if !slices.Contains(o.Ns, n) {
-			return fmt.Errorf("network or ordinary arm at n=%d: not among the counts %v", n, o.Ns)
+			return fmt.Errorf("network, ordinary or baseline arm at n=%d: not among the counts %v", n, o.Ns)
 		}
 	}
-	return nil
+	if o.Baseline == "" {
+		return nil
+	}
+	if !slices.Contains(o.Paths, PathShim) || len(o.BaselineNs) == 0 {
+		return fmt.Errorf("a baseline runs beside the shim path: want the shim path and baseline counts, got paths %v and counts %v", o.Paths, o.BaselineNs)
+	}
+	return checkBaseline(o.Baseline)
 }
 
 // Run runs every cell, writes the results and prints the tables to out.
@@ -88,6 +100,12 @@ func run(ctx context.Context, out io.Writer, o Options) (res *results, err error
 	defer os.RemoveAll(tmp)
 	if res, err = newResults(ctx, img, o.Rounds); err != nil {
 		return nil, err
+	}
+	if o.Baseline != "" {
+		res.Baseline = o.BaselineLabel
+		if res.Baseline == "" {
+			res.Baseline = o.Baseline
+		}
 	}
 	set, err := openArms(ctx, out, o, img, tmp, res.Snapshot.MemoryBytes>>10)
 	defer func() { err = errors.Join(err, set.close()) }()

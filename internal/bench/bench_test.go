@@ -133,6 +133,20 @@ func TestReplaceSection(t *testing.T) {
 	}
 }
 
+// baselineTree is a directory laid out as a built tree.
+func baselineTree(t *testing.T) string {
+	dir := t.TempDir()
+	for _, p := range []string{"bin/containerd-shim-cocoon-v2", "bin/cocoon-snapshotter", "bin/cocoonctl", "bin/containerd", "build/guest/initramfs.cpio.gz"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 func TestOptionsValidate(t *testing.T) {
 	ok := Options{Ns: []int{1, 8}, Paths: Paths, NetworkNs: []int{8}, Rounds: 1}
 	tests := []struct {
@@ -146,6 +160,13 @@ func TestOptionsValidate(t *testing.T) {
 		{"unknown path", func(o *Options) { o.Paths = []string{"kata"} }, false},
 		{"network at a count not run", func(o *Options) { o.NetworkNs = []int{4} }, false},
 		{"ordinary at a count not run", func(o *Options) { o.OrdinaryNs = []int{16} }, false},
+		{"baseline", func(o *Options) { o.Baseline, o.BaselineNs = baselineTree(t), []int{1} }, true},
+		{"baseline without a build", func(o *Options) { o.Baseline, o.BaselineNs = t.TempDir(), []int{1} }, false},
+		{"baseline at a count not run", func(o *Options) { o.Baseline, o.BaselineNs = baselineTree(t), []int{4} }, false},
+		{"baseline without counts", func(o *Options) { o.Baseline = baselineTree(t) }, false},
+		{"baseline without the shim path", func(o *Options) {
+			o.Baseline, o.BaselineNs, o.Paths = baselineTree(t), []int{1}, []string{PathDirect}
+		}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

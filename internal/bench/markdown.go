@@ -17,6 +17,7 @@ func (r *results) markdown(chart string) string {
 	b.WriteString(legend)
 	r.cellTable(&b)
 	r.alternativeTable(&b)
+	r.baselineTable(&b)
 	r.ratioTables(&b)
 	r.variantTable(&b, "With a network namespace (a veth to another namespace, as CNI leaves one) against containerd's default spec (a new namespace the shim makes, nothing to connect)",
 		"shim mmap", "with network", r.Network)
@@ -40,7 +41,8 @@ const legend = "Create to running: from creating the container (or staging the s
 	"`direct` is restore.Run on the QEMU driver over an in-process snapshotter; `shim` is containerd v2.4.2 + cocoon-snapshotter + the cocoon shim, driven by the Go client; " +
 	"`runc` is the same containerd with Debian's runc, containerd-shim-runc-v2 v2.4.2 and overlayfs running the same command in a busybox image; " +
 	"`cold` boots the snapshot's guest (same kernel, initramfs, command line, memory) with the QEMU driver instead of restoring it, to its agent and the process started: what a VM runtime without snapshots pays. " +
-	"`network` gives each shim clone a network namespace with a veth; `ordinary` runs the busybox image on the snapshot image as base.\n\n" +
+	"`network` gives each shim clone a network namespace with a veth; `ordinary` runs the busybox image on the snapshot image as base; " +
+	"`baseline` is the shim path of another build (its shim, snapshotter, guest and snapshot image, through its own containerd), right after this build's.\n\n" +
 	"VMM is the hypervisor's part (fill + spawn + load + resume, or a cold boot's start), what the restore mode changes; guest is the guest's part (agent + init + process started: sum of medians; for a cold boot the agent phase holds the kernel's boot); " +
 	"outside is what no phase covers (on the shim path starting the shim and the task RPCs through containerd; the container phase is the client's NewContainer, which stages the snapshot). Phases are per-clone medians. " +
 	"PSS (smaps_rollup) splits shared page cache among the clones mapping it; a copy restore also holds its guest RAM in a memfd whose untouched pages PSS does not count: held is PSS with the whole memfd instead. " +

@@ -115,6 +115,7 @@ func (r *results) fillRatios() {
 			r.Ordinary = append(r.Ordinary, v)
 		}
 	}
+	r.Baselines = cs.baselines()
 }
 
 // alternative is the row for N if runc or a cold boot ran at N.

@@ -24,6 +24,10 @@ type results struct {
 	Alternatives []alternative  `json:"alternatives,omitempty"`
 	Network      []variantRatio `json:"network,omitempty"`
 	Ordinary     []variantRatio `json:"ordinary,omitempty"`
+	// Baseline names the build the baseline arms ran (Options.Baseline);
+	// Baselines compare this build with it.
+	Baseline  string          `json:"baseline,omitempty"`
+	Baselines []baselineRatio `json:"baselines,omitempty"`
 }
 
 // loadInfo is the machine's 1-minute load average when the run began and

@@ -97,3 +97,28 @@ func TestLogAxis(t *testing.T) {
 		}
 	}
 }
+
+// TestBaselineRatios: a baseline cell is compared with the shim cell of
+// its mode and N, guest phases and outside time included.
+func TestBaselineRatios(t *testing.T) {
+	guest := func(agent, init, started int) []phase {
+		return []phase{{"spawn", d(20)}, {"agent", d(agent)}, {"init", d(init)}, {"process started", d(started)}}
+	}
+	r := &results{Baseline: "1d6573d", Cells: []cellResult{
+		cell(armID{Path: PathShim, Mode: "mmap"}, 1, 200, guest(20, 40, 40)...),
+		cell(armID{Path: PathShim, Mode: "mmap", Variant: VariantBaseline}, 1, 320, guest(50, 60, 90)...),
+		cell(armID{Path: PathShim, Mode: "copy", Variant: VariantBaseline}, 1, 400, guest(50, 60, 90)...),
+	}}
+	r.fillRatios()
+	want := baselineRatio{N: 1, Mode: "mmap", BaselineGuestP50Ms: 200, GuestP50Ms: 100, GuestOverBaseline: 0.5,
+		BaselineP50Ms: 320, P50Ms: 200, P50OverBaseline: 0.63, BaselineOutsideP50Ms: 100, OutsideP50Ms: 80}
+	if len(r.Baselines) != 1 || r.Baselines[0] != want {
+		t.Errorf("baselines = %+v, want only %+v (no shim copy cell to compare with)", r.Baselines, want)
+	}
+	md := r.markdown("")
+	for _, s := range []string{"Against the baseline (1d6573d)", "| 1 | mmap | 200 / 100 | 0.50× | 320 / 200 | 0.63× | 100 / 80 |", "| 1 | shim mmap baseline |"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md)
+		}
+	}
+}

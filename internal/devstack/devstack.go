@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"text/template"
@@ -256,7 +257,7 @@ func (s *Stack) writeCocoonConfig(c *config.Config) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("cocoon config: %w", err)
 	}
-	data, err := toml.Marshal(cfg)
+	data, err := encodeChanges(cfg)
 	if err != nil {
 		return fmt.Errorf("encode cocoon config: %w", err)
 	}
@@ -264,6 +265,44 @@ func (s *Stack) writeCocoonConfig(c *config.Config) error {
 		return fmt.Errorf("write cocoon config: %w", err)
 	}
 	return nil
+}
+
+// encodeChanges writes the keys of c that differ from the defaults: what
+// the file needs, and all an older build's strict parser must know (a
+// benchmark's baseline runs one).
+func encodeChanges(c config.Config) ([]byte, error) {
+	var have, def map[string]any
+	for _, x := range []struct {
+		cfg config.Config
+		m   *map[string]any
+	}{{c, &have}, {config.Default(), &def}} {
+		data, err := toml.Marshal(x.cfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := toml.Unmarshal(data, x.m); err != nil {
+			return nil, err
+		}
+	}
+	return toml.Marshal(changes(have, def))
+}
+
+// changes is what of have differs from def, table by table.
+func changes(have, def map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range have {
+		sub, isTable := v.(map[string]any)
+		defSub, _ := def[k].(map[string]any)
+		switch {
+		case isTable:
+			if c := changes(sub, defSub); len(c) > 0 {
+				out[k] = c
+			}
+		case !reflect.DeepEqual(v, def[k]):
+			out[k] = v
+		}
+	}
+	return out
 }
 
 const containerdConfigTemplate = `version = 3

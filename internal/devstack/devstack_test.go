@@ -5,11 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -179,4 +181,30 @@ func cgroupDirs(t *testing.T, ns string) []string {
 		dirs = append(dirs, filepath.Join(m.Mountpoint, ns))
 	}
 	return dirs
+}
+
+// TestConfigHoldsOnlyChanges: the cocoon config the stack writes holds the
+// keys that differ from the defaults, and reads back as the config given.
+func TestConfigHoldsOnlyChanges(t *testing.T) {
+	cfg := config.Default()
+	cfg.Restore.AllowAnnotation = true
+	cfg.Shim.RunDir = "/run/elsewhere"
+	data, err := encodeChanges(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	if !strings.Contains(text, "allow_annotation = true") || !strings.Contains(text, "/run/elsewhere") || strings.Contains(text, "max_rootfs_size") {
+		t.Errorf("config %q, want only the changed keys", text)
+	}
+	got, err := config.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, cfg) {
+		t.Errorf("config read back as %+v, want %+v", got, cfg)
+	}
+	if data, err := encodeChanges(config.Default()); err != nil || strings.TrimSpace(string(data)) != "" {
+		t.Errorf("defaults encode as %q (%v), want nothing", data, err)
+	}
 }

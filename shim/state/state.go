@@ -177,15 +177,15 @@ func writeSynced(path string, data []byte) error {
 	return nil
 }
 
-// writeRenamed writes data to path through a temp file and a rename,
-// without syncing.
+// writeRenamed writes data to path through a temp file (mode 0600) and a
+// rename, without syncing.
 func writeRenamed(path string, data []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-")
 	if err != nil {
 		return fmt.Errorf("create %s: %w", path, err)
 	}
 	_, err = f.Write(data)
-	err = errors.Join(err, f.Chmod(0o600), f.Close())
+	err = errors.Join(err, f.Close())
 	if err == nil {
 		err = os.Rename(f.Name(), path)
 	}

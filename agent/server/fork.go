@@ -110,12 +110,8 @@ func (f *forked) forkOnThread(s *procSpec, childEnds []*os.File, asUser bool) er
 // its user with asUser), stops it for good if held, and lets it go.
 func (f *forked) setUp(s *procSpec, asUser bool) error {
 	pid := f.cmd.Process.Pid
-	var ws unix.WaitStatus
-	if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
-		return fmt.Errorf("wait for the exec: %w", err)
-	}
-	if !ws.Stopped() {
-		return fmt.Errorf("the process ended before it ran (%v): %w", ws, errdefs.ErrFailedPrecondition)
+	if err := awaitExec(pid); err != nil {
+		return err
 	}
 	if asUser && len(s.rlimits) > 0 {
 		if err := actAs(s.uid, s.gid); err != nil {
@@ -134,6 +130,26 @@ func (f *forked) setUp(s *procSpec, asUser bool) error {
 		return fmt.Errorf("let the process go: %w", err)
 	}
 	return nil
+}
+
+// awaitExec waits for the traced child's stop after its exec (SIGTRAP),
+// passing on any signal it got before.
+func awaitExec(pid int) error {
+	for {
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
+			return fmt.Errorf("wait for the exec: %w", err)
+		}
+		switch {
+		case !ws.Stopped():
+			return fmt.Errorf("the process ended before it ran (%v): %w", ws, errdefs.ErrFailedPrecondition)
+		case ws.StopSignal() == unix.SIGTRAP:
+			return nil
+		}
+		if err := unix.PtraceCont(pid, int(ws.StopSignal())); err != nil {
+			return fmt.Errorf("pass signal %v on to the process: %w", ws.StopSignal(), err)
+		}
+	}
 }
 
 // stopIfHeld stops a process still held: pending when the trace ends,

@@ -67,6 +67,16 @@ type Link struct {
 	id digest.Digest
 }
 
+// RestoresOn fails unless the link restores on the hypervisor name: a link
+// is hypervisor-specific (its state files are that hypervisor's). The one
+// owner of that rule, for the policy and every driver.
+func (l *Link) RestoresOn(name string) error {
+	if l.Hypervisor != name {
+		return fmt.Errorf("the snapshot was made by %q and restores only there, not on %q", l.Hypervisor, name)
+	}
+	return nil
+}
+
 // ID is the sha256 of the link.json bytes as written. It is set by ReadLink,
 // OpenStaged and the writers; a Link built by hand has none.
 func (l *Link) ID() digest.Digest { return l.id }

@@ -14,6 +14,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
 // The hypervisors cocoon drives, named as chain links and config.toml name them.
@@ -110,6 +112,9 @@ type RestoreRequest struct {
 	// The driver never removes its memory: a failed restore must leave it
 	// for a retry, and only the caller knows when the restore has succeeded.
 	StagedDir string
+	// Staged, if set, is StagedDir's chain as the caller read it (the
+	// policy decides on it), so the driver does not read it again.
+	Staged *chain.Staged
 	// RunDir is private to this VM: sockets, logs, patched configs. The
 	// driver creates it and removes it when the VM is closed or fails.
 	RunDir string
@@ -145,6 +150,22 @@ type NIC struct {
 	// so the VMM's open fails with EBUSY while it is open (the caller's Close then returns
 	// os.ErrClosed).
 	TapFile *os.File
+}
+
+// OpenStaged returns the staged chain, read once: r.Staged, else what
+// StagedDir holds; it fails unless the chain restores on hypervisor name.
+func (r RestoreRequest) OpenStaged(name string) (*chain.Staged, error) {
+	s := r.Staged
+	if s == nil {
+		var err error
+		if s, err = chain.OpenStaged(r.StagedDir); err != nil {
+			return nil, fmt.Errorf("open staged chain: %w", err)
+		}
+	}
+	if err := s.Top().RestoresOn(name); err != nil {
+		return nil, fmt.Errorf("staged chain in %s: %w", r.StagedDir, err)
+	}
+	return s, nil
 }
 
 // Phase reports d for phase to r.OnPhase, if set.

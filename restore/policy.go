@@ -101,9 +101,8 @@ func checkInputs(in Inputs) error {
 	if in.Link == nil {
 		return errors.New("decide restore mode: no chain link: the plan depends on the guest's OS and memory flags")
 	}
-	if in.Link.Hypervisor != in.Hypervisor {
-		return fmt.Errorf("decide restore mode: the link was made by %q and restores only there, not on %q",
-			in.Link.Hypervisor, in.Hypervisor)
+	if err := in.Link.RestoresOn(in.Hypervisor); err != nil {
+		return fmt.Errorf("decide restore mode: %w", err)
 	}
 	if len(in.Caps.RestoreModes) == 0 {
 		return fmt.Errorf("decide restore mode: %s reports no restore modes", in.Hypervisor)

@@ -36,7 +36,10 @@ type Request struct {
 	// StagedDir is the snapshotter's staged directory; RunDir is private
 	// to this VM (the driver creates and removes it).
 	StagedDir, RunDir string
-	Plan              Plan
+	// Staged is StagedDir's chain as the caller read it to plan; nil has
+	// the driver read it.
+	Staged *chain.Staged
+	Plan   Plan
 	// Hostname is set in the guest after restore.
 	Hostname string
 	// AgentTimeout bounds waiting for the guest agent after resume, and
@@ -99,6 +102,7 @@ func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 	rec := &recorder{}
 	vm, err := d.Restore(ctx, hypervisor.RestoreRequest{
 		StagedDir: r.StagedDir,
+		Staged:    r.Staged,
 		RunDir:    r.RunDir,
 		Mode:      r.Plan.Mode,
 		OnPhase:   rec.add,

@@ -34,7 +34,7 @@ func (d *Driver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (hy
 }
 
 func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*VM, error) {
-	staged, shape, err := openStaged(req.StagedDir)
+	staged, shape, err := openStaged(req)
 	if err != nil {
 		return nil, err
 	}
@@ -106,17 +106,14 @@ func (d *Driver) restoreLaunch(shape Shape, req hypervisor.RestoreRequest) (laun
 	return launch{Shape: shape, Accel: accel, CPU: cpu, Disk: req.Disk, Incoming: true}, a, nil
 }
 
-// openStaged reads the staged chain and the top link's machine shape, and
-// checks they describe the same QEMU guest.
-func openStaged(dir string) (*chain.Staged, Shape, error) {
-	staged, err := chain.OpenStaged(dir)
+// openStaged takes the staged chain and reads the top link's machine
+// shape, and checks they describe the same QEMU guest.
+func openStaged(req hypervisor.RestoreRequest) (*chain.Staged, Shape, error) {
+	staged, err := req.OpenStaged(Name)
 	if err != nil {
-		return nil, Shape{}, fmt.Errorf("open staged chain: %w", err)
+		return nil, Shape{}, err
 	}
 	top := staged.Top()
-	if top.Hypervisor != Name {
-		return nil, Shape{}, fmt.Errorf("staged chain in %s is for %q, not %q", dir, top.Hypervisor, Name)
-	}
 	shape, err := ReadShape(staged.StatePath(ShapeFile))
 	if err != nil {
 		return nil, Shape{}, err

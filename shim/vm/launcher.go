@@ -137,6 +137,7 @@ func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchR
 // budget and run dir, what the guest gets, and its network.
 type prepared struct {
 	src    source
+	staged *chain.Staged
 	plan   restore.Plan
 	budget task.MemoryBudget
 	runDir string
@@ -145,11 +146,12 @@ type prepared struct {
 }
 
 func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source) (prepared, error) {
-	plan, top, err := decide(ctx, d, cfg, r, src.dir)
+	plan, staged, err := decide(ctx, d, cfg, r, src.dir)
 	if err != nil {
 		return prepared{}, err
 	}
-	p := prepared{src: src, plan: plan, budget: task.MemoryBudget{Guest: top.MemoryBytes, Headroom: int64(cfg.Shim.MemoryHeadroom)}}
+	p := prepared{src: src, staged: staged, plan: plan,
+		budget: task.MemoryBudget{Guest: staged.Top().MemoryBytes, Headroom: int64(cfg.Shim.MemoryHeadroom)}}
 	if err := p.budget.Check(resourcesOf(r.Spec)); err != nil {
 		return prepared{}, err
 	}
@@ -176,6 +178,7 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		Network: p.net.record(), Base: p.src.record()}
 	res, err := restore.Run(ctx, loadedDriver{Driver: d, req: r, spawn: spawn, net: p.net}, restore.Request{
 		StagedDir:    p.src.dir,
+		Staged:       p.staged,
 		RunDir:       p.runDir,
 		Plan:         p.plan,
 		Hostname:     r.Hostname,
@@ -237,8 +240,9 @@ func resourcesOf(spec *specs.Spec) *specs.LinuxResources {
 	return spec.Linux.Resources
 }
 
-// decide reads the staged chain's top link and asks the policy for a plan.
-func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest, dir string) (restore.Plan, *chain.Link, error) {
+// decide reads the staged chain, once for the whole restore, and asks the
+// policy for a plan.
+func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest, dir string) (restore.Plan, *chain.Staged, error) {
 	staged, err := chain.OpenStaged(dir)
 	if err != nil {
 		return restore.Plan{}, nil, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
@@ -258,7 +262,7 @@ func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.
 	} else {
 		entry.Info("restore plan")
 	}
-	return plan, staged.Top(), nil
+	return plan, staged, nil
 }
 
 // runDirOf is the VM's private directory, <shim.run_dir>/<namespace>/<id>;

@@ -23,12 +23,9 @@ func Open(ctx context.Context, d hypervisor.Driver, req hypervisor.RestoreReques
 	if !caps.Supports(req.Mode) {
 		return nil, caps, fmt.Errorf("restore mode %q: %s (%s) supports %v", req.Mode, d.Name(), caps.Build, caps.RestoreModes)
 	}
-	staged, err := chain.OpenStaged(req.StagedDir)
+	staged, err := req.OpenStaged(d.Name())
 	if err != nil {
 		return nil, caps, err
-	}
-	if h := staged.Top().Hypervisor; h != d.Name() {
-		return nil, caps, fmt.Errorf("staged chain %s is a %s snapshot, not %s", req.StagedDir, h, d.Name())
 	}
 	return staged, caps, nil
 }

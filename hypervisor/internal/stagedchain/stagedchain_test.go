@@ -59,7 +59,7 @@ func TestOpen(t *testing.T) {
 	}{
 		{"suits", "vmm", hypervisor.ModeCopy, ""},
 		{"mode not offered", "vmm", hypervisor.ModeMmap, `restore mode "mmap": vmm (vmm v1) supports [copy]`},
-		{"other hypervisor's chain", "qemu", hypervisor.ModeCopy, "is a qemu snapshot, not vmm"},
+		{"other hypervisor's chain", "qemu", hypervisor.ModeCopy, `made by "qemu" and restores only there, not on "vmm"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

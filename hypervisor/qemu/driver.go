@@ -106,6 +106,17 @@ func (d *Driver) Accel() (accel, reason string, err error) {
 // source a snapshot is baked from: its NIC has no backend and its rootfs
 // slot is empty, so every restore chooses both.
 func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
+	// QEMU runs in its run directory: every path it is given is absolute.
+	for _, p := range []*string{&spec.Kernel, &spec.Initrd, &spec.RunDir, &spec.MemPath} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("boot spec path %s: %w", *p, err)
+		}
+		*p = abs
+	}
 	accel, cpu, reason, err := d.hostMachine()
 	if err != nil {
 		return nil, err

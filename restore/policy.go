@@ -50,16 +50,16 @@ type Host struct {
 
 // Plan is the policy's decision.
 type Plan struct {
-	Mode hypervisor.Mode
+	Mode hypervisor.Mode `json:"mode"`
 	// ReleaseAfterLoad: copy restores drop the staged memory link once the
 	// hypervisor has loaded it and the guest is up (Run does it), so they
 	// never pin the flat cache.
-	ReleaseAfterLoad bool
+	ReleaseAfterLoad bool `json:"releaseAfterLoad"`
 	// Reasons explain every step of the decision, in order.
-	Reasons []string
+	Reasons []string `json:"reasons,omitempty"`
 	// Warnings are the steps an operator should look at: fallbacks,
 	// ignored annotations, overridden requests.
-	Warnings []string
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // request is the mode asked for and who asked for it.

@@ -221,7 +221,7 @@ func BenchmarkRunQEMU(b *testing.B) {
 				res.Agent.Close()
 				res.VM.Close()
 				for _, p := range res.Report.Phases {
-					sums[p.Name] += p.Duration
+					sums[p.Name] += p.Duration.D()
 				}
 				sums["total"] += res.Report.Total
 				n++

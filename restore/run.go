@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
@@ -70,8 +71,8 @@ type GuestSetup struct {
 
 // Phase is how long one step of a restore took.
 type Phase struct {
-	Name     string
-	Duration time.Duration
+	Name     string          `json:"name"`
+	Duration config.Duration `json:"duration"`
 }
 
 // Report is what a restore did and how long each step took.
@@ -254,7 +255,7 @@ type recorder struct {
 func (r *recorder) add(name string, d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.phases = append(r.phases, Phase{Name: name, Duration: d})
+	r.phases = append(r.phases, Phase{Name: name, Duration: config.Duration(d)})
 }
 
 // time runs f and records its duration under name if it succeeds.
@@ -277,7 +278,7 @@ func (r *recorder) list() []Phase {
 func (r Report) String() string {
 	var b strings.Builder
 	for _, p := range r.Phases {
-		fmt.Fprintf(&b, "%s=%s ", p.Name, p.Duration.Round(time.Microsecond))
+		fmt.Fprintf(&b, "%s=%s ", p.Name, p.Duration.D().Round(time.Microsecond))
 	}
 	fmt.Fprintf(&b, "total=%s", r.Total.Round(time.Microsecond))
 	return b.String()

@@ -18,6 +18,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
 
@@ -433,7 +434,7 @@ func phaseNames(r Report) []string {
 }
 
 func TestReportString(t *testing.T) {
-	r := Report{Phases: []Phase{{"spawn", time.Millisecond}, {"load", 1500 * time.Microsecond}}, Total: 3 * time.Millisecond}
+	r := Report{Phases: []Phase{{"spawn", config.Duration(time.Millisecond)}, {"load", config.Duration(1500 * time.Microsecond)}}, Total: 3 * time.Millisecond}
 	if got, want := r.String(), "spawn=1ms load=1.5ms total=3ms"; got != want {
 		t.Errorf("String = %q, want %q", got, want)
 	}

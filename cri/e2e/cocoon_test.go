@@ -158,7 +158,7 @@ func TestCocoonRestoreModeAnnotation(t *testing.T) {
 			p := n.runPod(t, "mode-"+mode, devstack.CocoonHandler, map[string]string{restore.AnnotationMode: mode})
 			ctr := n.createCocoon(t, p, "app-"+mode, nil)
 			n.startCocoon(t, ctr)
-			if r := n.report(t, ctr); r.Plan.Mode != mode {
+			if r := n.report(t, ctr); string(r.Plan.Mode) != mode {
 				t.Fatalf("%s restored in %q mode (reasons %v), want %s", ctr, r.Plan.Mode, r.Plan.Reasons, mode)
 			}
 			n.crictl(t, "rmp", "-f", p.id)

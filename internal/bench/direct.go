@@ -147,7 +147,7 @@ func (a directArm) start(ctx context.Context, id string) (*clone, error) {
 	c := &clone{pid: res.VM.PID(), guestKiB: p.link.MemoryBytes >> 10, ready: time.Since(start), stop: stop}
 	c.phases = append(c.phases, phase{Name: phaseStage, Duration: staged})
 	for _, ph := range res.Report.Phases {
-		c.phases = append(c.phases, phase{Name: ph.Name, Duration: ph.Duration})
+		c.phases = append(c.phases, phase{Name: ph.Name, Duration: ph.Duration.D()})
 	}
 	c.phases = append(c.phases, phase{Name: phaseStarted, Duration: time.Since(execStart)})
 	return c, nil

@@ -255,7 +255,7 @@ func TestRestoreModeAnnotation(t *testing.T) {
 			t.Fatal(err)
 		}
 		report := readReport(t, c, id)
-		if report.Plan.Mode != mode {
+		if string(report.Plan.Mode) != mode {
 			t.Fatalf("annotation %s restored in %s mode (reasons %v)", mode, report.Plan.Mode, report.Plan.Reasons)
 		}
 		t.Logf("%s restore: total %s, phases %s", mode, time.Duration(report.Total), phaseList(report.Phases))

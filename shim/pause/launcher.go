@@ -11,6 +11,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
@@ -56,7 +57,7 @@ func (Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox
 		Guest:      guest{p},
 		Hypervisor: Hypervisor,
 		Plan:       state.Plan{Mode: "none", Reasons: []string{"pod sandbox: a host process holds the pod's network namespace and cgroup; each app container restores its own VM"}},
-		Phases:     []state.Phase{{Name: "spawn", Duration: state.Duration(time.Since(began))}},
+		Phases:     []state.Phase{{Name: "spawn", Duration: config.Duration(time.Since(began))}},
 	}
 	if r.Spawned != nil {
 		r.Spawned(task.Spawn{PID: p.PID(), Hypervisor: Hypervisor, Plan: sb.Plan})

@@ -17,6 +17,9 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/atomicfile"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
 )
 
 const (
@@ -66,18 +69,10 @@ type Base struct {
 }
 
 // Plan is the restore plan the policy chose, with its reasons.
-type Plan struct {
-	Mode             string   `json:"mode"`
-	ReleaseAfterLoad bool     `json:"releaseAfterLoad"`
-	Reasons          []string `json:"reasons,omitempty"`
-	Warnings         []string `json:"warnings,omitempty"`
-}
+type Plan = restore.Plan
 
 // Phase is how long one step of the restore took.
-type Phase struct {
-	Name     string   `json:"name"`
-	Duration Duration `json:"duration"`
-}
+type Phase = restore.Phase
 
 // Exit is a process's exit status and time.
 type Exit struct {
@@ -88,31 +83,13 @@ type Exit struct {
 // Report is the restore report: what was restored, how, why, and how long
 // each phase took.
 type Report struct {
-	ID         string    `json:"id"`
-	Hypervisor string    `json:"hypervisor"`
-	StagedDir  string    `json:"stagedDir"`
-	Plan       Plan      `json:"plan"`
-	Phases     []Phase   `json:"phases"`
-	Total      Duration  `json:"total"`
-	CreatedAt  time.Time `json:"createdAt"`
-}
-
-// Duration is a time.Duration written as Go writes it ("12.5ms").
-type Duration time.Duration
-
-// MarshalText writes the duration as a Go duration string.
-func (d Duration) MarshalText() ([]byte, error) {
-	return []byte(time.Duration(d).String()), nil
-}
-
-// UnmarshalText parses a Go duration string.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return fmt.Errorf("bad duration %q: %w", b, err)
-	}
-	*d = Duration(v)
-	return nil
+	ID         string          `json:"id"`
+	Hypervisor string          `json:"hypervisor"`
+	StagedDir  string          `json:"stagedDir"`
+	Plan       Plan            `json:"plan"`
+	Phases     []Phase         `json:"phases"`
+	Total      config.Duration `json:"total"`
+	CreatedAt  time.Time       `json:"createdAt"`
 }
 
 // WriteTask persists t in bundle atomically and durably.

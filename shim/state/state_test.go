@@ -1,6 +1,8 @@
 package state
 
 import (
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+
 	"errors"
 	"os"
 	"os/exec"
@@ -52,7 +54,7 @@ func TestReadTaskMissing(t *testing.T) {
 
 func TestReportDurationsAreReadable(t *testing.T) {
 	bundle := t.TempDir()
-	r := &Report{ID: "t1", Plan: Plan{Mode: "copy"}, Total: Duration(1500 * time.Millisecond)}
+	r := &Report{ID: "t1", Plan: Plan{Mode: "copy"}, Total: config.Duration(1500 * time.Millisecond)}
 	if err := WriteReport(bundle, r); err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +79,8 @@ func TestReportDurationsAreReadable(t *testing.T) {
 func TestReportReplaced(t *testing.T) {
 	bundle := t.TempDir()
 	for _, phases := range [][]Phase{
-		{{Name: "spawn", Duration: Duration(time.Millisecond)}},
-		{{Name: "spawn", Duration: Duration(time.Millisecond)}, {Name: "process started", Duration: Duration(2 * time.Millisecond)}},
+		{{Name: "spawn", Duration: config.Duration(time.Millisecond)}},
+		{{Name: "spawn", Duration: config.Duration(time.Millisecond)}, {Name: "process started", Duration: config.Duration(2 * time.Millisecond)}},
 	} {
 		if err := WriteReport(bundle, &Report{ID: "t1", Phases: phases}); err != nil {
 			t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -113,7 +114,7 @@ func (s *Service) release(id string) {
 // began: reading the bundle, the launcher's, then what is left of the
 // setup once the guest is up.
 func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spec, init *process, began time.Time) (_ *task, retErr error) {
-	phases := []state.Phase{{Name: PhaseBundle, Duration: state.Duration(time.Since(began))}}
+	phases := []state.Phase{{Name: PhaseBundle, Duration: config.Duration(time.Since(began))}}
 	setup := newVMSetup(req, spec)
 	req.Starting, req.Spawned = setup.starting, setup.spawned
 	sb, err := s.launcher.Launch(ctx, req)
@@ -131,7 +132,7 @@ func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spe
 	if err != nil {
 		return nil, err
 	}
-	phases = append(append(phases, sb.Phases...), state.Phase{Name: PhaseRecord, Duration: state.Duration(time.Since(finishing))})
+	phases = append(append(phases, sb.Phases...), state.Phase{Name: PhaseRecord, Duration: config.Duration(time.Since(finishing))})
 	t := newTask(ctx, req.ID, req.Bundle, sb, rec, init, s.send)
 	t.cg, t.created, t.namespace, t.phases = cg, began, req.Namespace, phases
 	if err := t.writeReport(ctx); err != nil {

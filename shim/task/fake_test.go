@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/errdefs"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
@@ -388,7 +389,7 @@ func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, err
 		Hypervisor: "fake",
 		RunDir:     "/run/cocoon/fake",
 		Plan:       state.Plan{Mode: "mmap", Reasons: []string{"best mode the fake offers"}},
-		Phases:     []state.Phase{{Name: "spawn", Duration: state.Duration(time.Millisecond)}},
+		Phases:     []state.Phase{{Name: "spawn", Duration: config.Duration(time.Millisecond)}},
 		Memory:     l.memory,
 	}
 	if r.Spawned != nil && !l.silent {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -54,7 +55,7 @@ func (t *task) writeReport(ctx context.Context) error {
 // recordPhase adds a phase to the report.
 func (t *task) recordPhase(ctx context.Context, name string, d time.Duration) {
 	t.recMu.Lock()
-	t.phases = append(t.phases, state.Phase{Name: name, Duration: state.Duration(d)})
+	t.phases = append(t.phases, state.Phase{Name: name, Duration: config.Duration(d)})
 	t.recMu.Unlock()
 	if err := t.writeReport(ctx); err != nil {
 		log.G(ctx).WithError(err).WithField("id", t.id).Warn("record restore phase")

@@ -49,11 +49,11 @@ func (c *phaseClock) lap(name string) {
 	c.last = now
 	for i := range c.phases {
 		if c.phases[i].Name == name {
-			c.phases[i].Duration += d
+			c.phases[i].Duration += config.Duration(d)
 			return
 		}
 	}
-	c.phases = append(c.phases, restore.Phase{Name: name, Duration: d})
+	c.phases = append(c.phases, restore.Phase{Name: name, Duration: config.Duration(d)})
 }
 
 // Launcher restores VMs with the driver the config names.
@@ -98,7 +98,7 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err != nil {
 		return nil, errors.Join(err, p.net.Release(), src.base.Release())
 	}
-	sb.Phases = phaseRecords(append(clock.phases, restored...))
+	sb.Phases = append(clock.phases, restored...)
 	return sb, nil
 }
 
@@ -174,7 +174,7 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
 	netns, nic := p.net.attach()
-	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: p.runDir, Plan: planRecord(p.plan), Memory: p.budget,
+	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: p.runDir, Plan: p.plan, Memory: p.budget,
 		Network: p.net.record(), Base: p.src.record()}
 	res, err := restore.Run(ctx, loadedDriver{Driver: d, req: r, spawn: spawn, net: p.net}, restore.Request{
 		StagedDir:    p.src.dir,
@@ -273,21 +273,4 @@ func runDirOf(cfg config.Config, r task.LaunchRequest) (string, error) {
 		return "", fmt.Errorf("create run dir parent: %w", err)
 	}
 	return filepath.Join(parent, r.ID), nil
-}
-
-func planRecord(p restore.Plan) state.Plan {
-	return state.Plan{
-		Mode:             string(p.Mode),
-		ReleaseAfterLoad: p.ReleaseAfterLoad,
-		Reasons:          p.Reasons,
-		Warnings:         p.Warnings,
-	}
-}
-
-func phaseRecords(phases []restore.Phase) []state.Phase {
-	out := make([]state.Phase, 0, len(phases))
-	for _, p := range phases {
-		out = append(out, state.Phase{Name: p.Name, Duration: state.Duration(p.Duration)})
-	}
-	return out
 }

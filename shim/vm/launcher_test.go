@@ -70,7 +70,7 @@ func TestLaunchPlan(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = sb.Guest.Close(); _ = sb.VM.Close() })
-			if sb.Plan.Mode != tt.wantMode || string(d.restores[0].Mode) != tt.wantMode {
+			if string(sb.Plan.Mode) != tt.wantMode || string(d.restores[0].Mode) != tt.wantMode {
 				t.Fatalf("plan mode %q, driver asked for %q; want %q", sb.Plan.Mode, d.restores[0].Mode, tt.wantMode)
 			}
 			if got := strings.Join(sb.Plan.Warnings, "; "); !strings.Contains(got, tt.wantWarning) || (tt.wantWarning == "" && got != "") {

@@ -54,21 +54,7 @@ func TestInitAndShutdown(t *testing.T) {
 
 // TestDialTimeout: with nothing answering, dialing fails when ctx ends.
 func TestDialTimeout(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "s")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // accept, never answer
-		}
-	}()
+	sock := silentListener(t)
 	for _, tc := range []struct {
 		name string
 		dial func(ctx context.Context) (net.Conn, error)
@@ -181,21 +167,7 @@ func TestEagerSession(t *testing.T) {
 		t.Errorf("guest hostname %q, want eager", got)
 	}
 
-	sock := filepath.Join(t.TempDir(), "s")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // accept, never answer
-		}
-	}()
+	sock := silentListener(t)
 	sctx, scancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer scancel()
 	silent, err := agent.Connect(agent.Eager(sctx), func(ctx context.Context) (net.Conn, error) { return agent.DialUnix(ctx, sock) })
@@ -206,4 +178,32 @@ func TestEagerSession(t *testing.T) {
 	if err := silent.Accepted(sctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Accepted of a silent guest: %v, want deadline exceeded", err)
 	}
+}
+
+// silentListener is a unix socket that accepts connections and never
+// answers on them; it closes with t.
+func silentListener(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // accept, never answer
+		}
+	}()
+	return sock
 }

@@ -78,20 +78,8 @@ func TestContainerdImportRejectsCorruptData(t *testing.T) {
 // importAndStage imports archive into a private containerd, stages a
 // container snapshot on its top link and checks the staged memory.
 func importAndStage(t *testing.T, ref, archive string, fx fixture) {
-	c := ctrdtest.Start(t, ctrdtest.Options{})
-	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
-		t.Fatal(err)
-	}
+	c, top := importImage(t, ref, archive)
 	ctx := context.Background()
-	img, err := c.Client().GetImage(ctx, ref)
-	if err != nil {
-		t.Fatalf("imported image: %v", err)
-	}
-	diffIDs, err := img.RootFS(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	top := identity.ChainID(diffIDs).String()
 	if _, err := c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "prepare", "e2e-ctr", top); err != nil {
 		t.Fatal(err)
 	}
@@ -139,20 +127,8 @@ func TestContainerdImportOrdinaryImage(t *testing.T) {
 	layers := testLayers(t)
 	archive := filepath.Join(t.TempDir(), "image.tar")
 	writeImageArchive(t, archive, ref, layers)
-	c := ctrdtest.Start(t, ctrdtest.Options{})
-	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
-		t.Fatal(err)
-	}
+	c, top := importImage(t, ref, archive)
 	ctx := context.Background()
-	img, err := c.Client().GetImage(ctx, ref)
-	if err != nil {
-		t.Fatalf("imported image: %v", err)
-	}
-	diffIDs, err := img.RootFS(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	top := identity.ChainID(diffIDs).String()
 	ss := c.Client().SnapshotService(ctrdtest.Snapshotter)
 	if info, err := ss.Stat(ctx, top); err != nil || info.Labels[labelKind] != kindOrdinary {
 		t.Errorf("top layer labels %v, %v; want %s=%s", info.Labels, err, labelKind, kindOrdinary)
@@ -185,4 +161,24 @@ func TestContainerdImportOrdinaryImage(t *testing.T) {
 	if n := stat(t, cached).Nlink; n != 1 {
 		t.Fatalf("image nlink %d after removing the container snapshot, want 1", n)
 	}
+}
+
+// importImage imports archive into a private containerd's cocoon
+// snapshotter and returns it with the chain id of ref's top layer.
+func importImage(t *testing.T, ref, archive string) (*ctrdtest.Containerd, string) {
+	t.Helper()
+	c := ctrdtest.Start(t, ctrdtest.Options{})
+	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	img, err := c.Client().GetImage(ctx, ref)
+	if err != nil {
+		t.Fatalf("imported image: %v", err)
+	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, identity.ChainID(diffIDs).String()
 }

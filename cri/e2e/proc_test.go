@@ -1,17 +1,16 @@
 package e2e
 
 import (
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
-	"github.com/containerd/console"
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // execTTY runs `crictl exec -it id args...` on a pseudo-terminal, as a
@@ -19,45 +18,8 @@ import (
 // crictl's exit code.
 func (n *node) execTTY(t *testing.T, id string, args ...string) (string, int) {
 	t.Helper()
-	master, slavePath, err := console.NewPty()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer master.Close()
-	slave, err := os.OpenFile(slavePath, os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	argv := append(n.stack.CrictlArgs(), append([]string{"exec", "-it", id}, args...)...)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	slave.Close()
-	output := make(chan string, 1)
-	go func() {
-		var b strings.Builder
-		buf := make([]byte, 1024)
-		for {
-			k, err := master.Read(buf)
-			b.Write(buf[:k])
-			if err != nil {
-				output <- b.String()
-				return
-			}
-		}
-	}()
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return <-output, 0
-	case errors.As(err, &ee):
-		return <-output, ee.ExitCode()
-	}
-	t.Fatalf("crictl exec -it: %v", err)
-	return "", 0
+	return testenv.RunOnPty(t, exec.Command(argv[0], argv[1:]...))
 }
 
 // cgroupFile reads file of cgroup path in controller's v1 hierarchy.

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/console"
 	eventsapi "github.com/containerd/containerd/api/events"
 	"github.com/containerd/typeurl/v2"
 
@@ -118,41 +117,13 @@ func TestRunEchoAndExitCodes(t *testing.T) {
 // must see a terminal on stdin and its output must come back through it.
 func TestTerminal(t *testing.T) {
 	c := stack(t, "")
-	master, slavePath, err := console.NewPty()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer master.Close()
-	slave, err := os.OpenFile(slavePath, os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	argv := append(c.CtrArgs()[1:], "run", "-t", "--rm", "--runtime", runtimeName, "--snapshotter", ctrdtest.Snapshotter,
 		"--fifo-dir", c.FifoDir, imageRef, "tty1", "sh", "-c", "[ -t 0 ] && echo guest-has-a-tty; exit 3")
-	cmd := exec.Command(c.CtrArgs()[0], argv...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	out, code := testenv.RunOnPty(t, exec.Command(c.CtrArgs()[0], argv...))
+	if code != 3 {
+		t.Fatalf("ctr run -t: exit %d, want 3 (terminal: %q)", code, out)
 	}
-	slave.Close()
-	output := make(chan string, 1)
-	go func() {
-		var b strings.Builder
-		buf := make([]byte, 1024)
-		for {
-			n, err := master.Read(buf)
-			b.Write(buf[:n])
-			if err != nil {
-				output <- b.String()
-				return
-			}
-		}
-	}()
-	err = cmd.Wait()
-	if code := exitCode(err); code != 3 {
-		t.Fatalf("ctr run -t: exit %d (%v), want 3", code, err)
-	}
-	if out := <-output; !strings.Contains(out, "guest-has-a-tty") {
+	if !strings.Contains(out, "guest-has-a-tty") {
 		t.Fatalf("terminal output %q lacks guest-has-a-tty", out)
 	}
 }

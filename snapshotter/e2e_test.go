@@ -70,8 +70,11 @@ func TestContainerdImportRejectsCorruptData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if committed != 1 {
-		t.Errorf("%d committed snapshots after the failed import, want 1 (the intact first link)", committed)
+	// The corrupt link never commits. The intact first one did, but no
+	// image holds it after the failed import, so containerd's garbage
+	// collection (at once, in this containerd) may already have removed it.
+	if committed > 1 {
+		t.Errorf("%d committed snapshots after the failed import, want at most 1 (the intact first link)", committed)
 	}
 }
 

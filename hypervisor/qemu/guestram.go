@@ -69,6 +69,19 @@ type fileRAM struct {
 	*os.File
 	size, page int64
 	base       *hashBaseline
+	// mapped is the memory changed reads through, kept from one call to
+	// the next (a live diff's first call, before the guest stops, faults
+	// it in) and unmapped by Close, after the guest resumed: tearing the
+	// mapping down took as long as hashing through it.
+	mapped []byte
+}
+
+func (r *fileRAM) Close() error {
+	if r.mapped != nil {
+		unix.Munmap(r.mapped)
+		r.mapped = nil
+	}
+	return r.File.Close()
 }
 
 func (r *fileRAM) regions() ([]chain.Extent, error) {
@@ -93,12 +106,12 @@ func (r *fileRAM) changed(ctx context.Context) ([]chain.Extent, error) {
 	if err != nil {
 		return nil, err
 	}
-	mem, err := unix.Mmap(int(r.Fd()), 0, int(r.size), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("map guest memory: %w", err)
+	if r.mapped == nil {
+		if r.mapped, err = unix.Mmap(int(r.Fd()), 0, int(r.size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
+			return nil, fmt.Errorf("map guest memory: %w", err)
+		}
 	}
-	defer unix.Munmap(mem)
-	out, err := changedMapped(ctx, mem, data, r.base, r.page)
+	out, err := changedMapped(ctx, r.mapped, data, r.base, r.page)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,8 +42,9 @@ func (v *VM) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 // SnapshotLive is Snapshot of a running VM that stops its guest only while
 // it captures the state: QEMU streams the RAM of an mmap restore (to be
 // dropped) while the guest runs, as a live migration does, stops it to save
-// the device state, the changed pages are written to the page cache, and
-// the guest runs again before the link is made durable. A guest that
+// the device state, a diff's changed pages are copied out (up to
+// maxCaptured) or a full snapshot's pages written to the page cache, and
+// the guest runs again before the rest is written and made durable. A guest that
 // dirties memory faster than the stream drains is stopped after
 // liveBudget. The VM is left running, on error too.
 func (v *VM) SnapshotLive(ctx context.Context, dir string, kind hypervisor.SnapshotKind) error {
@@ -74,6 +76,14 @@ func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 		return err
 	}
 	defer ram.Close()
+	// A live diff copies the changed pages out to resume the guest early;
+	// the memory for them is made ready before the guest stops.
+	var buf *pageBuffer
+	if kind == hypervisor.SnapshotDiff && resume != nil {
+		buf = &pageBuffer{}
+		defer buf.release()
+		buf.reserve(ctx, ram)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create snapshot dir: %w", err)
 	}
@@ -97,18 +107,27 @@ func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if stats.Dropped > 0 {
 		meta.StateMemory = chain.StateMemoryFiltered
 	}
-	written := func() error {
-		if resume != nil {
-			if err := resume(ctx); err != nil {
-				return err
-			}
+	resumeGuest := func() error {
+		if resume == nil {
+			return nil
 		}
-		return syncFiles(state, filepath.Join(dir, ShapeFile))
+		return resume(ctx)
 	}
+	sync := func() error { return syncFiles(state, filepath.Join(dir, ShapeFile)) }
 	if kind == hypervisor.SnapshotDiff {
-		return v.writeDiff(ctx, ram, meta, dir, written)
+		return v.writeDiff(ctx, ram, meta, dir, buf, resumeGuest, sync)
 	}
-	return writeFull(ctx, ram, v.shape.MemoryBytes, meta, dir, written)
+	return writeFull(ctx, ram, v.shape.MemoryBytes, meta, dir, then(resumeGuest, sync))
+}
+
+// then returns a function running a, then b if a succeeded.
+func then(a, b func() error) func() error {
+	return func() error {
+		if err := a(); err != nil {
+			return err
+		}
+		return b()
+	}
 }
 
 func writeFull(ctx context.Context, ram guestRAM, size int64, meta chain.Meta, dir string, written func() error) error {
@@ -122,12 +141,30 @@ func writeFull(ctx context.Context, ram guestRAM, size int64, meta chain.Meta, d
 	return nil
 }
 
-func (v *VM) writeDiff(ctx context.Context, ram guestRAM, meta chain.Meta, dir string, written func() error) error {
+// writeDiff writes the pages changed since the restore. Given a buffer
+// (a live snapshot), unless they are many, they are copied into it and the
+// guest resumes before they are written: the pause of a fork is then
+// finding and copying them.
+func (v *VM) writeDiff(ctx context.Context, ram guestRAM, meta chain.Meta, dir string, buf *pageBuffer, resume, sync func() error) error {
 	dirty, err := ram.changed(ctx)
 	if err != nil {
 		return fmt.Errorf("find the pages changed since the restore: %w", err)
 	}
-	if _, err := chain.WriteDiffOn(ctx, ram, dirty, v.staged.Top(), meta, dir, written); err != nil {
+	var mem io.ReaderAt = ram
+	written := then(resume, sync)
+	if buf != nil {
+		captured, ok, err := capturePages(ram, dirty, buf)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if err := resume(); err != nil {
+				return err
+			}
+			mem, written = captured, sync
+		}
+	}
+	if _, err := chain.WriteDiffOn(ctx, mem, dirty, v.staged.Top(), meta, dir, written); err != nil {
 		return fmt.Errorf("write memory: %w", err)
 	}
 	return nil

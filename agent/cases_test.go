@@ -146,7 +146,7 @@ func testHelperProcess(t *testing.T, tg *target) {
 	})
 	t.Run("pid", func(t *testing.T) {
 		ctx, id := ctxT(t), procID(t)
-		pid, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}, NoNewPrivileges: true})
+		p, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}, NoNewPrivileges: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,8 +154,8 @@ func testHelperProcess(t *testing.T, tg *target) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !hasProcess(procs, id, "sleep 100", pid) {
-			t.Errorf("processes %+v lack %s (sleep 100) with the pid %d Exec returned", procs, id, pid)
+		if !hasProcess(procs, id, "sleep 100", p.Pid) {
+			t.Errorf("processes %+v lack %s (sleep 100) with the pid %d Exec returned", procs, id, p.Pid)
 		}
 		if err := tg.c.Signal(ctx, id, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -190,10 +190,11 @@ func testPrepared(t *testing.T, tg *target) {
 			if !tg.c.Prepared(req.ID) {
 				t.Fatal("Init did not prepare the process")
 			}
-			if pid, err := tg.c.Start(ctx, req.ID); err != nil || pid == 0 {
-				t.Fatalf("start: pid %d, %v", pid, err)
+			p, err := tg.c.Start(ctx, req.ID)
+			if err != nil || p.Pid == 0 {
+				t.Fatalf("start: %+v, %v", p, err)
 			}
-			if res := drain(t, tg.c, req.ID, "in"); res.stdout != tc.want || res.status.Code != 0 {
+			if res := drain(t, tg.c, p, "in"); res.stdout != tc.want || res.status.Code != 0 {
 				t.Errorf("printed %q (stderr %q), exit %+v; want %q and 0", res.stdout, res.stderr, res.status, tc.want)
 			}
 			if _, err := tg.c.Start(ctx, req.ID); !errdefs.IsNotFound(err) {
@@ -226,13 +227,11 @@ func testSignal(t *testing.T, tg *target) {
 func testTerminalResize(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
 	req := agent.ExecRequest{ID: id, Args: []string{"sh", "-c", "read go; stty size"}, Terminal: true, Stdin: true}
-	if _, err := tg.c.Exec(ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	in, out, errOut, err := tg.c.Stdio(ctx, id)
+	proc, err := tg.c.Exec(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	in, out, errOut := proc.Stdio()
 	if errOut != nil {
 		t.Error("a terminal process has a separate stderr")
 	}
@@ -300,7 +299,7 @@ func testBadInput(t *testing.T, tg *target) {
 
 func testProcessesStatsDelete(t *testing.T, tg *target) {
 	ctx, id := ctxT(t), procID(t)
-	pid, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}})
+	p, err := tg.c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"sleep", "100"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,8 +310,8 @@ func testProcessesStatsDelete(t *testing.T, tg *target) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hasProcess(procs, id, "sleep 100", pid) {
-		t.Errorf("processes %+v lack %s (sleep 100) with the pid %d Exec returned", procs, id, pid)
+	if !hasProcess(procs, id, "sleep 100", p.Pid) {
+		t.Errorf("processes %+v lack %s (sleep 100) with the pid %d Exec returned", procs, id, p.Pid)
 	}
 	if err := tg.c.Delete(ctx, id); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("delete a running process: %v, want failed precondition", err)

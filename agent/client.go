@@ -32,7 +32,6 @@ type Client struct {
 	api  api.AgentService
 
 	mu       sync.Mutex
-	stdio    map[string]ExecRequest // how each Exec'd process's stdio is set up, until Stdio takes it
 	prepared map[string]ExecRequest // processes Init prepared, until Start starts them
 	version  int                    // the agent's API version, once a Ping or Init told it
 }
@@ -43,7 +42,7 @@ type Client struct {
 // request are dropped before ttrpc sees (and logs) them.
 func NewClient(conn net.Conn) *Client {
 	tc := ttrpc.NewClient(newReplyFilter(newSendQueue(conn)))
-	return &Client{conn: conn, tc: tc, api: api.NewAgentClient(tc), stdio: map[string]ExecRequest{}, prepared: map[string]ExecRequest{}}
+	return &Client{conn: conn, tc: tc, api: api.NewAgentClient(tc), prepared: map[string]ExecRequest{}}
 }
 
 // Accepted waits until the guest agent accepted the client's session,
@@ -133,23 +132,19 @@ type ExecRequest struct {
 	Umask           *uint32 // nil inherits the agent's
 }
 
-// Exec starts a process and returns its pid in the guest (0 from an agent
-// that predates reporting it); follow it with Stdio to get its streams.
-// After an Init with a rootfs, the process runs in the container's root.
-func (c *Client) Exec(ctx context.Context, r ExecRequest) (uint32, error) {
+// Exec starts a process in the guest. After an Init with a rootfs, the
+// process runs in the container's root.
+func (c *Client) Exec(ctx context.Context, r ExecRequest) (*Process, error) {
 	if len(r.Rlimits) > 0 || r.Umask != nil || r.NoNewPrivileges {
 		if err := c.requireVersion(ctx, apiVersion2, "rlimits, a umask or no_new_privileges"); err != nil {
-			return 0, fmt.Errorf("exec %q in guest: %w", r.ID, err)
+			return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
 		}
 	}
 	resp, err := c.api.Exec(ctx, execRequest(r))
 	if err != nil {
-		return 0, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
+		return nil, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
 	}
-	c.mu.Lock()
-	c.stdio[r.ID] = ExecRequest{Terminal: r.Terminal, Stdin: r.Stdin}
-	c.mu.Unlock()
-	return resp.GetPid(), nil
+	return c.process(r, resp.GetPid()), nil
 }
 
 func execRequest(r ExecRequest) *api.ExecRequest {
@@ -173,24 +168,22 @@ func (c *Client) Prepared(id string) bool {
 	return ok
 }
 
-// Start starts process id, which Init prepared, and returns its pid in the
-// guest; follow it with Stdio to get its streams.
-func (c *Client) Start(ctx context.Context, id string) (uint32, error) {
+// Start starts process id, which Init prepared.
+func (c *Client) Start(ctx context.Context, id string) (*Process, error) {
 	c.mu.Lock()
-	mode, ok := c.prepared[id]
+	r, ok := c.prepared[id]
 	c.mu.Unlock()
 	if !ok {
-		return 0, fmt.Errorf("start %q in guest: Init prepared no such process on this client: %w", id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("start %q in guest: Init prepared no such process on this client: %w", id, errdefs.ErrNotFound)
 	}
 	resp, err := c.api.Start(ctx, &api.ProcessRequest{Id: id})
 	if err != nil {
-		return 0, fmt.Errorf("start %q in guest: %w", id, native(err))
+		return nil, fmt.Errorf("start %q in guest: %w", id, native(err))
 	}
 	c.mu.Lock()
 	delete(c.prepared, id)
-	c.stdio[id] = mode
 	c.mu.Unlock()
-	return resp.GetPid(), nil
+	return c.process(r, resp.GetPid()), nil
 }
 
 // ExitStatus is how a guest process ended.
@@ -243,7 +236,6 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete %q in guest: %w", id, native(err))
 	}
 	c.mu.Lock()
-	delete(c.stdio, id) // an Exec whose Stdio was never asked for
 	delete(c.prepared, id)
 	c.mu.Unlock()
 	return nil

@@ -105,7 +105,7 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 	}
 	if r.Process != nil && c.knownVersion() >= apiVersion3 {
 		c.mu.Lock()
-		c.prepared[r.Process.ID] = ExecRequest{Terminal: r.Process.Terminal, Stdin: r.Process.Stdin}
+		c.prepared[r.Process.ID] = ExecRequest{ID: r.Process.ID, Terminal: r.Process.Terminal, Stdin: r.Process.Stdin}
 		c.mu.Unlock()
 	}
 	return nil

@@ -26,30 +26,33 @@ const (
 	emptyReadBackoff = time.Millisecond
 )
 
-// Stdio returns the streams of process id; call it once, right after this
-// client's Exec of id (else errdefs.ErrNotFound). stdin is nil unless the
-// process was started with Stdin. With a terminal, stdout carries the pty
-// and stderr is nil. stdout and stderr return io.EOF once the process's
-// output has been fully delivered.
-func (c *Client) Stdio(ctx context.Context, id string) (stdin io.WriteCloser, stdout, stderr io.ReadCloser, err error) {
-	if err := ctx.Err(); err != nil {
-		return nil, nil, nil, fmt.Errorf("open stdio of %q: %w", id, err)
+// Process is a process Exec or Start started in the guest.
+type Process struct {
+	ID  string
+	Pid uint32 // 0 from an agent that predates reporting it
+
+	c               *Client
+	terminal, stdin bool
+}
+
+func (c *Client) process(r ExecRequest, pid uint32) *Process {
+	return &Process{ID: r.ID, Pid: pid, c: c, terminal: r.Terminal, stdin: r.Stdin}
+}
+
+// Stdio returns the process's streams; take them once, as each call makes
+// new readers of the same streams. stdin is nil unless the process was
+// started with Stdin. With a terminal, stdout carries the pty and stderr
+// is nil. stdout and stderr return io.EOF once the process's output has
+// been fully delivered.
+func (p *Process) Stdio() (stdin io.WriteCloser, stdout, stderr io.ReadCloser) {
+	if p.stdin {
+		stdin = newStdinWriter(p.c, p.ID)
 	}
-	c.mu.Lock()
-	mode, known := c.stdio[id]
-	delete(c.stdio, id)
-	c.mu.Unlock()
-	if !known {
-		return nil, nil, nil, fmt.Errorf("open stdio of %q: no Exec of it on this client awaits its streams: %w", id, errdefs.ErrNotFound)
+	stdout = newOutputReader(p.c, p.ID, api.Stream_STDOUT)
+	if !p.terminal {
+		stderr = newOutputReader(p.c, p.ID, api.Stream_STDERR)
 	}
-	if mode.Stdin {
-		stdin = newStdinWriter(c, id)
-	}
-	stdout = newOutputReader(c, id, api.Stream_STDOUT)
-	if !mode.Terminal {
-		stderr = newOutputReader(c, id, api.Stream_STDERR)
-	}
-	return stdin, stdout, stderr, nil
+	return stdin, stdout, stderr
 }
 
 // outputReader pulls one output stream with ReadOutput calls, so the guest

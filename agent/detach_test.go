@@ -23,11 +23,11 @@ func TestInitDetachesProcesses(t *testing.T) {
 	done := filepath.Join(t.TempDir(), "done")
 	// 1 MiB of output, far more than a pipe holds, then a file.
 	script := "head -c 1048576 /dev/zero; touch " + done + "; sleep 600"
-	pid, err := c.Exec(ctx, agent.ExecRequest{ID: "init", Args: []string{"/bin/sh", "-c", script}, Cwd: "/"})
+	p, err := c.Exec(ctx, agent.ExecRequest{ID: "init", Args: []string{"/bin/sh", "-c", script}, Cwd: "/"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Kill(-int(pid), syscall.SIGKILL) })
+	t.Cleanup(func() { syscall.Kill(-int(p.Pid), syscall.SIGKILL) })
 	if err := c.Init(ctx, agent.InitRequest{Hostname: "clone"}); err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestInitDetachesProcesses(t *testing.T) {
 		t.Fatalf("exec a new init after Init: %v", err)
 	}
 	if st, err := c.Wait(ctx, "init"); err != nil || st.Code != 0 {
-		t.Fatalf("new init %d: %+v, %v", again, st, err)
+		t.Fatalf("new init %d: %+v, %v", again.Pid, st, err)
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(done); err == nil {
@@ -48,7 +48,7 @@ func TestInitDetachesProcesses(t *testing.T) {
 			t.Fatalf("the detached process never got past its output: %v", err)
 		}
 	}
-	if err := syscall.Kill(int(pid), 0); err != nil {
-		t.Errorf("the detached process %d is gone: %v", pid, err)
+	if err := syscall.Kill(int(p.Pid), 0); err != nil {
+		t.Errorf("the detached process %d is gone: %v", p.Pid, err)
 	}
 }

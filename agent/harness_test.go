@@ -254,23 +254,22 @@ func run(t *testing.T, c *agent.Client, r agent.ExecRequest, stdin string) resul
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	if _, err := c.Exec(ctx, r); err != nil {
+	p, err := c.Exec(ctx, r)
+	if err != nil {
 		t.Fatalf("exec %v: %v", r.Args, err)
 	}
-	return drain(t, c, r.ID, stdin)
+	return drain(t, c, p, stdin)
 }
 
-// drain feeds process id, just started, stdin, drains stdout and stderr
-// separately and waits.
-func drain(t *testing.T, c *agent.Client, id, stdin string) result {
+// drain feeds p, just started, stdin, drains stdout and stderr separately
+// and waits.
+func drain(t *testing.T, c *agent.Client, p *agent.Process, stdin string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	in, out, errOut, err := c.Stdio(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	in, out, errOut := p.Stdio()
 	var res result
+	var err error
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); res.stdout = readAll(t, out) }()
@@ -287,8 +286,8 @@ func drain(t *testing.T, c *agent.Client, id, stdin string) result {
 		}
 	}
 	wg.Wait()
-	if res.status, err = c.Wait(ctx, id); err != nil {
-		t.Fatalf("wait %s: %v", id, err)
+	if res.status, err = c.Wait(ctx, p.ID); err != nil {
+		t.Fatalf("wait %s: %v", p.ID, err)
 	}
 	return res
 }

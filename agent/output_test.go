@@ -47,13 +47,11 @@ func TestOutputFromBrokenGuest(t *testing.T) {
 			a := &oddOutputAgent{reply: tc.reply}
 			c := serveFake(t, a)
 			ctx := ctxT(t)
-			if _, err := c.Exec(ctx, agent.ExecRequest{ID: "p", Args: []string{"true"}}); err != nil {
-				t.Fatal(err)
-			}
-			_, out, _, err := c.Stdio(ctx, "p")
+			proc, err := c.Exec(ctx, agent.ExecRequest{ID: "p", Args: []string{"true"}})
 			if err != nil {
 				t.Fatal(err)
 			}
+			_, out, _ := proc.Stdio()
 			read := make(chan error, 1)
 			go func() {
 				_, err := out.Read(make([]byte, 10))

@@ -8,13 +8,11 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
-	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // stuckAgent answers Exec but holds every WriteStdin, as the agent of a
@@ -85,13 +83,11 @@ func TestStdinCloseInterruptsWrite(t *testing.T) {
 	c := serveFake(t, a)
 	t.Cleanup(func() { close(a.release) })
 	ctx := ctxT(t)
-	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "p", Args: []string{"cat"}, Stdin: true}); err != nil {
-		t.Fatal(err)
-	}
-	in, _, _, err := c.Stdio(ctx, "p")
+	proc, err := c.Exec(ctx, agent.ExecRequest{ID: "p", Args: []string{"cat"}, Stdin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	in, _, _ := proc.Stdio()
 	wrote := make(chan error, 1)
 	go func() {
 		_, err := in.Write([]byte("data"))
@@ -111,25 +107,5 @@ func TestStdinCloseInterruptsWrite(t *testing.T) {
 	}
 	if bounded := <-a.closed; !bounded {
 		t.Error("CloseStdin was sent without a deadline")
-	}
-}
-
-// TestStdioOnce asks for the streams of a process this client never
-// started, and twice for one it did: both are NotFound.
-func TestStdioOnce(t *testing.T) {
-	testenv.RequireRoot(t) // the agent sets the process's credentials
-	c := newHarness(t).client(t)
-	ctx := ctxT(t)
-	if _, _, _, err := c.Stdio(ctx, "never-started"); !errdefs.IsNotFound(err) {
-		t.Errorf("stdio of a process never started: %v, want not found", err)
-	}
-	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "once", Args: []string{"true"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, _, err := c.Stdio(ctx, "once"); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, _, err := c.Stdio(ctx, "once"); !errdefs.IsNotFound(err) {
-		t.Errorf("second stdio of a process: %v, want not found", err)
 	}
 }

@@ -183,13 +183,11 @@ func guestOutput(t *testing.T, c *agent.Client, cmd string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := c.Exec(ctx, agent.ExecRequest{ID: cmd, Args: strings.Fields(cmd), Cwd: "/"}); err != nil {
-		t.Fatal(err)
-	}
-	_, stdout, _, err := c.Stdio(ctx, cmd)
+	proc, err := c.Exec(ctx, agent.ExecRequest{ID: cmd, Args: strings.Fields(cmd), Cwd: "/"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, stdout, _ := proc.Stdio()
 	b, _ := io.ReadAll(stdout)
 	if st, err := c.Wait(ctx, cmd); err != nil || st.Code != 0 {
 		t.Fatalf("%s in guest: %+v %v", cmd, st, err)

@@ -190,13 +190,11 @@ func warmUp(ctx context.Context, vm *qemu.VM, run string, errOut io.Writer, p *p
 // fails the bake.
 func runInGuest(ctx context.Context, c *agent.Client, cmd string, w io.Writer) error {
 	const id = "bake-warm-up"
-	if _, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"/bin/sh", "-c", cmd}, Cwd: "/"}); err != nil {
-		return fmt.Errorf("run %q in guest: %w", cmd, err)
-	}
-	_, stdout, stderr, err := c.Stdio(ctx, id)
+	proc, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: []string{"/bin/sh", "-c", cmd}, Cwd: "/"})
 	if err != nil {
 		return fmt.Errorf("run %q in guest: %w", cmd, err)
 	}
+	_, stdout, stderr := proc.Stdio()
 	w = &lockedWriter{w: w}
 	copied := make(chan struct{}, 2)
 	for _, r := range []io.Reader{stdout, stderr} {

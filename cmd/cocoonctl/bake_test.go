@@ -171,13 +171,11 @@ func restoreAndRead(t *testing.T, root, link, path string) string {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "cat", Args: []string{"cat", path}, Cwd: "/"}); err != nil {
-		t.Fatal(err)
-	}
-	_, stdout, _, err := c.Stdio(ctx, "cat")
+	proc, err := c.Exec(ctx, agent.ExecRequest{ID: "cat", Args: []string{"cat", path}, Cwd: "/"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, stdout, _ := proc.Stdio()
 	b, _ := io.ReadAll(stdout)
 	if st, err := c.Wait(ctx, "cat"); err != nil || st.Code != 0 {
 		t.Fatalf("cat %s: %+v %v", path, st, err)

@@ -133,13 +133,11 @@ func run(t testing.TB, c *agent.Client, args ...string) string {
 	t.Helper()
 	ctx := testContext(t, 30*time.Second)
 	id := fmt.Sprintf("test-%d", time.Now().UnixNano())
-	if _, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: args, Cwd: "/"}); err != nil {
+	proc, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: args, Cwd: "/"})
+	if err != nil {
 		t.Fatalf("exec %q: %v", args, err)
 	}
-	_, stdout, stderr, err := c.Stdio(ctx, id)
-	if err != nil {
-		t.Fatalf("stdio %q: %v", args, err)
-	}
+	_, stdout, stderr := proc.Stdio()
 	var out, errOut bytes.Buffer
 	done := make(chan struct{})
 	go func() { io.Copy(&errOut, stderr); close(done) }()

@@ -161,13 +161,11 @@ func (p *directPath) close() error {
 // shim does for a container's init, so both paths do the same guest work.
 func startProcess(ctx context.Context, c *agent.Client) error {
 	const id = "bench"
-	if _, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: benchArgs, Cwd: "/"}); err != nil {
+	proc, err := c.Exec(ctx, agent.ExecRequest{ID: id, Args: benchArgs, Cwd: "/"})
+	if err != nil {
 		return err
 	}
-	_, stdout, stderr, err := c.Stdio(ctx, id)
-	if err != nil {
-		return fmt.Errorf("open stdio of %s: %w", id, err)
-	}
+	_, stdout, stderr := proc.Stdio()
 	go io.Copy(io.Discard, stdout)
 	go io.Copy(io.Discard, stderr)
 	return nil

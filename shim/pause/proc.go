@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"sync"
@@ -112,15 +111,12 @@ type guest struct{ p *proc }
 
 var _ task.Guest = guest{}
 
-func (g guest) Exec(_ context.Context, ps task.ProcessSpec) (uint32, error) {
+// Exec "starts" the init process, which runs already and has no stdio.
+func (g guest) Exec(_ context.Context, ps task.ProcessSpec) (task.Started, error) {
 	if ps.ID != task.InitGuestID {
-		return 0, fmt.Errorf("exec %v: %w: %w", ps.Args, errNoExec, errdefs.ErrNotImplemented)
+		return task.Started{}, fmt.Errorf("exec %v: %w: %w", ps.Args, errNoExec, errdefs.ErrNotImplemented)
 	}
-	return uint32(g.p.PID()), nil
-}
-
-func (g guest) Stdio(context.Context, string) (io.WriteCloser, io.ReadCloser, io.ReadCloser, error) {
-	return nil, nil, nil, nil
+	return task.Started{Pid: uint32(g.p.PID())}, nil
 }
 
 func (g guest) Wait(ctx context.Context, _ string) (task.Exit, error) {

@@ -197,7 +197,7 @@ func newFakeGuest() *fakeGuest {
 	return &fakeGuest{procs: map[string]*fakeProc{}, lastPid: fakeGuestPid}
 }
 
-func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) (uint32, error) {
+func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) (Started, error) {
 	if g.execGate != nil {
 		g.execEntered <- struct{}{}
 		<-g.execGate
@@ -205,7 +205,7 @@ func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) (uint32, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if _, ok := g.procs[spec.ID]; ok {
-		return 0, fmt.Errorf("process %s exists", spec.ID)
+		return Started{}, fmt.Errorf("process %s exists", spec.ID)
 	}
 	g.lastPid++
 	p := &fakeProc{spec: spec, pid: g.lastPid, sig: make(chan syscall.Signal, 4), exited: make(chan struct{}), resizeObserved: make(chan struct{}, 1)}
@@ -214,10 +214,14 @@ func (g *fakeGuest) Exec(_ context.Context, spec ProcessSpec) (uint32, error) {
 	p.errR, p.errW = io.Pipe()
 	g.procs[spec.ID] = p
 	go p.run()
+	s := Started{Pid: p.pid, Streams: Streams{Stdin: p.stdinW, Stdout: p.outR, Stderr: p.errR}}
 	if g.noPids {
-		return 0, nil
+		s.Pid = 0
 	}
-	return p.pid, nil
+	if spec.Terminal {
+		s.Stderr = nil
+	}
+	return s, nil
 }
 
 func (p *fakeProc) run() {
@@ -252,17 +256,6 @@ func (g *fakeGuest) proc(id string) (*fakeProc, error) {
 		return nil, fmt.Errorf("no process %s", id)
 	}
 	return p, nil
-}
-
-func (g *fakeGuest) Stdio(_ context.Context, id string) (io.WriteCloser, io.ReadCloser, io.ReadCloser, error) {
-	p, err := g.proc(id)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if p.spec.Terminal {
-		return p.stdinW, p.outR, nil, nil
-	}
-	return p.stdinW, p.outR, p.errR, nil
 }
 
 func (g *fakeGuest) Wait(ctx context.Context, id string) (Exit, error) {

@@ -32,25 +32,19 @@ type processIO struct {
 	once     sync.Once
 }
 
-// guestStreams are a started process's streams from the agent.
-type guestStreams struct {
-	stdin          io.WriteCloser
-	stdout, stderr io.ReadCloser
-}
-
 // ioOwner names the process's task to logging binaries.
 type ioOwner struct{ id, namespace string }
 
 // attachIO wires g to sio and starts copying.
-func attachIO(ctx context.Context, sio stdio.Stdio, g guestStreams, owner ioOwner) (_ *processIO, retErr error) {
+func attachIO(ctx context.Context, sio stdio.Stdio, g Streams, owner ioOwner) (_ *processIO, retErr error) {
 	ctx = context.WithoutCancel(ctx)
-	pio := &processIO{stdin: g.stdin}
+	pio := &processIO{stdin: g.Stdin}
 	defer func() {
 		if retErr != nil {
 			pio.Close()
 		}
 	}()
-	srcs := []io.ReadCloser{g.stdout, g.stderr}
+	srcs := []io.ReadCloser{g.Stdout, g.Stderr}
 	for _, src := range srcs {
 		if src != nil {
 			pio.closers = append(pio.closers, src)
@@ -67,7 +61,7 @@ func attachIO(ctx context.Context, sio stdio.Stdio, g guestStreams, owner ioOwne
 		pio.outputs.Add(1)
 		go pio.copyOut(ctx, dsts[i], src)
 	}
-	if sio.Stdin != "" && g.stdin != nil {
+	if sio.Stdin != "" && g.Stdin != nil {
 		f, err := fifo.OpenFifo(ctx, sio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return nil, fmt.Errorf("open stdin %s: %w", sio.Stdin, err)

@@ -37,7 +37,7 @@ func TestAttachIOFailureClosesGuestStreams(t *testing.T) {
 	out := &closeRecorder{Reader: strings.NewReader("")}
 	errOut := &closeRecorder{Reader: strings.NewReader("")}
 	sio := stdio.Stdio{Stdout: "bogus://x", Stderr: "bogus://x"}
-	_, err := attachIO(context.Background(), sio, guestStreams{stdout: out, stderr: errOut}, ioOwner{id: "t1", namespace: "test"})
+	_, err := attachIO(context.Background(), sio, Streams{Stdout: out, Stderr: errOut}, ioOwner{id: "t1", namespace: "test"})
 	if err == nil {
 		t.Fatal("attachIO with an unsupported stdio scheme succeeded")
 	}

@@ -35,13 +35,9 @@ type GuestProcess struct {
 // the implementation's configured call timeout (agent.call_timeout), the
 // one owner of that deadline: callers pass their context only.
 type Guest interface {
-	// Exec starts p and returns its guest pid, 0 if the agent does not
-	// report pids. A p the launch prepared (LaunchRequest.Process) only
+	// Exec starts p. A p the launch prepared (LaunchRequest.Process) only
 	// starts.
-	Exec(ctx context.Context, p ProcessSpec) (uint32, error)
-	// Stdio returns the streams of a process just started; with a terminal
-	// stdout carries the pty and stderr is nil.
-	Stdio(ctx context.Context, id string) (stdin io.WriteCloser, stdout, stderr io.ReadCloser, err error)
+	Exec(ctx context.Context, p ProcessSpec) (Started, error)
 	Wait(ctx context.Context, id string) (Exit, error)
 	Signal(ctx context.Context, id string, sig syscall.Signal) error
 	ResizePty(ctx context.Context, id string, width, height uint32) error
@@ -50,6 +46,20 @@ type Guest interface {
 	Delete(ctx context.Context, id string) error
 	Processes(ctx context.Context) ([]GuestProcess, error)
 	Close() error
+}
+
+// Started is a process the guest started.
+type Started struct {
+	Pid uint32 // 0 if the agent does not report pids
+	Streams
+}
+
+// Streams are a started process's stdio from the guest: Stdin is nil
+// unless the process has one; with a terminal, Stdout carries the pty and
+// Stderr is nil.
+type Streams struct {
+	Stdin          io.WriteCloser
+	Stdout, Stderr io.ReadCloser
 }
 
 // VM is the hypervisor process behind a task. hypervisor.VM satisfies it;

@@ -162,22 +162,16 @@ func (t *task) start(ctx context.Context, p *process) error {
 	if p.execID != "" && t.initIsGone() {
 		return fmt.Errorf("task %s init process is not running: %w", t.id, errdefs.ErrFailedPrecondition)
 	}
-	guestPid, err := t.sb.Guest.Exec(ctx, p.spec)
+	started, err := t.sb.Guest.Exec(ctx, p.spec)
 	if err != nil {
 		return fmt.Errorf("exec %v in guest: %w", p.spec.Args, err)
 	}
-	var g guestStreams
-	g.stdin, g.stdout, g.stderr, err = t.sb.Guest.Stdio(ctx, p.spec.ID)
+	pio, err := attachIO(ctx, p.stdio, started.Streams, ioOwner{id: t.id, namespace: t.namespace})
 	if err != nil {
-		t.abandon(p, guestPid)
-		return fmt.Errorf("open guest stdio: %w", err)
-	}
-	pio, err := attachIO(ctx, p.stdio, g, ioOwner{id: t.id, namespace: t.namespace})
-	if err != nil {
-		t.abandon(p, guestPid)
+		t.abandon(p, started.Pid)
 		return err
 	}
-	p.setRunning(guestPid, pio)
+	p.setRunning(started.Pid, pio)
 	if p.execID == "" {
 		t.send(&eventstypes.TaskStart{ContainerID: t.id, Pid: t.pidOf(p)})
 	} else {

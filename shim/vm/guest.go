@@ -2,7 +2,6 @@ package vm
 
 import (
 	"context"
-	"io"
 	"syscall"
 	"time"
 
@@ -34,17 +33,22 @@ func (g *guest) bounded(ctx context.Context) (context.Context, context.CancelFun
 
 // Exec starts the process the restore prepared, or p itself if there is
 // none (an exec, or a guest whose agent cannot prepare one).
-func (g *guest) Exec(ctx context.Context, p task.ProcessSpec) (uint32, error) {
+func (g *guest) Exec(ctx context.Context, p task.ProcessSpec) (task.Started, error) {
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
+	var proc *agent.Process
+	var err error
 	if g.c.Prepared(p.ID) {
-		return g.c.Start(ctx, p.ID)
+		proc, err = g.c.Start(ctx, p.ID)
+	} else {
+		proc, err = g.c.Exec(ctx, p)
 	}
-	return g.c.Exec(ctx, p)
-}
-
-func (g *guest) Stdio(ctx context.Context, id string) (io.WriteCloser, io.ReadCloser, io.ReadCloser, error) {
-	return g.c.Stdio(ctx, id)
+	if err != nil {
+		return task.Started{}, err
+	}
+	s := task.Started{Pid: proc.Pid}
+	s.Stdin, s.Stdout, s.Stderr = proc.Stdio()
+	return s, nil
 }
 
 // Wait reports the exit with the host's time of learning it: the guest's

@@ -11,12 +11,14 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // A clone's Init detaches the processes it inherited from its snapshot: the
 // clone's shim can start its own "init", and the old one runs on, its
 // output drained so that it never blocks on a pipe nobody reads.
 func TestInitDetachesProcesses(t *testing.T) {
+	testenv.RequireRoot(t) // the agent sets the process's credentials
 	h := newHarness(t)
 	c := h.client(t)
 	ctx := ctxT(t)

@@ -20,6 +20,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // fakeSystem is the guest machine the in-process agent changes.
@@ -443,6 +444,7 @@ func TestReportString(t *testing.T) {
 // TestRunPreparesTheProcess: the guest's Init prepares the process Run is
 // given, which then only needs starting.
 func TestRunPreparesTheProcess(t *testing.T) {
+	testenv.RequireRoot(t) // the agent sets the process's credentials
 	vm := &fakeVM{guest: startAgent(t, &fakeSystem{})}
 	r := testRequest(t)
 	r.Guest.Process = &agent.ExecRequest{ID: "init", Args: []string{"true"}, Cwd: "/"}

@@ -232,6 +232,7 @@ func TestCloseStopsEviction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	removableAfter(t, root)
 	top := importChain(t, sn, fx, "layer")
 	if _, err := sn.Prepare(ctx, "ctr", top); err != nil {
 		t.Fatal(err)

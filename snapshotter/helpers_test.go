@@ -141,7 +141,28 @@ func newSnapshotter(t testing.TB, root string, opts ...Opt) *Snapshotter {
 		t.Fatalf("new snapshotter: %v", err)
 	}
 	t.Cleanup(func() { sn.Close() })
+	removableAfter(t, root)
 	return sn
+}
+
+// removableAfter makes root's committed links, read-only dirs that only
+// root may empty, writable again when t ends, so that t.TempDir can
+// remove them without root too.
+func removableAfter(t testing.TB, root string) {
+	t.Cleanup(func() { setWritable(root, true) })
+}
+
+// removeFromLink removes path, a file of a committed link, as an attacker
+// or a broken disk would.
+func removeFromLink(t testing.TB, path string) {
+	t.Helper()
+	dir := filepath.Dir(path)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // importChain unpacks fx's links as containerd would (Prepare with the ref

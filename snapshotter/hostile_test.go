@@ -96,9 +96,7 @@ func TestStageRefusesSymlinkedStateFile(t *testing.T) {
 
 func replaceWithSymlink(t *testing.T, target, path string) {
 	t.Helper()
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
+	removeFromLink(t, path)
 	if err := os.Symlink(target, path); err != nil {
 		t.Fatal(err)
 	}
@@ -106,9 +104,7 @@ func replaceWithSymlink(t *testing.T, target, path string) {
 
 func replaceWithFIFO(t *testing.T, path string) {
 	t.Helper()
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
+	removeFromLink(t, path)
 	if err := syscall.Mkfifo(path, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -104,6 +104,7 @@ func TestRestartCleansAndKeepsKinds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	removableAfter(t, root)
 	top := importLayers(t, sn, testLayers(t), "layer")
 	ms, err := sn.Prepare(ctx, "ctr", top)
 	if err != nil {
@@ -174,6 +175,7 @@ func TestRestageOrdinaryAfterReboot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	removableAfter(t, root)
 	top := importLayers(t, sn, testLayers(t), "layer")
 	ms, err := sn.Prepare(ctx, "ctr", top)
 	if err != nil {

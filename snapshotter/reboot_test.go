@@ -18,6 +18,7 @@ func TestRestageAfterReboot(t *testing.T) {
 	ctx := context.Background()
 	fx := makeChain(t, t.TempDir(), 95, 32, 2)
 	root := t.TempDir()
+	removableAfter(t, root)
 	boot := "boot-1"
 	open := func() *Snapshotter {
 		t.Helper()

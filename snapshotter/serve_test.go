@@ -63,6 +63,7 @@ type daemon struct {
 // startDaemon starts the daemon with env added to its environment.
 func startDaemon(t *testing.T, root, address string, env ...string) *daemon {
 	t.Helper()
+	removableAfter(t, root)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), envServeRoot+"="+root, envServeAddress+"="+address), env...)
 	cmd.Stderr = os.Stderr

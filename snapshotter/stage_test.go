@@ -187,6 +187,7 @@ func TestStartupReconciles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	removableAfter(t, root)
 	top := importChain(t, sn, fx, "layer")
 	ms, err := sn.Prepare(ctx, "ctr", top)
 	if err != nil {
@@ -277,9 +278,7 @@ func TestFailedPrepareLeavesNothing(t *testing.T) {
 	}
 	// broken's committed link loses its state file: staging it again fails
 	// after the memory hard link of its flat file is made.
-	if err := os.Remove(filepath.Join(sn.dir(snapshotID(t, sn, brokenTop)), "qemu.state")); err != nil {
-		t.Fatal(err)
-	}
+	removeFromLink(t, filepath.Join(sn.dir(snapshotID(t, sn, brokenTop)), "qemu.state"))
 
 	tests := []struct {
 		name   string

@@ -62,7 +62,12 @@ func TestInspect(t *testing.T) {
 			}
 		})
 	}
-	if err := os.Truncate(filepath.Join(staged, chain.StagedMemory), 4096); err != nil {
+	// A short memory, as a broken disk leaves it (staged memory is 0444).
+	memory := filepath.Join(staged, chain.StagedMemory)
+	if err := os.Chmod(memory, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(memory, 4096); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := runChainCmd(t, "inspect", staged); err == nil || !strings.Contains(err.Error(), "the chain's memory is") {

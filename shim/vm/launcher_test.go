@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
@@ -224,6 +225,7 @@ func TestDriverPerConfig(t *testing.T) {
 // guest as the VM comes up, and the guest's Exec of it starts that one
 // (an Exec of the same id would find it taken).
 func TestLaunchPreparesTheProcess(t *testing.T) {
+	testenv.RequireRoot(t) // the agent sets the process's credentials
 	cfgPath, _ := writeConfig(t, false)
 	l, _ := newLauncher(t)
 	init := task.ProcessSpec{ID: task.InitGuestID, Args: []string{"true"}, Cwd: "/"}

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
@@ -41,6 +42,7 @@ func (r *exitRecorder) Publish(_ context.Context, _ string, e events.Event) erro
 // with the real agent server running the processes on the host: the whole
 // shim but the hypervisor.
 func TestServiceOverAgent(t *testing.T) {
+	testenv.RequireRoot(t) // the agent sets the process's credentials
 	base := t.TempDir()
 	cfgPath, _ := writeConfig(t, false)
 	l, _ := newLauncher(t)
@@ -135,6 +137,7 @@ func writeBundle(t *testing.T, dir string, spec *specs.Spec) {
 // as (here on the host, so the process can print it), and the task keeps
 // the hypervisor's.
 func TestExecPidOverAgent(t *testing.T) {
+	testenv.RequireRoot(t) // the agent sets the process's credentials
 	base := t.TempDir()
 	cfgPath, _ := writeConfig(t, false)
 	l, _ := newLauncher(t)

@@ -68,8 +68,8 @@ func checkKind(kind hypervisor.SnapshotKind) error {
 }
 
 // snapshot writes the link; the migration stops the VM if it still runs.
-// Once the state and the pages are written, resume (if set) runs before
-// the files are synced.
+// resume (if set) runs once the state and the pages are written (a live
+// diff's pages once they are copied out), before the files are synced.
 func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind, resume func(context.Context) error) error {
 	ram, err := v.openRAM(ctx, kind)
 	if err != nil {

@@ -1,10 +1,8 @@
 package snapshotter
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -15,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 const page = 4096
@@ -216,27 +215,8 @@ func copyDir(t testing.TB, src, dst string) {
 // sameContent fails t unless files a and b hold the same bytes.
 func sameContent(t testing.TB, a, b string) {
 	t.Helper()
-	fa, err := os.Open(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fa.Close()
-	fb, err := os.Open(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fb.Close()
-	ba, bb := make([]byte, 1<<20), make([]byte, 1<<20)
-	for off := int64(0); ; {
-		na, ea := io.ReadFull(fa, ba)
-		nb, _ := io.ReadFull(fb, bb)
-		if na != nb || !bytes.Equal(ba[:na], bb[:nb]) {
-			t.Fatalf("%s and %s differ in the MiB at offset %d", a, b, off)
-		}
-		if ea != nil {
-			return
-		}
-		off += int64(na)
+	if n := testenv.DifferingPages(t, a, b); n != 0 {
+		t.Fatalf("%s and %s differ in %d pages", a, b, n)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // A fork restores from its parent chain's flat file with its own pages
@@ -62,7 +63,7 @@ func TestRestoreWritesDeltas(t *testing.T) {
 			if err := chain.Flatten(ctx, []string{base, fork1}, restored); err != nil {
 				t.Fatal(err)
 			}
-			changed := differingPages(t, now, restored) * 4096
+			changed := testenv.DifferingPages(t, now, restored) * 4096
 			l2, err := chain.ReadLink(fork2)
 			if err != nil {
 				t.Fatal(err)

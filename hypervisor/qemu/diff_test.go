@@ -1,11 +1,9 @@
 package qemu
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +17,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // The guest-side marker: a file in the guest's tmpfs, and a shell that
@@ -97,39 +96,9 @@ func dumpMemory(t *testing.T, v *VM, path string) {
 	}
 }
 
-// differingPages counts the pages in which two memory files differ.
-func differingPages(t *testing.T, a, b string) int64 {
-	t.Helper()
-	fa, err := os.Open(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fa.Close()
-	fb, err := os.Open(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fb.Close()
-	pa, pb := make([]byte, 4096), make([]byte, 4096)
-	var n int64
-	for off := int64(0); ; off += 4096 {
-		_, ea := fa.ReadAt(pa, off)
-		_, eb := fb.ReadAt(pb, off)
-		if errors.Is(ea, io.EOF) && errors.Is(eb, io.EOF) {
-			return n
-		}
-		if ea != nil || eb != nil {
-			t.Fatalf("compare %s and %s at %d: %v, %v", a, b, off, ea, eb)
-		}
-		if !bytes.Equal(pa, pb) {
-			n++
-		}
-	}
-}
-
 func sameFile(t *testing.T, a, b string) bool {
 	t.Helper()
-	return differingPages(t, a, b) == 0
+	return testenv.DifferingPages(t, a, b) == 0
 }
 
 func otherMode(m hypervisor.Mode) hypervisor.Mode {
@@ -178,7 +147,7 @@ func TestForkDiff(t *testing.T) {
 			if err := v.snapshot(ctx, link, hypervisor.SnapshotDiff, resume); err != nil {
 				t.Fatalf("diff snapshot: %v", err)
 			}
-			changed := differingPages(t, now, s.flat) * 4096
+			changed := testenv.DifferingPages(t, now, s.flat) * 4096
 
 			l, err := chain.ReadLink(link)
 			if err != nil {

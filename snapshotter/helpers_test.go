@@ -2,9 +2,11 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -250,4 +252,23 @@ func flatPath(t testing.TB, root string, top string) string {
 		t.Fatal(err)
 	}
 	return filepath.Join(root, "flat", l.ID().Encoded())
+}
+
+// prepareAll prepares n containers ("ctr-0" …) on parent at once and
+// returns their mounts in order.
+func prepareAll(t testing.TB, sn snapshots.Snapshotter, parent string, n int) [][]mount.Mount {
+	t.Helper()
+	mounts := make([][]mount.Mount, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			mounts[i], errs[i] = sn.Prepare(context.Background(), fmt.Sprintf("ctr-%d", i), parent)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("prepare: %v", err)
+	}
+	return mounts
 }

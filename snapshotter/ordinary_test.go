@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -141,23 +140,9 @@ func TestConcurrentOrdinaryPreparesBuildOnce(t *testing.T) {
 	sn := serve(t, local)
 	top := importLayers(t, sn, testLayers(t), "layer")
 
-	dirs := make([]string, clones)
-	var wg sync.WaitGroup
-	errs := make(chan error, clones)
-	for i := range clones {
-		wg.Go(func() {
-			ms, err := sn.Prepare(ctx, fmt.Sprintf("ctr-%d", i), top)
-			if err != nil {
-				errs <- err
-				return
-			}
-			dirs[i] = stagedDir(t, ms)
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("prepare: %v", err)
+	var dirs []string
+	for _, ms := range prepareAll(t, sn, top, clones) {
+		dirs = append(dirs, stagedDir(t, ms))
 	}
 	if n := builds.Load(); n != 1 {
 		t.Fatalf("%d concurrent prepares built %d images, want 1", clones, n)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -26,23 +25,9 @@ func TestConcurrentPreparesFlattenOnce(t *testing.T) {
 	sn := newSnapshotter(t, root, countFlattens(&flattens))
 	top := importChain(t, sn, fx, "layer")
 
-	sources := make([]string, clones)
-	var wg sync.WaitGroup
-	errs := make(chan error, clones)
-	for i := range clones {
-		wg.Go(func() {
-			ms, err := sn.Prepare(ctx, fmt.Sprintf("ctr-%d", i), top)
-			if err != nil {
-				errs <- err
-				return
-			}
-			sources[i] = ms[0].Source
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("prepare: %v", err)
+	var sources []string
+	for _, ms := range prepareAll(t, sn, top, clones) {
+		sources = append(sources, ms[0].Source)
 	}
 	if n := flattens.Load(); n != 1 {
 		t.Fatalf("%d concurrent prepares flattened %d times, want 1", clones, n)

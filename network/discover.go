@@ -25,15 +25,16 @@ type Interface struct {
 	Routes []Route
 }
 
-// Route is one route of an Interface, as the guest should install it.
+// Route is one route of an Interface, as the guest should install it (a
+// per-route MTU is not carried: the guest's NIC has the interface's).
 type Route struct {
-	Dst    *net.IPNet // nil for a default route
-	Gw     net.IP     // nil for a directly connected destination
-	Src    net.IP     // preferred source, nil when unset
+	// Dst is 0.0.0.0/0 or ::/0 for a default route, so that one without
+	// a gateway still says its family.
+	Dst    *net.IPNet
+	Gw     net.IP // nil for a directly connected destination
+	Src    net.IP // preferred source, nil when unset
 	Metric int
-	OnLink bool  // the gateway is on the link though no prefix says so
-	Scope  uint8 // unix.RT_SCOPE_UNIVERSE or unix.RT_SCOPE_LINK
-	MTU    int   // a per-route MTU, 0 when unset
+	OnLink bool // the gateway is on the link though no prefix says so
 }
 
 // ErrNoInterface is Discover's error for a namespace with nothing to take
@@ -137,13 +138,11 @@ func routesOf(a *netlink.LinkAttrs, routes []netlink.Route) ([]Route, error) {
 			continue
 		}
 		out = append(out, Route{
-			Dst:    normalDst(r.Dst),
+			Dst:    routeDst(r),
 			Gw:     r.Gw,
 			Src:    r.Src,
 			Metric: r.Priority,
 			OnLink: r.Flags&unix.RTNH_F_ONLINK != 0,
-			Scope:  uint8(r.Scope),
-			MTU:    r.MTU,
 		})
 	}
 	return out, nil
@@ -158,12 +157,16 @@ func multipathVia(r netlink.Route, index int) bool {
 	return false
 }
 
-// normalDst maps both spellings of a default destination (nil, 0/0) to nil.
-func normalDst(d *net.IPNet) *net.IPNet {
-	if isDefault(d) {
-		return nil
+// routeDst is r's destination, a default one spelled 0/0 of r's family:
+// netlink reports it so, but a route without RTA_DST has none.
+func routeDst(r netlink.Route) *net.IPNet {
+	if r.Dst != nil {
+		return r.Dst
 	}
-	return d
+	if r.Family == unix.AF_INET6 {
+		return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+	}
+	return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 }
 
 func isDefault(d *net.IPNet) bool {

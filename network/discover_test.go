@@ -59,6 +59,31 @@ func TestDiscoverPod(t *testing.T) {
 	}
 }
 
+// TestDiscoverDefaultWithoutGateway: a default route straight out of the
+// interface ("default dev eth0", as ipvlan L3 and hand-made veths have it)
+// keeps its family in Dst, since it has no gateway to say it.
+func TestDiscoverDefaultWithoutGateway(t *testing.T) {
+	n, far := newNS(t), newNS(t)
+	eth0 := addVeth(t, n, "eth0", 0, far, "f0", "10.4.0.2/24", "fd00:4::2/64")
+	addRoute(t, n, eth0, "0.0.0.0/0", "", 0)
+	addRoute(t, n, eth0, "::/0", "", 0)
+	got, err := Discover(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dsts []string
+	for _, r := range got.Routes {
+		if r.Gw != nil {
+			t.Errorf("route %+v has a gateway, want none", r)
+		}
+		dsts = append(dsts, r.Dst.String())
+	}
+	slices.Sort(dsts)
+	if want := []string{"0.0.0.0/0", "::/0"}; !slices.Equal(dsts, want) {
+		t.Errorf("default routes' destinations = %v, want %v", dsts, want)
+	}
+}
+
 // TestDiscover: which interface is chosen, and the errors when none or
 // several qualify.
 func TestDiscover(t *testing.T) {

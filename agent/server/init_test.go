@@ -166,6 +166,7 @@ func TestInitNetwork(t *testing.T) {
 			{Gateway: "fd00::1"},
 			{Destination: "10.99.0.0/16", Source: "10.88.0.4"},
 			{Destination: "10.77.0.0/16", Gateway: "192.168.0.1", OnLink: true},
+			{Destination: "0.0.0.0/0"}, // a default route out of the link, no gateway
 		},
 	}}
 	if _, err := g.svc.Init(context.Background(), r); err != nil {
@@ -181,6 +182,7 @@ func TestInitNetwork(t *testing.T) {
 		{Gateway: net.ParseIP("fd00::1")},
 		{Dst: cidr(t, "10.99.0.0/16"), Source: net.ParseIP("10.88.0.4")},
 		{Dst: cidr(t, "10.77.0.0/16"), Gateway: net.ParseIP("192.168.0.1"), OnLink: true},
+		{Dst: cidr(t, "0.0.0.0/0")},
 	}
 	for i, w := range want {
 		got := cfg.Routes[i]

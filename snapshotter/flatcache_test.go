@@ -344,6 +344,9 @@ func TestRemoveTopWhileStaging(t *testing.T) {
 			}
 			local := newSnapshotter(t, root, hook)
 			sn := serve(t, local)
+			var once sync.Once
+			unblock := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(unblock) // before the snapshotter closes, on failure too
 			var top string
 			if tc.ordinary {
 				top = importLayers(t, sn, testLayers(t), "layer")
@@ -356,11 +359,15 @@ func TestRemoveTopWhileStaging(t *testing.T) {
 				_, err := sn.Prepare(ctx, "ctr", top)
 				errc <- err
 			}()
-			<-built
+			select {
+			case <-built:
+			case err := <-errc:
+				t.Fatalf("prepare ended before building: %v", err)
+			}
 			if err := sn.Remove(ctx, top); err != nil {
 				t.Fatalf("remove the top while a prepare stages it: %v", err)
 			}
-			close(release)
+			unblock()
 			// It fails reading the removed link's state file, or creating
 			// the snapshot on a parent that is gone.
 			if err := <-errc; err == nil {

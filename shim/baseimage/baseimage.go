@@ -33,8 +33,10 @@ type Snapshot struct {
 	namespace   string
 	snapshotter string
 	key         string
-	// Dir is the staged chain to restore from.
-	Dir string
+	// Dir is the staged chain to restore from, Staged that chain as read
+	// when it was checked (the restore uses it rather than read it again).
+	Dir    string
+	Staged *chain.Staged
 }
 
 // Clients keeps one containerd client per address for the shim's life.
@@ -88,7 +90,7 @@ func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotte
 	if b.Dir, err = bindSource(mounts); err != nil {
 		return nil, fmt.Errorf("base image %s is not a cocoon snapshot image (its layers must be chain links): %w", image, err)
 	}
-	if _, err := chain.OpenStaged(b.Dir); err != nil {
+	if b.Staged, err = chain.OpenStaged(b.Dir); err != nil {
 		return nil, fmt.Errorf("base image %s is not a cocoon snapshot image (its layers must be chain links): %w: %w", image, err, errdefs.ErrInvalidArgument)
 	}
 	return b, nil

@@ -105,9 +105,10 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 // source is what a task restores from: a staged chain, and for an ordinary
 // image the base snapshot staged for it and the image's filesystem.
 type source struct {
-	dir  string
-	base *baseimage.Snapshot
-	disk *chain.StagedRootfs
+	dir    string
+	staged *chain.Staged // the chain at dir if read already, else nil
+	base   *baseimage.Snapshot
+	disk   *chain.StagedRootfs
 }
 
 // source stages the runtime class's base image for a task whose image is
@@ -130,7 +131,7 @@ func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchR
 		return source{}, err
 	}
 	clock.lap(PhaseBase)
-	return source{dir: base.Dir, base: base, disk: r.Rootfs}, nil
+	return source{dir: base.Dir, staged: base.Staged, base: base, disk: r.Rootfs}, nil
 }
 
 // prepared is a restore decided and made ready: its plan, the VM's memory
@@ -146,7 +147,7 @@ type prepared struct {
 }
 
 func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source) (prepared, error) {
-	plan, staged, err := decide(ctx, d, cfg, r, src.dir)
+	plan, staged, err := decide(ctx, d, cfg, r, src)
 	if err != nil {
 		return prepared{}, err
 	}
@@ -240,13 +241,16 @@ func resourcesOf(spec *specs.Spec) *specs.LinuxResources {
 	return spec.Linux.Resources
 }
 
-// decide reads the staged chain, once for the whole restore, and asks the
-// policy for a plan.
-func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest, dir string) (restore.Plan, *chain.Staged, error) {
-	staged, err := chain.OpenStaged(dir)
-	if err != nil {
-		return restore.Plan{}, nil, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
-			dir, err, errdefs.ErrInvalidArgument)
+// decide reads the staged chain, once for the whole restore (a base
+// image's was read when it was staged), and asks the policy for a plan.
+func decide(ctx context.Context, d hypervisor.Driver, cfg config.Config, r task.LaunchRequest, src source) (restore.Plan, *chain.Staged, error) {
+	staged := src.staged
+	if staged == nil {
+		var err error
+		if staged, err = chain.OpenStaged(src.dir); err != nil {
+			return restore.Plan{}, nil, fmt.Errorf("rootfs %s is not a staged cocoon chain (run with --snapshotter cocoon): %w: %w",
+				src.dir, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	var annotations map[string]string
 	if r.Spec != nil {

@@ -107,29 +107,11 @@ func WriteDiffPages(ctx context.Context, memPath string, dirty []Extent, parentD
 	}
 	defer mem.Close()
 	l := meta.link(KindDiff, mem.size, parent)
-	exts, err := normalizeExtents(dirty, mem.size, l.PageSize)
+	l, err = writePages(ctx, mem, dirty, l, parent, outDir, func([]byte) bool { return true }, nil)
 	if err != nil {
-		return nil, fmt.Errorf("write diff link of %s: dirty pages: %w", memPath, err)
+		return nil, fmt.Errorf("write diff link of %s: %w", memPath, err)
 	}
-	w, err := startLink(outDir, l, parent)
-	if err != nil {
-		return nil, err
-	}
-	bufs := [][]byte{make([]byte, chunkSize(l.PageSize))}
-	files := []*memFile{mem}
-	for _, e := range exts {
-		err = forEachChunk(files, e.Offset, e.End(), bufs, func(off int64, b [][]byte) error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			return w.add(off, b[0])
-		})
-		if err != nil {
-			w.abort()
-			return nil, fmt.Errorf("write diff link of %s: %w", memPath, err)
-		}
-	}
-	return w.finish(l)
+	return l, nil
 }
 
 // addRuns adds to w each run of consecutive pages of b (at off) for which

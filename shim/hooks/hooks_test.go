@@ -17,6 +17,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // script writes an executable /bin/sh script with body and returns its path.
@@ -205,7 +207,9 @@ func TestRunKills(t *testing.T) {
 			defer cancel()
 			if tc.cancel {
 				go func() {
-					waitFile(pids)
+					// Cancel by then at the latest: a hook that never
+					// writes its pids fails the test instead of hanging it.
+					waitFile(pids, 10*time.Second)
 					cancel()
 				}()
 			}
@@ -302,12 +306,12 @@ func readPids(t *testing.T, path string) []int {
 	return pids
 }
 
-func waitFile(path string) {
-	for {
+// waitFile waits until path exists, for within at most.
+func waitFile(path string, within time.Duration) {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if _, err := os.Stat(path); err == nil {
 			return
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -315,23 +319,17 @@ func waitFile(path string) {
 // whoever inherited it).
 func waitDead(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("process %d ends", pid), func() error {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if errors.Is(err, os.ErrNotExist) {
-			return
+			return nil
 		}
-		if err == nil {
-			// The state follows the command name's closing parenthesis.
-			if s := string(stat); strings.HasPrefix(s[strings.LastIndex(s, ")")+1:], " Z") {
-				return
-			}
+		// The state follows the command name's closing parenthesis.
+		if s := string(stat); err == nil && strings.HasPrefix(s[strings.LastIndex(s, ")")+1:], " Z") {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d still runs: %s", pid, stat)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("still runs: %s (%v)", stat, err)
+	})
 }
 
 // TestRunCanceledBefore: with ctx already done no hook starts.

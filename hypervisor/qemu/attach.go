@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	hostattach "github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/attach"
 )
 
 // attach is what a QEMU inherits beyond its QMP listener.
@@ -22,29 +23,31 @@ type attach struct {
 
 // attachFor checks the network namespace, NIC and disk req asks for, so a
 // wrong one fails before anything starts rather than in QEMU's log, and
-// returns what QEMU inherits for them. The disk goes on the command line.
-func attachFor(req hypervisor.RestoreRequest) (attach, error) {
+// returns what QEMU inherits for them and the disk's absolute path ("" for
+// none) for the command line: QEMU runs in its run directory, where a
+// relative path would name another file.
+func attachFor(req hypervisor.RestoreRequest) (a attach, disk string, err error) {
 	if req.NetNS != nil {
-		if err := checkNetNS(req.NetNS); err != nil {
-			return attach{}, err
+		if err := hostattach.CheckNetNS(req.NetNS); err != nil {
+			return attach{}, "", err
 		}
 	}
-	a := attach{netns: req.NetNS}
+	a = attach{netns: req.NetNS}
 	if req.NIC != nil {
 		if req.NIC.TapFile == nil {
-			return attach{}, fmt.Errorf("nic %q has no tap file: QEMU takes the tap as an open fd", req.NIC.TapName)
+			return attach{}, "", fmt.Errorf("nic %q has no tap file: QEMU takes the tap as an open fd", req.NIC.TapName)
 		}
 		if err := checkTap(req.NIC.TapFile); err != nil {
-			return attach{}, err
+			return attach{}, "", err
 		}
 		a.tap = req.NIC.TapFile
 	}
 	if req.Disk != "" {
-		if err := checkDisk(req.Disk); err != nil {
-			return attach{}, err
+		if disk, err = hostattach.CheckDisk(req.Disk); err != nil {
+			return attach{}, "", err
 		}
 	}
-	return a, nil
+	return a, disk, nil
 }
 
 // files lists the fds QEMU inherits after the QMP listener, and the
@@ -75,30 +78,6 @@ func checkTap(f *os.File) error {
 	flags := ifr.Uint16()
 	if flags&unix.IFF_TAP == 0 || flags&unix.IFF_NO_PI == 0 || flags&unix.IFF_VNET_HDR != 0 {
 		return fmt.Errorf("nic tap %s has flags %#x: want IFF_TAP|IFF_NO_PI without IFF_VNET_HDR", ifr.Name(), flags)
-	}
-	return nil
-}
-
-// checkNetNS wants f to be a network namespace.
-func checkNetNS(f *os.File) error {
-	t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
-	if err != nil {
-		return fmt.Errorf("network namespace %s: %w (want an nsfs file such as /proc/PID/ns/net)", f.Name(), err)
-	}
-	if t != unix.CLONE_NEWNET {
-		return fmt.Errorf("network namespace %s is a namespace of another type (%#x)", f.Name(), t)
-	}
-	return nil
-}
-
-// checkDisk wants a regular file for the rootfs slot: a filesystem image.
-func checkDisk(path string) error {
-	st, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("rootfs disk: %w", err)
-	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("rootfs disk %s is not a regular file (mode %s): want a filesystem image", path, st.Mode())
 	}
 	return nil
 }

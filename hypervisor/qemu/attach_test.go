@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
@@ -134,6 +135,36 @@ func TestCheckTap(t *testing.T) {
 				t.Fatalf("checkTap = %v, want an error containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// QEMU runs in its run directory, so a disk given relative to the shim's
+// working directory goes on its command line absolute, naming the file
+// that was checked.
+func TestRestoreLaunchDiskAbsolute(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rootfs.img"), make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	d := New(config.QEMU{Accel: accelTCG})
+	l, _, err := d.restoreLaunch(tcgShape(), hypervisor.RestoreRequest{Disk: "rootfs.img"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !filepath.IsAbs(l.Disk) {
+		t.Fatalf("launch disk %q, want an absolute path", l.Disk)
+	}
+	got, err := os.Stat(l.Disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.Stat(filepath.Join(dir, "rootfs.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(got, want) {
+		t.Errorf("launch disk %q is not %s", l.Disk, filepath.Join(dir, "rootfs.img"))
 	}
 }
 

@@ -99,11 +99,11 @@ func (d *Driver) restoreLaunch(shape Shape, req hypervisor.RestoreRequest) (laun
 	if err := checkBakedOn(shape, accel, cpu, reason); err != nil {
 		return launch{}, attach{}, err
 	}
-	a, err := attachFor(req)
+	a, disk, err := attachFor(req)
 	if err != nil {
 		return launch{}, attach{}, err
 	}
-	return launch{Shape: shape, Accel: accel, CPU: cpu, Disk: req.Disk, Incoming: true}, a, nil
+	return launch{Shape: shape, Accel: accel, CPU: cpu, Disk: disk, Incoming: true}, a, nil
 }
 
 // openStaged takes the staged chain and reads the top link's machine

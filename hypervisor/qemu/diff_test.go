@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -297,7 +298,9 @@ func TestForkChain(t *testing.T) {
 }
 
 // SnapshotLive leaves the VM running, whether the snapshot was written or
-// failed.
+// failed: before the guest stopped (no snapshot directory) or after (the
+// directory already holds a link, which the link writer refuses once the
+// device state is saved).
 func TestSnapshotLiveLeavesRunning(t *testing.T) {
 	d := newTestDriver(t)
 	root := t.TempDir()
@@ -312,23 +315,32 @@ func TestSnapshotLiveLeavesRunning(t *testing.T) {
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
+	held := filepath.Join(root, "held")
+	if err := os.Mkdir(held, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(held, chain.LinkFile), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
-		dir string
-		ok  bool
+		dir     string
+		kind    hypervisor.SnapshotKind
+		wantErr string // "" for success
 	}{
-		{filepath.Join(root, "live"), true},
-		{"/proc/version/live", false},
-		{filepath.Join(root, "live2"), true},
+		{filepath.Join(root, "live"), hypervisor.SnapshotDiff, ""},
+		{"/proc/version/live", hypervisor.SnapshotDiff, "create snapshot dir"},
+		{held, hypervisor.SnapshotFull, "already holds a link"},
+		{filepath.Join(root, "live2"), hypervisor.SnapshotDiff, ""},
 	} {
-		err := v.SnapshotLive(ctx, tt.dir, hypervisor.SnapshotDiff)
-		if (err == nil) != tt.ok {
-			t.Fatalf("live snapshot into %s: %v, want ok=%v", tt.dir, err, tt.ok)
+		err := v.SnapshotLive(ctx, tt.dir, tt.kind)
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Fatalf("%s live snapshot into %s: %v, want an error containing %q", tt.kind, tt.dir, err, tt.wantErr)
 		}
 		var st struct {
 			Status string `json:"status"`
 		}
 		if err := v.qmp.Execute(ctx, "query-status", nil, &st); err != nil || st.Status != "running" {
-			t.Fatalf("after a live snapshot into %s: status %q (%v), want running", tt.dir, st.Status, err)
+			t.Fatalf("after a %s live snapshot into %s: status %q (%v), want running", tt.kind, tt.dir, st.Status, err)
 		}
 	}
 	if _, err := chain.ReadLink(filepath.Join(root, "live2")); err != nil {

@@ -182,9 +182,7 @@ func TestStartFailures(t *testing.T) {
 			if !strings.HasPrefix(tt.spec.Socket, "/") {
 				tt.spec.Socket = filepath.Join(dir, tt.spec.Socket)
 			}
-			if _, err := Start(ctx, dir, tt.spec); err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err = %v, want one containing %q", err, tt.want)
-			}
+			startFails(t, ctx, dir, tt.spec, tt.want)
 		})
 	}
 	b, err := os.ReadFile(pidFile)
@@ -194,6 +192,20 @@ func TestStartFailures(t *testing.T) {
 	var pid int
 	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err != nil || !gone(pid) {
 		t.Errorf("never-serving vmm pid %s left running (%v)", b, err)
+	}
+}
+
+// startFails wants Start to fail with an error containing want; a VMM
+// that started after all is stopped, not left running detached.
+func startFails(t *testing.T, ctx context.Context, dir string, s Spec, want string) {
+	t.Helper()
+	p, err := Start(ctx, dir, s)
+	if err == nil {
+		p.Stop()
+		t.Fatalf("start succeeded, want an error containing %q", want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want one containing %q", err, want)
 	}
 }
 
@@ -285,7 +297,5 @@ func TestStartNetNS(t *testing.T) {
 	}
 	s := serving(t, t.TempDir())
 	s.NetNS, s.OwnNetNS = n.NS, true
-	if _, err := Start(context.Background(), t.TempDir(), s); err == nil || !strings.Contains(err.Error(), "both") {
-		t.Errorf("start with a namespace and one of its own: err = %v", err)
-	}
+	startFails(t, context.Background(), t.TempDir(), s, "both")
 }

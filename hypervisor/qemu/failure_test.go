@@ -150,8 +150,12 @@ func TestRestoreKilledDuringLoad(t *testing.T) {
 			fifo.Close()
 		}
 	})
-	_, err := d.Restore(testContext(t, 30*time.Second), req)
-	if err == nil || !strings.Contains(err.Error(), "signal: killed") {
+	v, err := d.Restore(testContext(t, 30*time.Second), req)
+	if err == nil {
+		v.Close()
+		t.Fatal("restore succeeded, want qemu exited with signal: killed")
+	}
+	if !strings.Contains(err.Error(), "signal: killed") {
 		t.Fatalf("restore err %v, want qemu exited with signal: killed", err)
 	}
 	pid := <-killed

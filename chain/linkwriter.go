@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -79,8 +80,8 @@ func startLink(outDir string, l *Link, parent *Link) (*linkWriter, error) {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return nil, fmt.Errorf("write link: %w", err)
 	}
-	if _, err := os.Lstat(filepath.Join(outDir, LinkFile)); !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("write link: %s already holds a link", outDir)
+	if err := CheckNoLink(outDir); err != nil {
+		return nil, fmt.Errorf("write link: %w", err)
 	}
 	for _, name := range l.StateFiles {
 		if err := checkStateFile(filepath.Join(outDir, name)); err != nil {
@@ -174,4 +175,19 @@ func (w *linkWriter) abort() {
 // chunkSize is a whole number of pages near ioChunk.
 func chunkSize(pageSize int64) int64 {
 	return max(ioChunk/pageSize, 1) * pageSize
+}
+
+// CheckNoLink refuses dir if it holds a link already. A snapshot checks it
+// before the hypervisor writes any state file into dir, which would
+// otherwise overwrite that link's before its memory writer refused.
+// A dir that is missing, or no dir at all, holds none: creating it reports that.
+func CheckNoLink(dir string) error {
+	_, err := os.Lstat(filepath.Join(dir, LinkFile))
+	switch {
+	case err == nil:
+		return fmt.Errorf("%s already holds a link", dir)
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return nil
+	}
+	return fmt.Errorf("look for a link in %s: %w", dir, err)
 }

@@ -41,6 +41,9 @@ func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	if kind != hypervisor.SnapshotFull && kind != hypervisor.SnapshotDiff {
 		return fmt.Errorf("snapshot kind %q: want %q or %q", kind, hypervisor.SnapshotFull, hypervisor.SnapshotDiff)
 	}
+	if err := chain.CheckNoLink(dir); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
 	diff := kind == hypervisor.SnapshotDiff
 	if diff && v.dirty == nil {
 		if _, err := os.Stat(v.staged.MemoryPath()); err != nil {

@@ -44,6 +44,9 @@ func (v *vm) Snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotK
 	default:
 		return fmt.Errorf("snapshot kind %q: want %q or %q", kind, hypervisor.SnapshotFull, hypervisor.SnapshotDiff)
 	}
+	if err := chain.CheckNoLink(dir); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create link dir: %w", err)
 	}

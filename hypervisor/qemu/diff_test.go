@@ -315,12 +315,20 @@ func TestSnapshotLiveLeavesRunning(t *testing.T) {
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The link writer fails once the guest has stopped: memory.data is taken.
+	blocked := filepath.Join(root, "blocked")
+	if err := os.MkdirAll(filepath.Join(blocked, chain.DataFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A link already there is refused before anything is written into it.
 	held := filepath.Join(root, "held")
 	if err := os.Mkdir(held, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(held, chain.LinkFile), []byte("{}"), 0o644); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{chain.LinkFile, StateFile} {
+		if err := os.WriteFile(filepath.Join(held, name), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, tt := range []struct {
 		dir     string
@@ -329,6 +337,7 @@ func TestSnapshotLiveLeavesRunning(t *testing.T) {
 	}{
 		{filepath.Join(root, "live"), hypervisor.SnapshotDiff, ""},
 		{"/proc/version/live", hypervisor.SnapshotDiff, "create snapshot dir"},
+		{blocked, hypervisor.SnapshotFull, "is a directory"},
 		{held, hypervisor.SnapshotFull, "already holds a link"},
 		{filepath.Join(root, "live2"), hypervisor.SnapshotDiff, ""},
 	} {
@@ -345,5 +354,8 @@ func TestSnapshotLiveLeavesRunning(t *testing.T) {
 	}
 	if _, err := chain.ReadLink(filepath.Join(root, "live2")); err != nil {
 		t.Errorf("second live snapshot of a VM: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(held, StateFile)); err != nil || string(b) != "{}" {
+		t.Errorf("the existing link's state file after a refused snapshot: %q, %v; want it untouched", b, err)
 	}
 }

@@ -71,6 +71,9 @@ func checkKind(kind hypervisor.SnapshotKind) error {
 // resume (if set) runs once the state and the pages are written (a live
 // diff's pages once they are copied out), before the files are synced.
 func (v *VM) snapshot(ctx context.Context, dir string, kind hypervisor.SnapshotKind, resume func(context.Context) error) error {
+	if err := chain.CheckNoLink(dir); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
 	ram, err := v.openRAM(ctx, kind)
 	if err != nil {
 		return err

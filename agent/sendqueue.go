@@ -30,7 +30,6 @@ type sendQueue struct {
 	cond    *sync.Cond
 	queue   [][]byte
 	queued  int
-	writing bool // the writer is in a Write
 	closing bool
 	err     error // set once writing failed; later writes return it
 }
@@ -95,7 +94,6 @@ func (q *sendQueue) run() {
 		}
 		_, err := q.Conn.Write(b)
 		q.mu.Lock()
-		q.writing = false
 		q.queued -= len(b)
 		if err != nil && q.err == nil {
 			q.err = fmt.Errorf("write to guest agent: %w", err)
@@ -121,6 +119,5 @@ func (q *sendQueue) next() ([]byte, bool) {
 	b := q.queue[0]
 	q.queue[0] = nil
 	q.queue = q.queue[1:]
-	q.writing = true
 	return b, true
 }

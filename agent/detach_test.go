@@ -1,9 +1,11 @@
 package agent_test
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -16,20 +18,34 @@ import (
 
 // A clone's Init detaches the processes it inherited from its snapshot: the
 // clone's shim can start its own "init", and the old one runs on, its
-// output drained so that it never blocks on a pipe nobody reads.
+// output drained so that it never blocks on a pipe nobody reads. The
+// snapshot caught the old host in a read of that output, which its session
+// ending cancelled.
 func TestInitDetachesProcesses(t *testing.T) {
 	testenv.RequireRoot(t) // the agent sets the process's credentials
 	h := newHarness(t)
-	c := h.client(t)
+	old := h.client(t)
 	ctx := ctxT(t)
-	done := filepath.Join(t.TempDir(), "done")
-	// 1 MiB of output, far more than a pipe holds, then a file.
-	script := "head -c 1048576 /dev/zero; touch " + done + "; sleep 600"
-	p, err := c.Exec(ctx, agent.ExecRequest{ID: "init", Args: []string{"/bin/sh", "-c", script}, Cwd: "/"})
+	dir := t.TempDir()
+	start, done := filepath.Join(dir, "start"), filepath.Join(dir, "done")
+	// Silent until the test says, then 1 MiB of output, far more than a
+	// pipe holds, then a file.
+	script := "until [ -e " + start + " ]; do sleep 0.05; done; head -c 1048576 /dev/zero; touch " + done + "; sleep 600"
+	p, err := old.Exec(ctx, agent.ExecRequest{ID: "init", Args: []string{"/bin/sh", "-c", script}, Cwd: "/"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Kill(-int(p.Pid), syscall.SIGKILL) })
+	_, stdout, _ := p.Stdio()
+	read := make(chan struct{})
+	go func() { defer close(read); _, _ = stdout.Read(make([]byte, 1)) }()
+	testenv.Eventually(t, 10*time.Second, "the old host's read reaches the agent", agentReadingOutput)
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-read
+
+	c := h.client(t)
 	if err := c.Init(ctx, agent.InitRequest{Hostname: "clone"}); err != nil {
 		t.Fatal(err)
 	}
@@ -43,14 +59,25 @@ func TestInitDetachesProcesses(t *testing.T) {
 	if st, err := c.Wait(ctx, "init"); err != nil || st.Code != 0 {
 		t.Fatalf("new init %d: %+v, %v", again.Pid, st, err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(done); err == nil {
-			break
-		} else if !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-			t.Fatalf("the detached process never got past its output: %v", err)
-		}
+	if err := os.WriteFile(start, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
+	testenv.Eventually(t, 20*time.Second, "the detached process gets past its output", func() error {
+		_, err := os.Stat(done)
+		return err
+	})
 	if err := syscall.Kill(int(p.Pid), 0); err != nil {
 		t.Errorf("the detached process %d is gone: %v", p.Pid, err)
 	}
+}
+
+// agentReadingOutput tells whether the in-process agent is in a read of a
+// process's output: a host's ReadOutput that has reached it.
+func agentReadingOutput() error {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	if !bytes.Contains(buf, []byte("server.(*outputStream).read(")) {
+		return errors.New("no goroutine in outputStream.read")
+	}
+	return nil
 }

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"io"
-
 	"github.com/containerd/log"
 )
 
@@ -27,7 +25,7 @@ func (s *Service) detachAll() {
 		}
 		for _, out := range []*outputStream{p.stdout, p.stderr} {
 			if out != nil {
-				go io.Copy(io.Discard, out.f)
+				go out.drain()
 			}
 		}
 		log.L.WithField("id", id).WithField("pid", p.pid()).Info("process from the snapshot detached")

@@ -52,6 +52,23 @@ func (s *outputStream) read(ctx context.Context, max int) ([]byte, bool, error) 
 	return nil, false, fmt.Errorf("read output: %w", err)
 }
 
+// drain reads and drops the rest of the stream, then closes it; a
+// detached process's output goes nowhere, and a reader may have left a
+// read deadline behind (a ReadOutput cancelled as its session ended), so
+// it waits out that reader and clears the deadline first.
+func (s *outputStream) drain() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.f.Close()
+	for {
+		// A cancelled read's deadline can still land after its reply.
+		_ = s.f.SetReadDeadline(time.Time{})
+		if _, err := io.Copy(io.Discard, s.f); !errors.Is(err, os.ErrDeadlineExceeded) {
+			return
+		}
+	}
+}
+
 // writeStdin writes all of b to the process's stdin.
 func (p *process) writeStdin(ctx context.Context, b []byte) error {
 	p.stdinMu.Lock()

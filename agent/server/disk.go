@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -27,8 +28,8 @@ type LinuxMounts struct {
 	Sys     string // sysfs; empty means /sys
 	Dev     string // devtmpfs; empty means /dev
 	Modules string // the guest's kernel modules; empty means /lib/modules
-	// LoadModule loads a kernel module file; nil means finit_module(2).
-	LoadModule func(path string) error
+	// LoadModule loads the kernel module in f; nil means finit_module(2).
+	LoadModule func(f *os.File) error
 }
 
 func (l LinuxMounts) sys() string     { return orDefault(l.Sys, "/sys") }
@@ -70,15 +71,13 @@ func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
 	}
 }
 
-// bindVirtioBlk binds every virtio block device without a driver, loading
-// the driver first if the guest has not: the guest loads virtio_blk only
-// on demand (guest/modules), and loading it probes every slot.
+// bindVirtioBlk binds every virtio block device without a driver. The
+// guest loads virtio_blk only on demand (guest/modules): without it, it
+// loads the module, which probes, and so binds, every slot.
 func (l LinuxMounts) bindVirtioBlk() error {
 	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
-	if _, err := os.Stat(driver); err != nil {
-		if err := l.loadVirtioBlk(); err != nil {
-			return err
-		}
+	if _, err := os.Stat(driver); errors.Is(err, fs.ErrNotExist) {
+		return l.loadVirtioBlk()
 	}
 	devices := filepath.Join(l.sys(), "bus/virtio/devices")
 	entries, err := os.ReadDir(devices)
@@ -104,25 +103,24 @@ func (l LinuxMounts) bindVirtioBlk() error {
 // loadVirtioBlk loads the virtio_blk module the guest carries.
 func (l LinuxMounts) loadVirtioBlk() error {
 	path := filepath.Join(l.modules(), "virtio_blk.ko")
-	if _, err := os.Stat(path); err != nil {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("the virtio_blk driver is not loaded in the guest and %s is missing: %w", path, errdefs.ErrNotImplemented)
+	} else if err != nil {
+		return fmt.Errorf("open module: %w", err)
 	}
+	defer f.Close()
 	load := l.LoadModule
 	if load == nil {
 		load = finitModule
 	}
-	if err := load(path); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := load(f); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("load %s: %w", path, err)
 	}
 	return nil
 }
 
-func finitModule(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
+func finitModule(f *os.File) error {
 	return unix.FinitModule(int(f.Fd()), "", 0)
 }
 

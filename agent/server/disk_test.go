@@ -68,7 +68,7 @@ func (f *fakeSysfs) bound() string {
 }
 
 func (f *fakeSysfs) mounts() LinuxMounts {
-	return LinuxMounts{Sys: f.sys, Dev: f.dev, Modules: f.t.TempDir(), LoadModule: func(string) error {
+	return LinuxMounts{Sys: f.sys, Dev: f.dev, Modules: f.t.TempDir(), LoadModule: func(*os.File) error {
 		return errors.New("no module loading in this test")
 	}}
 }
@@ -121,7 +121,9 @@ func TestDiskOnlyOne(t *testing.T) {
 }
 
 // TestDiskLoadsDriver: a guest without virtio_blk loaded (it loads it on
-// demand) loads the module it carries, which binds the slot.
+// demand) loads the module it carries, which binds the slot, and binds
+// nothing itself (this fake load leaves the slot unbound, so a bind would
+// show).
 func TestDiskLoadsDriver(t *testing.T) {
 	f := newFakeSysfs(t, false)
 	f.virtio("virtio0", "0x0002", false)
@@ -130,8 +132,8 @@ func TestDiskLoadsDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	var loaded []string
-	m.LoadModule = func(path string) error {
-		loaded = append(loaded, path)
+	m.LoadModule = func(mod *os.File) error {
+		loaded = append(loaded, mod.Name())
 		f.write("bus/virtio/drivers/virtio_blk/bind", "")
 		f.disk("vda", "cocoon-rootfs")
 		return nil
@@ -141,6 +143,9 @@ func TestDiskLoadsDriver(t *testing.T) {
 	}
 	if len(loaded) != 1 || loaded[0] != filepath.Join(m.Modules, "virtio_blk.ko") {
 		t.Fatalf("loaded %v, want the guest's virtio_blk.ko once", loaded)
+	}
+	if b := f.bound(); b != "" {
+		t.Errorf("bound %q after loading the driver, want nothing", b)
 	}
 }
 

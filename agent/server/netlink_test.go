@@ -9,7 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
@@ -79,25 +81,51 @@ func mustCIDR(t testing.TB, s string) *net.IPNet {
 	return &net.IPNet{IP: ip, Mask: n.Mask}
 }
 
-// watchLink records the link's (up, MAC) at every change until stop.
-func watchLink(t *testing.T, index int) (stop func() []string) {
+// watchLink records the link's (up, MAC) at every change; until returns
+// what it recorded up to the first want, failing the test if want does not
+// come within watchTimeout.
+func watchLink(t *testing.T, index int) (until func(want string) []string) {
 	t.Helper()
 	updates, done := make(chan netlink.LinkUpdate, 256), make(chan struct{})
 	if err := netlink.LinkSubscribe(updates, done); err != nil {
 		t.Fatal(err)
 	}
-	return func() []string {
+	// Closing done ends the subscription, which then closes updates.
+	stop := sync.OnceFunc(func() {
 		close(done)
+		for range updates {
+		}
+	})
+	t.Cleanup(stop)
+	return func(want string) []string {
+		t.Helper()
+		defer stop()
+		timeout := time.NewTimer(watchTimeout)
+		defer timeout.Stop()
 		var seen []string
-		for u := range updates {
-			if u.Attrs().Index == index {
+		for {
+			select {
+			case u, ok := <-updates:
+				if !ok {
+					t.Fatalf("link updates ended before %q: %v", want, seen)
+				}
+				if u.Attrs().Index != index {
+					continue
+				}
 				up := u.Attrs().Flags&net.FlagUp != 0
 				seen = append(seen, map[bool]string{true: "up ", false: "down "}[up]+u.Attrs().HardwareAddr.String())
+				if seen[len(seen)-1] == want {
+					return seen
+				}
+			case <-timeout.C:
+				t.Fatalf("no link update %q within %s: %v", want, watchTimeout, seen)
 			}
 		}
-		return seen
 	}
 }
+
+// watchTimeout bounds the wait for a link update Configure caused.
+const watchTimeout = 10 * time.Second
 
 var testNetConfig = &NetConfig{
 	MAC: net.HardwareAddr{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee}, MTU: 1400,
@@ -122,11 +150,17 @@ func TestNetlinkConfigure(t *testing.T) {
 	if err := netlink.LinkAdd(decoy); err != nil {
 		t.Fatal(err)
 	}
-	stop := watchLink(t, link.Attrs().Index)
+	until := watchLink(t, link.Attrs().Index)
 	if err := (Netlink{Driver: nicDriver}).Configure(testNetConfig); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range stop() {
+	// A tap takes a new MAC while up, so only a down before the first up
+	// with the new MAC shows that Configure took the link down first.
+	seen := until("up " + testNetConfig.MAC.String())
+	if !slices.ContainsFunc(seen, func(e string) bool { return strings.HasPrefix(e, "down ") }) {
+		t.Errorf("the link was not down before it was up with the new MAC: %v", seen)
+	}
+	for _, e := range seen {
 		if strings.HasPrefix(e, "up ") && strings.HasSuffix(e, oldMAC) {
 			t.Errorf("the link was up with the old MAC during Configure: %v", e)
 		}

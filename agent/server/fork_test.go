@@ -58,17 +58,16 @@ func output(t *testing.T, s *Service, id string) (string, int32) {
 // waitState waits until pid is in state (its letter in /proc).
 func waitState(t *testing.T, pid int, state string) {
 	t.Helper()
-	var got string
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("process %d in state %q", pid, state), func() error {
 		stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got = strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[0]; got == state {
-			return
+		if got := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[0]; got != state {
+			return fmt.Errorf("in state %q", got)
 		}
-	}
-	t.Fatalf("process %d is in state %q, want %q", pid, got, state)
+		return nil
+	})
 }
 
 // TestForkedLimits: a process gets its user, umask, rlimits and

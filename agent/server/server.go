@@ -9,12 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/rpcerr"
 )
 
 // Version is reported by Ping and Init. 2: Init carries files, network
@@ -112,7 +112,7 @@ func statusErrors(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.
 	resp, err := method(ctx, unmarshal)
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("method", info.FullMethod).Debug("agent call failed")
-		return nil, errgrpc.ToGRPC(err)
+		return nil, rpcerr.ToGRPC(err)
 	}
 	return resp, nil
 }

@@ -143,9 +143,27 @@ func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spe
 
 // discard kills and releases a sandbox that will not become a task.
 func discard(ctx context.Context, sb *Sandbox) {
-	if err := errors.Join(sb.VM.Kill(), sb.Guest.Close(), sb.VM.Close()); err != nil {
+	if err := errors.Join(sb.VM.Kill(), sb.Guest.Close(), sb.VM.Close(), releaseHeld(sb)); err != nil {
 		log.G(ctx).WithError(err).Warn("release VM of a failed create")
 	}
+}
+
+// releaseHeld lets go of what sb holds besides its VM, which must be gone:
+// its network and its base snapshot. Both releases are idempotent, so a
+// network already given back at the init's exit is not released twice.
+func releaseHeld(sb *Sandbox) error {
+	var errs []error
+	if sb.Network != nil {
+		if err := sb.Network.Release(); err != nil {
+			errs = append(errs, fmt.Errorf("release VM network: %w", err))
+		}
+	}
+	if sb.Base != nil {
+		if err := sb.Base.Release(); err != nil {
+			errs = append(errs, fmt.Errorf("release base snapshot: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {

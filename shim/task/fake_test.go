@@ -364,7 +364,9 @@ type fakeLauncher struct {
 	upGate chan struct{}
 	silent bool // never call Spawned
 	memory MemoryBudget
-	got    []LaunchRequest
+	// network and base, if set, are the sandbox's Network and Base.
+	network, base Releaser
+	got           []LaunchRequest
 }
 
 func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, error) {
@@ -384,6 +386,8 @@ func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, err
 		Plan:       state.Plan{Mode: "mmap", Reasons: []string{"best mode the fake offers"}},
 		Phases:     []state.Phase{{Name: "spawn", Duration: config.Duration(time.Millisecond)}},
 		Memory:     l.memory,
+		Network:    l.network,
+		Base:       l.base,
 	}
 	if r.Spawned != nil && !l.silent {
 		r.Spawned(spawnOf(sb))
@@ -392,6 +396,26 @@ func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, err
 		<-l.upGate
 	}
 	return sb, nil
+}
+
+// fakeReleaser counts its releases, as a VM's network or base snapshot
+// would be released.
+type fakeReleaser struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (r *fakeReleaser) Release() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	return nil
+}
+
+func (r *fakeReleaser) released() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n > 0
 }
 
 // testWait bounds a test's wait for something the shim does on its own.

@@ -98,6 +98,49 @@ func TestSetupFailureKillsVM(t *testing.T) {
 	}
 }
 
+// TestSandboxReleased: the network and base snapshot a launch handed over
+// are released with the VM, whether the task is deleted or its Create
+// fails after the launch (here its cgroup cannot be made).
+func TestSandboxReleased(t *testing.T) {
+	tests := []struct {
+		name   string
+		cgroup string
+		create func(h *harness, bundle string) error
+	}{
+		{"delete", "", func(h *harness, bundle string) error {
+			if _, err := h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "t1", Bundle: bundle, Rootfs: h.rootfs()}); err != nil {
+				return err
+			}
+			h.delete("t1", "")
+			return nil
+		}},
+		{"failed create", "system.slice:cocoon:t1", func(h *harness, bundle string) error {
+			_, err := h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "t1", Bundle: bundle, Rootfs: h.rootfs()})
+			if err == nil {
+				return errors.New("Create with a systemd cgroups path succeeded, want it rejected")
+			}
+			return nil
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			net, base := &fakeReleaser{}, &fakeReleaser{}
+			h.launcher.network, h.launcher.base = net, base
+			spec := specFor("sleep")
+			if tt.cgroup != "" {
+				spec.Linux = &specs.Linux{CgroupsPath: tt.cgroup}
+			}
+			if err := tt.create(h, h.bundle(spec)); err != nil {
+				t.Fatal(err)
+			}
+			if !net.released() || !base.released() {
+				t.Fatalf("network released %t, base released %t: want both", net.released(), base.released())
+			}
+		})
+	}
+}
+
 func (h *harness) kill(id string) {
 	h.t.Helper()
 	if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: id, Signal: 9}); err != nil {

@@ -287,10 +287,8 @@ func (t *task) destroy(ctx context.Context) error {
 	if err := t.sb.VM.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close VM: %w", err))
 	}
-	if t.sb.Base != nil {
-		if err := t.sb.Base.Release(); err != nil {
-			errs = append(errs, fmt.Errorf("release base snapshot: %w", err))
-		}
+	if err := releaseHeld(t.sb); err != nil {
+		errs = append(errs, err)
 	}
 	if t.cg != nil {
 		if err := t.cg.Delete(); err != nil {

@@ -132,9 +132,16 @@ func Release(nsPath, ifaceName, tapName string) error {
 		return fmt.Errorf("release tap %s: %w", tapName, err)
 	}
 	defer n.Close()
-	err = n.locked(func(h *netlink.Handle) error { return release(h, ifaceName, tapName) })
+	return n.ReleaseTap(ifaceName, tapName)
+}
+
+// ReleaseTap is Release inside n, which the caller holds open: it acts on
+// the namespace even once nothing names it any more (its bind mount gone),
+// which the path-based Release would take for a namespace already gone.
+func (n *Namespace) ReleaseTap(ifaceName, tapName string) error {
+	err := n.locked(func(h *netlink.Handle) error { return release(h, ifaceName, tapName) })
 	if err != nil {
-		return fmt.Errorf("release tap %s from %s in %s: %w", tapName, ifaceName, nsPath, err)
+		return fmt.Errorf("release tap %s from %s in %s: %w", tapName, ifaceName, n.path, err)
 	}
 	return nil
 }

@@ -13,7 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // connected is a pod whose eth0 is connected to a fresh tap.
@@ -346,5 +350,51 @@ func TestReleaseByTapOnly(t *testing.T) {
 			}
 		}
 		return err
+	})
+}
+
+// TestReleaseTapUnpinned: a namespace whose bind mount went away lives on
+// while it is held, with its tap and redirects; ReleaseTap removes them by
+// the handle held, where a path no longer names the namespace.
+func TestReleaseTapUnpinned(t *testing.T) {
+	testenv.RequireRoot(t)
+	pinned, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pinned.Close(); _ = testutils.UnmountNS(pinned) })
+	n, err := Open(pinned.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	eth0 := addVeth(t, n, "eth0", 0, newNS(t), "peer0", "10.1.2.2/24")
+	addRoute(t, n, eth0, "", "10.1.2.1", 0)
+	iface, err := Discover(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := testTap(t, n, iface.Name)
+	if err := Connect(n, iface, tap); err != nil {
+		t.Fatal(err)
+	}
+	// As `ip netns delete` does: detached, since n keeps the mount busy.
+	if err := unix.Unmount(pinned.Path(), unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(pinned.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.ReleaseTap(iface.Name, tap.Name); err != nil {
+		t.Fatalf("ReleaseTap: %v", err)
+	}
+	if got := redirectsOf(t, n, iface.Name); len(got) != 0 {
+		t.Errorf("%s still redirects to %v after ReleaseTap", iface.Name, got)
+	}
+	inNS(t, n, func(h *netlink.Handle) error {
+		if _, err := h.LinkByName(tap.Name); !isNotFound(err) {
+			return fmt.Errorf("tap %s after ReleaseTap: %v, want not found", tap.Name, err)
+		}
+		return nil
 	})
 }

@@ -145,7 +145,9 @@ func (n *vmNetwork) Release() error {
 	if n.iface != nil {
 		ifaceName = n.iface.Name
 	}
-	err := network.Release(n.ns.Path(), ifaceName, n.tap.Name)
+	// By the handle held, not the path: a namespace whose bind mount went
+	// away meanwhile still lives, and so would the tap and redirects.
+	err := n.ns.ReleaseTap(ifaceName, n.tap.Name)
 	err = errors.Join(err, n.ns.Close())
 	n.ns = nil
 	return err

@@ -58,11 +58,9 @@ func Discover(n *Namespace) (Interface, error) {
 	if err != nil {
 		return Interface{}, fmt.Errorf("list routes in %s: %w", n.path, err)
 	}
-	addrs := map[int][]net.IPNet{}
-	for _, l := range links {
-		if addrs[l.Attrs().Index], err = globalAddrs(h, l); err != nil {
-			return Interface{}, fmt.Errorf("list addresses in %s: %w", n.path, err)
-		}
+	addrs, err := globalAddrs(h)
+	if err != nil {
+		return Interface{}, fmt.Errorf("list addresses in %s: %w", n.path, err)
 	}
 	link, err := pick(links, routes, addrs)
 	if err != nil {
@@ -112,16 +110,18 @@ func pick(links []netlink.Link, routes []netlink.Route, addrs map[int][]net.IPNe
 	}
 }
 
-// globalAddrs are l's addresses of global scope, IPv6 link-local excluded.
-func globalAddrs(h *netlink.Handle, l netlink.Link) ([]net.IPNet, error) {
-	list, err := h.AddrList(l, netlink.FAMILY_ALL)
+// globalAddrs are the addresses of global scope, IPv6 link-local excluded,
+// by link index. One dump serves every link: netlink's AddrList dumps all
+// addresses whatever link it is given, and filters them after.
+func globalAddrs(h *netlink.Handle) (map[int][]net.IPNet, error) {
+	list, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, err
 	}
-	var out []net.IPNet
+	out := map[int][]net.IPNet{}
 	for _, a := range list {
 		if a.Scope == unix.RT_SCOPE_UNIVERSE && !a.IP.IsLinkLocalUnicast() {
-			out = append(out, *a.IPNet)
+			out[a.LinkIndex] = append(out[a.LinkIndex], *a.IPNet)
 		}
 	}
 	return out, nil

@@ -2,20 +2,27 @@ package manager
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/shim"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
+// naming is a process startNaming started.
+type naming struct {
+	exited <-chan struct{} // closed once it is reaped
+	pidfd  int             // readable from its death on, reaped or not
+}
+
 // startNaming starts a sleep whose command line names path (as a
-// hypervisor names the sockets in its run dir) and returns a channel
-// closed once it exits.
-func startNaming(t *testing.T, path string) <-chan struct{} {
+// hypervisor names the sockets in its run dir).
+func startNaming(t *testing.T, path string) naming {
 	t.Helper()
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
@@ -27,9 +34,31 @@ func startNaming(t *testing.T, path string) <-chan struct{} {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
+	// Opened before anything reaps it, so the pidfd is this process's.
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
-	return exited
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(pidfd) })
+	return naming{exited: exited, pidfd: pidfd}
+}
+
+// dead reports, without waiting, whether p has died.
+func (p naming) dead(t *testing.T) bool {
+	t.Helper()
+	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
 }
 
 // TestStopKillsUnrecordedHypervisor: a record written before the
@@ -50,13 +79,11 @@ func TestStopKillsUnrecordedHypervisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-vm:
+	case <-vm.exited:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Stop left the unrecorded hypervisor naming the run dir running")
 	}
-	select {
-	case <-sibling:
+	if sibling.dead(t) {
 		t.Fatal("Stop killed a process naming another task's run dir")
-	default:
 	}
 }

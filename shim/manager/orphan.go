@@ -19,6 +19,13 @@ func killNaming(dir string) error {
 	if dir == "" {
 		return nil
 	}
+	// The driver makes the run dir before it spawns the hypervisor and
+	// removes it only after killing it, so without the dir there is nothing
+	// to find; that is every delete after a clean one (the VM's Close
+	// removed it), which then skips reading every host process's cmdline.
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	des, err := os.ReadDir("/proc")
 	if err != nil {
 		return fmt.Errorf("list processes: %w", err)

@@ -3,14 +3,19 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -67,6 +72,10 @@ func (p naming) dead(t *testing.T) bool {
 // that names another.
 func TestStopKillsUnrecordedHypervisor(t *testing.T) {
 	runDir := filepath.Join(t.TempDir(), "run", "ns", "t1")
+	// The driver makes the run dir before it spawns the hypervisor.
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	vm := startNaming(t, filepath.Join(runDir, "agent.sock"))
 	sibling := startNaming(t, filepath.Join(runDir+"0", "agent.sock"))
 
@@ -86,4 +95,86 @@ func TestStopKillsUnrecordedHypervisor(t *testing.T) {
 	if sibling.dead(t) {
 		t.Fatal("Stop killed a process naming another task's run dir")
 	}
+}
+
+// TestKillNamingWithoutRunDir: a run dir that is gone (the VM's Close
+// removed it after the kill) has no hypervisor left behind to scan for, so
+// a process naming a path in it is left alone.
+func TestKillNamingWithoutRunDir(t *testing.T) {
+	runDir := filepath.Join(t.TempDir(), "run", "ns", "t1")
+	p := startNaming(t, filepath.Join(runDir, "agent.sock"))
+	if err := killNaming(runDir); err != nil {
+		t.Fatal(err)
+	}
+	if p.dead(t) {
+		t.Fatal("killNaming scanned for a run dir that does not exist")
+	}
+}
+
+// TestCleanupKeepsRunDirAfterFailedKill: a hypervisor that may still run
+// keeps its run dir, so a retried `shim delete` still finds it by name.
+func TestCleanupKeepsRunDirAfterFailedKill(t *testing.T) {
+	runDir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(runDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A recorded pid that is a thread, not a process, cannot be opened to
+	// be killed: a kill that fails without anything being signalled.
+	tid := threadOf(t, startServer(t))
+	start, err := state.StartTime(tid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Cleanup(context.Background(), &state.Task{ID: "t1", PID: tid, PIDStart: start, RunDir: runDir})
+	if err == nil {
+		t.Fatalf("Cleanup with thread %d recorded as the hypervisor succeeded, want its kill to fail", tid)
+	}
+	if _, err := os.Stat(runDir); err != nil {
+		t.Fatalf("Cleanup removed the run dir after a failed kill (stat: %v)", err)
+	}
+}
+
+// startServer starts the test binary as a fake task server, a process
+// with several threads, and returns its pid.
+func startServer(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	f, err := l.(*net.UnixListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), fakeServerEnv+"=1")
+	cmd.Dir = t.TempDir()
+	cmd.ExtraFiles = []*os.File{f}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd.Process.Pid
+}
+
+// threadOf waits for a thread of pid other than its main one.
+func threadOf(t *testing.T, pid int) int {
+	t.Helper()
+	var tid int
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("a second thread in pid %d", pid), func() error {
+		des, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return err
+		}
+		for _, de := range des {
+			if id, err := strconv.Atoi(de.Name()); err == nil && id != pid {
+				tid = id
+				return nil
+			}
+		}
+		return errors.New("only its main thread")
+	})
+	return tid
 }

@@ -84,7 +84,8 @@ func removeStaleSocket(ctx context.Context, bundle string) {
 }
 
 // Cleanup kills t's hypervisor if it still runs and removes what the task
-// created: its cgroup and the VM's run directory. The staged chain belongs
+// created: its cgroup and the VM's run directory, the latter only once the
+// kill succeeded. The staged chain belongs
 // to the snapshotter and is released when containerd removes the snapshot.
 func Cleanup(ctx context.Context, t *state.Task) error {
 	var errs []error
@@ -95,6 +96,7 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 	if err := killNaming(t.RunDir); err != nil {
 		errs = append(errs, err)
 	}
+	killed := len(errs) == 0
 	if t.Cgroup != "" {
 		if err := deleteCgroup(t.Cgroup); err != nil {
 			errs = append(errs, err)
@@ -110,7 +112,9 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 			errs = append(errs, err)
 		}
 	}
-	if t.RunDir != "" {
+	// While a hypervisor may still run, its run dir stays: a retry finds
+	// the process by it, and killNaming scans only while it exists.
+	if t.RunDir != "" && killed {
 		if err := os.RemoveAll(t.RunDir); err != nil {
 			errs = append(errs, fmt.Errorf("remove run dir: %w", err))
 		}

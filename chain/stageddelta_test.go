@@ -104,3 +104,84 @@ func TestReadPagesRejects(t *testing.T) {
 		t.Errorf("a state file named like a staged delta: %v, want a reserved-name error", err)
 	}
 }
+
+// ApplyPending hands over the pending links' staged pages, oldest first,
+// and still refuses a data file whose size does not match its extents, or
+// extents that are not the link's.
+func TestApplyPending(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	c := buildChain(t, root, 64)
+	links, err := ValidateChain(c.dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(c.dirs[1], DataFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		// stage puts link i's files at ext and dat.
+		stage func(i int, ext, dat string) error
+		want  string
+	}{
+		{"staged", stageDeltaLink(c.dirs, nil, nil), ""},
+		{"short", stageDeltaLink(c.dirs, data[:len(data)-testPage], nil), "shorter than its extents"},
+		{"long", stageDeltaLink(c.dirs, append(bytes.Clone(data), 0), nil), "longer than its extents"},
+		{"other extents", stageDeltaLink(c.dirs, nil, []int{1: 2, 2: 1}), "digest"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := WriteStagedMemory(dir, links, StagedMemoryInfo{Covers: 1}); err != nil {
+				t.Fatal(err)
+			}
+			st, err := OpenStaged(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range st.Pending() {
+				ext, dat := st.DeltaPaths(st.Memory.Covers + i)
+				if err := tt.stage(st.Memory.Covers+i, ext, dat); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mem := bytes.Clone(c.mems[0])
+			err = st.ApplyPending(ctx, func(off int64, b []byte) error {
+				copy(mem[off:], b)
+				return nil
+			})
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(mem, c.mems[2]) {
+					t.Fatal("prefix memory + applied pending links is not the chain's memory")
+				}
+				return
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), "link ") || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ApplyPending: %v, want an error naming the link and %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// stageDeltaLink stages link i's memory files by hard link from dirs, with
+// link 1's data replaced by data1 (if set) and the extents of link
+// extentsOf[i] (if set) instead of its own.
+func stageDeltaLink(dirs []string, data1 []byte, extentsOf []int) func(i int, ext, dat string) error {
+	return func(i int, ext, dat string) error {
+		from := i
+		if extentsOf != nil {
+			from = extentsOf[i]
+		}
+		if err := os.Link(filepath.Join(dirs[from], ExtentsFile), ext); err != nil {
+			return err
+		}
+		if i == 1 && data1 != nil {
+			return os.WriteFile(dat, data1, 0o444)
+		}
+		return os.Link(filepath.Join(dirs[i], DataFile), dat)
+	}
+}

@@ -20,23 +20,19 @@ import (
 // must not count them as changed unless the guest changed them again.
 
 // applyDeltas writes the pending links' pages at their offsets into w,
-// oldest first, and records their hashes in written. The pages' digests
-// are verified as they stream: on a mismatch the restore fails and its
-// private memory is thrown away.
+// oldest first, and records their hashes in written. Their layout is
+// checked as they stream; their data was verified when the snapshotter
+// committed them (chain.Staged.ApplyPending).
 func applyDeltas(ctx context.Context, staged *chain.Staged, w io.WriterAt, written *pageHashes) error {
-	for j, l := range staged.Pending() {
-		i := staged.Memory.Covers + j
-		ext, data := staged.DeltaPaths(i)
-		err := chain.ReadPages(ctx, ext, data, l, func(off int64, b []byte) error {
-			if _, err := w.WriteAt(b, off); err != nil {
-				return fmt.Errorf("write guest memory at %d: %w", off, err)
-			}
-			written.add(off, b)
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("write link %d of the chain into the guest: %w", i+1, err)
+	err := staged.ApplyPending(ctx, func(off int64, b []byte) error {
+		if _, err := w.WriteAt(b, off); err != nil {
+			return fmt.Errorf("write guest memory at %d: %w", off, err)
 		}
+		written.add(off, b)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("write the pending links into the guest: %w", err)
 	}
 	return nil
 }

@@ -38,11 +38,12 @@ func applyDeltas(ctx context.Context, staged *chain.Staged, w io.WriterAt, writt
 }
 
 // fillCopy makes a copy restore's memfd: the staged file's data, then the
-// pending links' pages. The hashes a diff will compare it with are made in
-// the background.
-func fillCopy(ctx context.Context, req hypervisor.RestoreRequest, staged *chain.Staged, size int64, written *pageHashes) (*os.File, *pendingHash, error) {
+// pending links' pages. It returns the staged file too, open, for the page
+// hashes a diff will compare the memory with (hashLater): made once the VM
+// is loaded, not to compete with its start for the CPUs.
+func fillCopy(ctx context.Context, req hypervisor.RestoreRequest, staged *chain.Staged, size int64, written *pageHashes) (memfd, src *os.File, err error) {
 	t := time.Now()
-	memfd, err := fillMemfd(staged.MemoryPath(), size)
+	memfd, src, err = fillMemfd(staged.MemoryPath(), size)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -51,16 +52,12 @@ func fillCopy(ctx context.Context, req hypervisor.RestoreRequest, staged *chain.
 		t = time.Now()
 		if err := applyDeltas(ctx, staged, memfd, written); err != nil {
 			memfd.Close()
+			src.Close()
 			return nil, nil, err
 		}
 		req.Phase("delta", time.Since(t))
 	}
-	f, err := os.Open(staged.MemoryPath())
-	if err != nil {
-		memfd.Close()
-		return nil, nil, fmt.Errorf("open staged memory: %w", err)
-	}
-	return memfd, hashLater(f, size, written), nil
+	return memfd, src, nil
 }
 
 // writeDeltas writes the pending links into an mmap restore's private

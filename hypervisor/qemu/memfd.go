@@ -10,32 +10,37 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 )
 
-// fillMemfd returns a memfd of size bytes holding the file at path. Only
-// the file's data extents are copied (SEEK_DATA/SEEK_HOLE): holes are zero
-// pages the memfd already reads as zero, and never allocates.
-func fillMemfd(path string, size int64) (*os.File, error) {
-	src, err := os.Open(path)
+// fillMemfd returns a memfd of size bytes holding the file at path, and
+// that file, open, for the caller to read again without a second open and
+// check. Only the file's data extents are copied (SEEK_DATA/SEEK_HOLE):
+// holes are zero pages the memfd already reads as zero, and never allocates.
+func fillMemfd(path string, size int64) (memfd, src *os.File, err error) {
+	src, err = os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("open staged memory: %w", err)
+		return nil, nil, fmt.Errorf("open staged memory: %w", err)
 	}
-	defer src.Close()
+	defer func() {
+		if err != nil {
+			src.Close()
+		}
+	}()
 	st, err := src.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("stat staged memory: %w", err)
+		return nil, nil, fmt.Errorf("stat staged memory: %w", err)
 	}
 	if st.Size() != size {
-		return nil, fmt.Errorf("staged memory %s is %d bytes, the snapshot's guest has %d", path, st.Size(), size)
+		return nil, nil, fmt.Errorf("staged memory %s is %d bytes, the snapshot's guest has %d", path, st.Size(), size)
 	}
 	fd, err := unix.MemfdCreate("cocoon-guest-ram", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("create memfd: %w", err)
+		return nil, nil, fmt.Errorf("create memfd: %w", err)
 	}
-	dst := os.NewFile(uintptr(fd), "cocoon-guest-ram")
-	if err := copyExtents(dst, src, size); err != nil {
-		dst.Close()
-		return nil, err
+	memfd = os.NewFile(uintptr(fd), "cocoon-guest-ram")
+	if err = copyExtents(memfd, src, size); err != nil {
+		memfd.Close()
+		return nil, nil, err
 	}
-	return dst, nil
+	return memfd, src, nil
 }
 
 // copyExtents sendfiles src's data extents into dst: the kernel copies

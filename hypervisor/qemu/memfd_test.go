@@ -43,11 +43,15 @@ func sparseMemory(t testing.TB, size int64) (string, []byte) {
 func TestFillMemfd(t *testing.T) {
 	const size = 16 << 20
 	path, want := sparseMemory(t, size)
-	f, err := fillMemfd(path, size)
+	f, src, err := fillMemfd(path, size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	defer src.Close()
+	if src.Name() != path {
+		t.Errorf("fillMemfd handed back %s, want the source %s", src.Name(), path)
+	}
 	got, err := io.ReadAll(io.NewSectionReader(f, 0, size))
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +70,7 @@ func TestFillMemfd(t *testing.T) {
 
 func TestFillMemfdSizeMismatch(t *testing.T) {
 	path, _ := sparseMemory(t, 4<<20)
-	if _, err := fillMemfd(path, 8<<20); err == nil || !strings.Contains(err.Error(), "8388608") {
+	if _, _, err := fillMemfd(path, 8<<20); err == nil || !strings.Contains(err.Error(), "8388608") {
 		t.Fatalf("err %v, want a size mismatch naming the expected size", err)
 	}
 }

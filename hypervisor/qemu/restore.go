@@ -46,12 +46,20 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		return nil, err
 	}
 	written := newPageHashes(staged.Top().PageSize)
-	var hashes *pendingHash
+	// src is a copy restore's staged memory, hashed for a later diff once
+	// the VM is loaded; the open file keeps the data even if the staged link
+	// is dropped before the hashing ends.
+	var src *os.File
+	defer func() {
+		if src != nil {
+			src.Close()
+		}
+	}()
 	switch req.Mode {
 	case hypervisor.ModeMmap:
 		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
 	case hypervisor.ModeCopy:
-		if a.memfd, hashes, err = fillCopy(ctx, req, staged, shape.MemoryBytes, written); err != nil {
+		if a.memfd, src, err = fillCopy(ctx, req, staged, shape.MemoryBytes, written); err != nil {
 			return nil, err
 		}
 		l.Memory = memory{Path: memfdChildPath, Share: true}
@@ -61,12 +69,9 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	t := time.Now()
 	v, err := d.spawnVM(ctx, req.RunDir, l, a, true)
 	if err != nil {
-		if hashes != nil {
-			hashes.stop()
-		}
 		return nil, err
 	}
-	v.staged, v.hashes, v.written = staged, hashes, written
+	v.staged, v.written = staged, written
 	req.Phase("spawn", time.Since(t))
 	// Before the load: loading virtio devices reads their rings in guest
 	// memory, which must be the chain's by then.
@@ -84,6 +89,11 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		return nil, err
 	}
 	req.Phase("load", time.Since(t))
+	if src != nil {
+		// Only a diff snapshot waits for the hashes: making them while
+		// QEMU starts and loads would slow the restore down on a busy host.
+		v.hashes, src = hashLater(src, shape.MemoryBytes, written), nil
+	}
 	return v, nil
 }
 

@@ -23,20 +23,38 @@ type baseline interface {
 // restore maps privately, there for the VM's whole life, with the hashes
 // of the pages the restore wrote over it from staged deltas.
 type fileBaseline struct {
-	f       io.ReaderAt
+	f io.ReaderAt
+	// buf holds f's range matching a chunk of memory being compared, read
+	// at once rather than a page at a time.
 	buf     []byte
 	written *pageHashes
 }
 
-func (b *fileBaseline) differs(off int64, page []byte) (bool, error) {
-	if h, ok := b.written.lookup(off); ok {
-		return b.written.sum(page) != h, nil
+// changed appends to out (sorted) the pages of chunk, read at off, that
+// differ from the restored memory there; chunk is whole pages, at most
+// len(b.buf) bytes. f is read once, from the first page that no staged
+// delta wrote.
+func (b *fileBaseline) changed(out []chain.Extent, off int64, chunk []byte, page int64) ([]chain.Extent, error) {
+	var old []byte
+	for p := int64(0); p < int64(len(chunk)); p += page {
+		cur := chunk[p : p+page]
+		if h, ok := b.written.lookup(off + p); ok {
+			if b.written.sum(cur) != h {
+				out = addPage(out, off+p, page)
+			}
+			continue
+		}
+		if old == nil {
+			old = b.buf[:len(chunk)]
+			if _, err := b.f.ReadAt(old[p:], off+p); err != nil {
+				return nil, fmt.Errorf("read restored memory at %d: %w", off+p, err)
+			}
+		}
+		if !bytes.Equal(old[p:p+page], cur) {
+			out = addPage(out, off+p, page)
+		}
 	}
-	old := b.buf[:len(page)]
-	if _, err := b.f.ReadAt(old, off); err != nil {
-		return false, fmt.Errorf("read restored memory at %d: %w", off, err)
-	}
-	return !bytes.Equal(old, page), nil
+	return out, nil
 }
 
 // hashBaseline holds a keyed 64-bit hash of every page of the restored

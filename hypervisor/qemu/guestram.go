@@ -205,8 +205,16 @@ type privateRAM struct {
 	pid       int
 	m         mapping
 	page      int64
-	written   *pageHashes
+	// base, chunk and pagemap are the buffers changed reads into, made
+	// once: a live diff's first call, while the guest runs, faults them
+	// in, so the call while it is stopped does not.
+	base    *fileBaseline
+	chunk   []byte
+	pagemap []byte
 }
+
+// privateChunk is how much guest memory changed reads and compares at once.
+const privateChunk = 1 << 20
 
 func openPrivateRAM(pid int, staged string, size int64, written *pageHashes) (*privateRAM, error) {
 	flat, err := os.Open(staged)
@@ -223,14 +231,18 @@ func openPrivateRAM(pid int, staged string, size int64, written *pageHashes) (*p
 		flat.Close()
 		return nil, fmt.Errorf("open qemu's memory: %w", err)
 	}
+	page := written.page
 	return &privateRAM{
 		SectionReader: io.NewSectionReader(mem, int64(m.addr), size),
-		mem:           mem, flat: flat, pid: pid, m: m, page: written.page, written: written,
+		mem:           mem, flat: flat, pid: pid, m: m, page: page,
+		base:    &fileBaseline{f: flat, buf: make([]byte, privateChunk), written: written},
+		chunk:   make([]byte, privateChunk),
+		pagemap: make([]byte, pagemapBufSize(size, page)),
 	}, nil
 }
 
 func (r *privateRAM) regions() ([]chain.Extent, error) {
-	anon, err := anonPages(r.pid, r.m, r.page)
+	anon, err := anonPages(r.pid, r.m, r.page, r.pagemap)
 	if err != nil {
 		return nil, err
 	}
@@ -246,47 +258,35 @@ func (r *privateRAM) regions() ([]chain.Extent, error) {
 
 // changed lists the anonymous pages whose bytes differ from what the
 // restore left there (the file's, or a staged delta's): a page written
-// back to what it held is not a change.
+// back to what it held is not a change. It reads the guest's memory and
+// the file a chunk at a time.
 func (r *privateRAM) changed(ctx context.Context) ([]chain.Extent, error) {
-	anon, err := anonPages(r.pid, r.m, r.page)
+	anon, err := anonPages(r.pid, r.m, r.page, r.pagemap)
 	if err != nil {
 		return nil, err
 	}
-	return changedPages(ctx, r, anon, &fileBaseline{f: r.flat, buf: make([]byte, r.page), written: r.written}, r.page)
-}
-
-func (r *privateRAM) Close() error {
-	r.flat.Close()
-	return r.mem.Close()
-}
-
-// changedPages reads the pages of exts from mem and lists those that
-// differ from base.
-func changedPages(ctx context.Context, mem io.ReaderAt, exts []chain.Extent, base baseline, page int64) ([]chain.Extent, error) {
 	var out []chain.Extent
-	buf := make([]byte, 1<<20)
-	for _, e := range exts {
+	for _, e := range anon {
 		for off := e.Offset; off < e.End(); {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			chunk := buf[:min(int64(len(buf)), e.End()-off)]
-			if _, err := mem.ReadAt(chunk, off); err != nil {
+			chunk := r.chunk[:min(int64(len(r.chunk)), e.End()-off)]
+			if _, err := r.ReadAt(chunk, off); err != nil {
 				return nil, fmt.Errorf("read guest memory at %d: %w", off, err)
 			}
-			for p := int64(0); p < int64(len(chunk)); p += page {
-				d, err := base.differs(off+p, chunk[p:p+page])
-				if err != nil {
-					return nil, err
-				}
-				if d {
-					out = addPage(out, off+p, page)
-				}
+			if out, err = r.base.changed(out, off, chunk, r.page); err != nil {
+				return nil, err
 			}
 			off += int64(len(chunk))
 		}
 	}
 	return out, nil
+}
+
+func (r *privateRAM) Close() error {
+	r.flat.Close()
+	return r.mem.Close()
 }
 
 // addPage appends the page at off to sorted extents, merging it into the

@@ -83,8 +83,9 @@ func fileMapping(pid int, f *os.File, size int64) (mapping, error) {
 // anonPages lists the pages of m in pid that are anonymous: in a private
 // file mapping those are exactly the pages written since it was mapped
 // (copy-on-write copies), present or swapped out. The pages are the host's
-// and must be the guest's size too.
-func anonPages(pid int, m mapping, page int64) ([]chain.Extent, error) {
+// and must be the guest's size too. buf (pagemapBufSize) holds the page
+// map entries read at once.
+func anonPages(pid int, m mapping, page int64, buf []byte) ([]chain.Extent, error) {
 	if host := int64(os.Getpagesize()); host != page {
 		return nil, fmt.Errorf("guest pages of %d bytes on a host with %d-byte pages", page, host)
 	}
@@ -95,7 +96,6 @@ func anonPages(pid int, m mapping, page int64) ([]chain.Extent, error) {
 	}
 	defer f.Close()
 	n := m.size / page
-	buf := make([]byte, 8*min(n, 1<<16))
 	var out []chain.Extent
 	for i := int64(0); i < n; {
 		k := min(n-i, int64(len(buf)/8))
@@ -119,3 +119,7 @@ func anonPages(pid int, m mapping, page int64) ([]chain.Extent, error) {
 	}
 	return out, nil
 }
+
+// pagemapBufSize is the buffer anonPages reads a memory of size bytes'
+// page map entries through: all of them, up to 512 KiB (64 Ki pages).
+func pagemapBufSize(size, page int64) int64 { return 8 * min(size/page, 1<<16) }

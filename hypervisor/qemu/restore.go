@@ -49,23 +49,15 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 	// src is a copy restore's staged memory, hashed for a later diff once
 	// the VM is loaded; the open file keeps the data even if the staged link
 	// is dropped before the hashing ends.
-	var src *os.File
+	src, err := guestMemory(ctx, req, staged, shape.MemoryBytes, written, &l, &a)
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if src != nil {
 			src.Close()
 		}
 	}()
-	switch req.Mode {
-	case hypervisor.ModeMmap:
-		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
-	case hypervisor.ModeCopy:
-		if a.memfd, src, err = fillCopy(ctx, req, staged, shape.MemoryBytes, written); err != nil {
-			return nil, err
-		}
-		l.Memory = memory{Path: memfdChildPath, Share: true}
-	default:
-		return nil, fmt.Errorf("qemu restore mode %q: want %s or %s (QEMU cannot restore lazily from a file)", req.Mode, hypervisor.ModeMmap, hypervisor.ModeCopy)
-	}
 	t := time.Now()
 	v, err := d.spawnVM(ctx, req.RunDir, l, a, true)
 	if err != nil {
@@ -95,6 +87,25 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		v.hashes, src = hashLater(src, shape.MemoryBytes, written), nil
 	}
 	return v, nil
+}
+
+// guestMemory sets l's guest RAM for req's mode: the staged file mapped
+// privately (mmap), or a memfd filled from it (copy), whose open source it
+// returns.
+func guestMemory(ctx context.Context, req hypervisor.RestoreRequest, staged *chain.Staged, size int64, written *pageHashes, l *launch, a *attach) (*os.File, error) {
+	switch req.Mode {
+	case hypervisor.ModeMmap:
+		l.Memory = memory{Path: staged.MemoryPath(), Share: false}
+		return nil, nil
+	case hypervisor.ModeCopy:
+		memfd, src, err := fillCopy(ctx, req, staged, size, written)
+		if err != nil {
+			return nil, err
+		}
+		a.memfd, l.Memory = memfd, memory{Path: memfdChildPath, Share: true}
+		return src, nil
+	}
+	return nil, fmt.Errorf("qemu restore mode %q: want %s or %s (QEMU cannot restore lazily from a file)", req.Mode, hypervisor.ModeMmap, hypervisor.ModeCopy)
 }
 
 // restoreLaunch is the command line and files of a restore of shape, but

@@ -3,12 +3,16 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
 // journal records what the fakes were asked to do, in order.
@@ -126,7 +130,19 @@ func newFakeGuest(t *testing.T, opts ...Option) *fakeGuest {
 	}
 	all := append([]Option{WithNetwork(g.net), WithMounter(g.mnt), WithStateDir(g.state)}, opts...)
 	g.svc = New(g.sys, all...)
+	t.Cleanup(g.discardPrepared)
 	return g
+}
+
+// discardPrepared gives up the processes an Init or Exec prepared but no
+// Start ran, each a real child held before its first instruction.
+func (g *fakeGuest) discardPrepared() {
+	g.svc.mu.Lock()
+	ids := slices.Collect(maps.Keys(g.svc.procs))
+	g.svc.mu.Unlock()
+	for _, id := range ids {
+		_, _ = g.svc.Delete(context.Background(), &api.ProcessRequest{Id: id})
+	}
 }
 
 func (g *fakeGuest) root() string { return filepath.Join(g.state, "root") }

@@ -19,12 +19,13 @@ CNI_PLUGINS := main/bridge ipam/host-local main/loopback
 
 all: build
 
-## build: every binary into bin/ (the guest agent and the shim static: containerd starts the shim
-## twice per task, and a static binary skips the dynamic loader), plus containerd, ctr and the test tools
+## build: every binary into bin/ (the guest agent and the shim's launcher and server static: they
+## start on every task's path, and a static binary skips the dynamic loader), plus containerd, ctr
+## and the test tools
 build: containerd tools
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(filter-out cocoon-agent containerd-shim-cocoon-v2,$(CMDS)))
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/containerd-shim-cocoon-v2
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(filter-out cocoon-agent containerd-shim-cocoon-v2 cocoon-shim-server,$(CMDS)))
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/containerd-shim-cocoon-v2 ./cmd/cocoon-shim-server
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/cocoon-agent ./cmd/cocoon-agent
 
 ## containerd: containerd v2.4.2, ctr and containerd-shim-runc-v2, pinned as go.mod tools

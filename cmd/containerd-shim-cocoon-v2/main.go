@@ -1,32 +1,114 @@
-// Command containerd-shim-cocoon-v2 is cocoon's containerd runtime shim
-// (runtime io.containerd.cocoon.v2): every task is a microVM restored from a
-// snapshot chain.
+// Command containerd-shim-cocoon-v2 is the binary containerd runs for
+// cocoon's runtime (io.containerd.cocoon.v2): a small launcher. Its `start`,
+// run for every task, puts the task in its shim socket and starts the task
+// server behind it (package launch) in about a millisecond; the full server
+// binary, cocoon-shim-server next to it, would take four just to start.
+// Every other action (delete, -info, -v) is that server binary's, which
+// this process becomes.
 package main
 
 import (
-	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 
-	"github.com/containerd/containerd/v2/pkg/shim"
-
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/manager"
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause"
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
-	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
 )
 
+// serverName is the task server binary, found next to this one.
+const serverName = "cocoon-shim-server"
+
+// maxParams bounds the bootstrap parameters read from stdin, as pkg/shim does.
+const maxParams = 10 << 20
+
 func main() {
-	if filepath.Base(os.Args[0]) == pause.Argv0 {
-		pause.Main()
-		return
+	server, err := serverPath()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	task.Register(task.PodLauncher{VM: &vm.Launcher{}, Sandbox: pause.Launcher{}})
-	// The hypervisor is the shim's direct child and the drivers reap it with
-	// exec.Cmd.Wait. pkg/shim's default reaper would steal that exit status,
-	// and a subreaper would collect orphans nobody reaps, so both are off.
-	shim.RunShim(context.Background(), manager.New(manager.Name), func(c *shim.Config) {
-		c.NoReaper = true
-		c.NoSubreaper = true
+	cli, isStart := parseStart(os.Args[1:])
+	if !isStart {
+		err := syscall.Exec(server, append([]string{server}, os.Args[1:]...), os.Environ())
+		fmt.Fprintf(os.Stderr, "run %s: %v\n", server, err)
+		os.Exit(1)
+	}
+	if err := start(cli, server); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// cliFlags are pkg/shim's command line, the part `start` checks.
+type cliFlags struct {
+	namespace, id, address string
+}
+
+// parseStart parses pkg/shim's flags; it reports whether the action is
+// start. Anything it cannot parse is left to the server binary.
+func parseStart(args []string) (cliFlags, bool) {
+	var c cliFlags
+	fs := flag.NewFlagSet("containerd-shim-cocoon-v2", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.namespace, "namespace", "", "")
+	fs.StringVar(&c.id, "id", "", "")
+	fs.StringVar(&c.address, "address", "", "")
+	for _, name := range []string{"socket", "debug-socket", "bundle", "publish-binary"} {
+		fs.String(name, "", "")
+	}
+	for _, name := range []string{"debug", "v", "info"} {
+		fs.Bool(name, false, "")
+	}
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 || fs.Arg(0) != "start" {
+		return c, false
+	}
+	return c, true
+}
+
+// start reads containerd's bootstrap parameters, starts the task's server
+// and prints the bootstrap result.
+func start(cli cliFlags, server string) error {
+	input, err := io.ReadAll(io.LimitReader(os.Stdin, maxParams))
+	if err != nil {
+		return fmt.Errorf("read bootstrap params: %w", err)
+	}
+	p, err := launch.DecodeParams(input)
+	if err != nil {
+		return err
+	}
+	if p.InstanceID != cli.id || p.Namespace != cli.namespace {
+		return errors.New("bootstrap params do not match the command line's -id and -namespace")
+	}
+	if p.SocketDir != "" {
+		if err := launch.LinkSocketDir(p.SocketDir); err != nil {
+			return err
+		}
+	}
+	addr, err := launch.Start(launch.Request{
+		ID: p.InstanceID, Namespace: p.Namespace, Containerd: p.ContainerdGRPC,
+		SocketDir: p.SocketDir, Debug: p.Debug(), Server: server,
 	})
+	if err != nil {
+		return err
+	}
+	_, err = os.Stdout.Write(launch.EncodeResult(addr))
+	return err
+}
+
+// serverPath is the server binary next to this one, symlinks resolved as
+// the server's own os.Executable has them: spares are found by that path.
+func serverPath() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find launcher binary: %w", err)
+	}
+	server, err := filepath.EvalSymlinks(filepath.Join(filepath.Dir(self), serverName))
+	if err != nil {
+		return "", fmt.Errorf("find the task server binary next to the launcher: %w", err)
+	}
+	return server, nil
 }

@@ -112,7 +112,7 @@ func startNode(t *testing.T, opts nodeOptions) *node {
 	testenv.LookPath(t, "runc")
 	testenv.LookPath(t, "nsenter")
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "crictl", "containerd-shim-runc-v2", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
+	for _, name := range []string{"ctr", "crictl", "containerd-shim-runc-v2", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server"} {
 		testenv.Bin(t, name)
 	}
 	ociImages(t)

@@ -17,8 +17,8 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
-// cocoonShim is the cocoon shim's binary name.
-const cocoonShim = "containerd-shim-cocoon-v2"
+// cocoonShim is the cocoon shim's task server binary name.
+const cocoonShim = "cocoon-shim-server"
 
 // proc is one process's pid, parent and command line.
 type proc struct {

@@ -24,7 +24,7 @@ func TestBenchSmoke(t *testing.T) {
 	testenv.LookPath(t, "mkfs.erofs")
 	guest := testenv.Guest(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", runcShim, "cocoonctl"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server", runcShim, "cocoonctl"} {
 		testenv.Bin(t, name)
 	}
 	out, readme := t.TempDir(), filepath.Join(t.TempDir(), "README.md")

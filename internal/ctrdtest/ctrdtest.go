@@ -55,7 +55,7 @@ func Start(t testing.TB, opts Options) *Containerd {
 	t.Helper()
 	testenv.RequireRoot(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server"} {
 		testenv.Bin(t, name)
 	}
 	cfg, err := config.Parse([]byte(opts.SnapshotterConfig))

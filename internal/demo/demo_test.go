@@ -15,7 +15,7 @@ func TestDemo(t *testing.T) {
 	testenv.QEMU(t)
 	guest := testenv.Guest(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoonctl"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server", "cocoonctl"} {
 		testenv.Bin(t, name)
 	}
 	var out bytes.Buffer

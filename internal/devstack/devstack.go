@@ -46,9 +46,10 @@ const (
 
 // Options adjust the private containerd.
 type Options struct {
-	// BinDir holds containerd, ctr, cocoon-snapshotter and
-	// containerd-shim-cocoon-v2 (make build). It goes first on
-	// containerd's PATH so containerd finds the shim.
+	// BinDir holds containerd, ctr, cocoon-snapshotter and the shim's
+	// launcher containerd-shim-cocoon-v2 and server cocoon-shim-server
+	// (make build). It goes first on containerd's PATH so containerd finds
+	// the launcher.
 	BinDir string
 	// Namespace for Ctr and Client; DefaultNamespace when empty.
 	Namespace string
@@ -122,7 +123,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 // checkBinaries checks that the stack's binaries are built and, for CRI,
 // that its options are complete.
 func checkBinaries(opts Options) error {
-	names := []string{"containerd", "ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"}
+	names := []string{"containerd", "ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server"}
 	if opts.CRI != nil {
 		if err := opts.CRI.validate(); err != nil {
 			return fmt.Errorf("start devstack: %w", err)

@@ -39,7 +39,7 @@ func TestStartRequiresBinaries(t *testing.T) {
 func TestDestroyKeptStack(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server"} {
 		testenv.Bin(t, name)
 	}
 	s, err := Start(t.Context(), Options{BinDir: bin, Namespace: "devstack-test"})
@@ -77,7 +77,7 @@ func TestDestroyKeptStack(t *testing.T) {
 func TestRestart(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server"} {
 		testenv.Bin(t, name)
 	}
 	s, err := Start(t.Context(), Options{BinDir: bin, Namespace: "devstack-restart"})

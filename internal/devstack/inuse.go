@@ -7,10 +7,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
 // InUse describes what the stack's tasks still hold while the stack runs:
-// processes other than its daemons that refer to Dir or sit in
+// processes other than its daemons (and a waiting spare shim server) that
+// refer to Dir or sit in
 // CgroupParent (shims, VMs, pod processes), mounts under Dir, and cgroups
 // below CgroupParent. Once every pod, container and task is gone it is
 // empty; a shim may take a moment to exit after its last task.
@@ -21,9 +24,12 @@ func (s *Stack) InUse() []string {
 	}
 	var out []string
 	for _, pid := range processesUsing(s.Dir) {
-		if !slices.Contains(daemons, pid) {
-			cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-			out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		cwd, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "cwd"))
+		// A waiting spare shim server is containerd's, for its next task.
+		if !slices.Contains(daemons, pid) && !spare.IsWaiting(args, cwd) {
+			out = append(out, fmt.Sprintf("process %d: %s", pid, strings.Join(args, " ")))
 		}
 	}
 	for _, mp := range mountsUnder(s.Dir) {

@@ -79,6 +79,8 @@ func (s *soak) processCounts(procs []proc) Census {
 	paths := unixSocketPaths()
 	for _, p := range procs {
 		switch {
+		case p.isWaitingSpare():
+			// Started ahead of the next task, by the last one.
 		case p.name() == shimName:
 			shims = append(shims, p.String())
 		case strings.HasPrefix(p.name(), qemuPrefix):

@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
 // Process names the soak tells apart.
 const (
-	shimName        = "containerd-shim-cocoon-v2"
+	shimName        = "cocoon-shim-server"
 	qemuPrefix      = "qemu-system-"
 	containerdName  = "containerd"
 	snapshotterName = "cocoon-snapshotter"
@@ -21,6 +23,7 @@ const (
 type proc struct {
 	pid  int
 	args []string
+	cwd  string
 }
 
 func (p proc) name() string {
@@ -35,22 +38,16 @@ func (p proc) String() string {
 }
 
 // isShimServer reports whether p is a shim's long-running task server, not
-// a `start` or `delete` run of the binary.
+// a `delete` run of the binary or a spare waiting for a task.
 func (p proc) isShimServer() bool {
-	if p.name() != shimName {
-		return false
-	}
-	last := p.args[len(p.args)-1]
-	return last != "start" && last != "delete"
+	return p.name() == shimName && !p.isWaitingSpare() && p.args[len(p.args)-1] != "delete"
 }
 
-// arg returns the value after flag in p's arguments.
-func (p proc) arg(flag string) string {
-	i := slices.Index(p.args, flag)
-	if i < 0 || i+1 >= len(p.args) {
-		return ""
-	}
-	return p.args[i+1]
+// isWaitingSpare reports whether p is a shim server started ahead of need
+// (package spare) that has no task yet: it waits outside any bundle. Once
+// it has one it keeps its command line but runs in the task's bundle.
+func (p proc) isWaitingSpare() bool {
+	return p.name() == shimName && spare.IsWaiting(p.args, p.cwd)
 }
 
 // processesUsing lists the processes whose command line or working dir
@@ -70,7 +67,7 @@ func processesUsing(dir string) []proc {
 		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
 		cwd, _ := os.Readlink(filepath.Join("/proc", de.Name(), "cwd"))
 		if refersTo(append(slices.Clone(args), cwd), dir) && !isZombie(pid) {
-			out = append(out, proc{pid: pid, args: args})
+			out = append(out, proc{pid: pid, args: args, cwd: cwd})
 		}
 	}
 	return out
@@ -95,10 +92,11 @@ func isZombie(pid int) bool {
 	return len(f) == 0 || f[0] == "Z"
 }
 
-// findShim returns the task server of task id, if running.
+// findShim returns the task server of task id, if running: the one in the
+// task's bundle (a server that began as a spare has no -id).
 func findShim(dir, id string) (proc, bool) {
 	for _, p := range processesUsing(dir) {
-		if p.isShimServer() && p.arg("-id") == id {
+		if p.isShimServer() && filepath.Base(p.cwd) == id {
 			return p, true
 		}
 	}

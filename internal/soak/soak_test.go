@@ -23,7 +23,7 @@ const shortRestores = 50
 func TestSoak(t *testing.T) {
 	testenv.QEMU(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoonctl"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server", "cocoonctl"} {
 		testenv.Bin(t, name)
 	}
 	img := image(t, bin)

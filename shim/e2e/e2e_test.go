@@ -22,6 +22,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -76,6 +77,7 @@ func stack(t testing.TB, cocoonConfig string) *ctrdtest.Containerd {
 	t.Helper()
 	archive := image(t)
 	testenv.Bin(t, "containerd-shim-cocoon-v2")
+	testenv.Bin(t, "cocoon-shim-server")
 	c := ctrdtest.Start(t, ctrdtest.Options{SnapshotterConfig: cocoonConfig})
 	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
 		t.Fatal(err)
@@ -277,9 +279,13 @@ func TestShimCrash(t *testing.T) {
 	if _, err := os.Stat(runDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the VM's run dir %s is left (stat: %v)", runDir, err)
 	}
-	// The harness's containerd config puts shim sockets in Dir/s.
-	if socks, _ := os.ReadDir(filepath.Join(c.Dir, "s")); len(socks) > 0 {
-		t.Fatalf("the crashed shim's socket %s is left", socks[0].Name())
+	// The harness's containerd config puts shim sockets in Dir/s, next to
+	// the spare server's, which is containerd's.
+	socks, _ := os.ReadDir(filepath.Join(c.Dir, "s"))
+	for _, s := range socks {
+		if !strings.HasPrefix(s.Name(), spare.SocketPrefix) {
+			t.Fatalf("the crashed shim's socket %s is left", s.Name())
+		}
 	}
 	for _, sub := range []string{"pids", "cpu", "memory"} {
 		dir := filepath.Join("/sys/fs/cgroup", sub, ctrdtest.Namespace, "t1")
@@ -332,8 +338,8 @@ func processRuns(pid int) bool {
 	return len(f) > 0 && f[0] != "Z"
 }
 
-// shimOf finds the shim serving task id: the containerd-shim-cocoon-v2
-// process started with -id id under this containerd's state dir.
+// shimOf finds the shim serving task id: the cocoon-shim-server process
+// running in the task's bundle under this containerd's state dir.
 func shimOf(t *testing.T, c *ctrdtest.Containerd, id string) int {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
@@ -348,7 +354,7 @@ func shimOf(t *testing.T, c *ctrdtest.Containerd, id string) int {
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(string(cmdline), "\x00")
 		cwd, _ := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
-		if len(args) > 0 && filepath.Base(args[0]) == "containerd-shim-cocoon-v2" &&
+		if len(args) > 0 && filepath.Base(args[0]) == "cocoon-shim-server" &&
 			strings.HasPrefix(cwd, c.State) && filepath.Base(cwd) == id {
 			return pid
 		}

@@ -58,167 +58,37 @@ func fakeServer() {
 	}
 }
 
-func writeSpec(t *testing.T, dir string, annotations map[string]string) {
-	t.Helper()
-	var b strings.Builder
-	b.WriteString(`{"ociVersion":"1.2.0","annotations":{`)
-	first := true
-	for k, v := range annotations {
-		if !first {
-			b.WriteString(",")
-		}
-		first = false
-		b.WriteString(strconv.Quote(k) + ":" + strconv.Quote(v))
-	}
-	b.WriteString("}}")
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestGroupOf(t *testing.T) {
-	tests := []struct {
-		name        string
-		annotations map[string]string
-		want        string
-	}{
-		{"no annotations", nil, "t1"},
-		{"pod sandbox", map[string]string{AnnotationSandboxID: "pod1"}, "pod1"},
-		{"sandbox wins over a group", map[string]string{AnnotationSandboxID: "pod1", AnnotationGroup: "g"}, "pod1"},
-		{"group outside a pod", map[string]string{AnnotationGroup: "g"}, "group:g"},
-		{"group named like a pod", map[string]string{AnnotationGroup: "pod1"}, "group:pod1"},
-		{"empty value ignored", map[string]string{AnnotationGroup: ""}, "t1"},
-		{"empty sandbox ignored", map[string]string{AnnotationSandboxID: "", AnnotationGroup: "g"}, "group:g"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := t.TempDir()
-			writeSpec(t, dir, tt.annotations)
-			got, err := groupOf("t1", filepath.Join(dir, "config.json"))
-			if err != nil || got != tt.want {
-				t.Fatalf("groupOf = %q, %v; want %q", got, err, tt.want)
-			}
-		})
-	}
-	if _, err := groupOf("t1", filepath.Join(t.TempDir(), "config.json")); err == nil {
-		t.Fatal("groupOf without a spec succeeded")
-	}
-}
-
-// TestStartGroups starts two tasks of one pod: the second must get the first
-// one's server instead of a new process.
-func TestStartGroups(t *testing.T) {
+// TestStart starts a task server through package launch and answers in
+// containerd's bootstrap format.
+func TestStart(t *testing.T) {
 	t.Setenv(fakeServerEnv, "1")
 	socketDir, err := os.MkdirTemp("/tmp", "cocoon-mgr-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(socketDir) })
-	root := t.TempDir()
+	bundle := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"ociVersion":"1.2.0"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(bundle)
 	ctx := namespaces.WithNamespace(context.Background(), "test")
-	m := New(Name)
-
-	var addrs []string
-	for _, id := range []string{"c1", "c2"} {
-		bundle := filepath.Join(root, id)
-		if err := os.Mkdir(bundle, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		writeSpec(t, bundle, map[string]string{AnnotationSandboxID: "pod"})
-		t.Chdir(bundle)
-		res, err := m.Start(ctx, &bootapi.BootstrapParams{
-			InstanceID: id, ContainerdGrpcAddress: "/run/test.sock", SocketDir: &socketDir,
-			LogLevel: bootapi.LogLevel_LOG_LEVEL_INFO,
-		})
-		if err != nil {
-			t.Fatalf("Start(%s): %v", id, err)
-		}
-		if res.Version != 3 || res.Protocol != "ttrpc" {
-			t.Fatalf("Start(%s) = version %d protocol %q, want 3 ttrpc", id, res.Version, res.Protocol)
-		}
-		addrs = append(addrs, res.Address)
-		if id == "c1" {
-			stopFakeServer(t, bundle)
-		}
-	}
-	if addrs[0] != addrs[1] {
-		t.Fatalf("tasks of one pod got servers %s and %s, want one", addrs[0], addrs[1])
-	}
-	if _, err := os.Stat(filepath.Join(root, "c2", "server.pid")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("second task of the group spawned its own server (stat: %v)", err)
-	}
-}
-
-// TestStartIsolatesPods starts tasks of two pods and tasks outside pods
-// through Start: a pod's containers share its shim whatever io.cocoon.group
-// they carry, and no group annotation reaches another pod's shim or
-// another task's.
-func TestStartIsolatesPods(t *testing.T) {
-	t.Setenv(fakeServerEnv, "1")
-	socketDir, err := os.MkdirTemp("/tmp", "cocoon-mgr-")
+	res, err := New(Name).Start(ctx, &bootapi.BootstrapParams{InstanceID: "t1", ContainerdGrpcAddress: "/run/test.sock", SocketDir: &socketDir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(socketDir) })
-	root := t.TempDir()
-	ctx := namespaces.WithNamespace(context.Background(), "test")
-	m := New(Name)
-	tasks := []struct {
-		id          string
-		annotations map[string]string
-		shim        string // tasks with the same letter must share a shim
-	}{
-		{"podA", map[string]string{AnnotationSandboxID: "podA"}, "A"},
-		{"a1", map[string]string{AnnotationSandboxID: "podA", AnnotationGroup: "shared"}, "A"},
-		{"podB", map[string]string{AnnotationSandboxID: "podB"}, "B"},
-		{"b1", map[string]string{AnnotationSandboxID: "podB", AnnotationGroup: "podA"}, "B"},
-		{"b2", map[string]string{AnnotationSandboxID: "podB", AnnotationGroup: "shared"}, "B"},
-		{"t1", map[string]string{AnnotationGroup: "podA"}, "G"},
-		{"t2", map[string]string{AnnotationGroup: "podA"}, "G"},
-		{"t3", map[string]string{AnnotationGroup: "t4"}, "H"},
-		{"t4", nil, "T"},
-	}
-	addrs := map[string]string{} // shim letter -> address
-	seen := map[string]string{}  // address -> shim letter
-	for _, task := range tasks {
-		bundle := filepath.Join(root, task.id)
-		if err := os.Mkdir(bundle, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		writeSpec(t, bundle, task.annotations)
-		t.Chdir(bundle)
-		res, err := m.Start(ctx, &bootapi.BootstrapParams{
-			InstanceID: task.id, ContainerdGrpcAddress: "/run/test.sock", SocketDir: &socketDir,
-			LogLevel: bootapi.LogLevel_LOG_LEVEL_INFO,
-		})
-		if err != nil {
-			t.Fatalf("Start(%s): %v", task.id, err)
-		}
-		if other, ok := seen[res.Address]; ok && other != task.shim {
-			t.Errorf("task %s (shim %s) joined the shim of %s", task.id, task.shim, other)
-		}
-		if want, ok := addrs[task.shim]; ok && want != res.Address {
-			t.Errorf("task %s did not join shim %s", task.id, task.shim)
-		}
-		if _, ok := seen[res.Address]; !ok {
-			stopFakeServer(t, bundle)
-		}
-		addrs[task.shim], seen[res.Address] = res.Address, task.shim
-	}
-}
-
-func stopFakeServer(t *testing.T, bundle string) {
-	t.Helper()
 	var pid int
-	testenv.Eventually(t, 10*time.Second, "the spawned server's pid", func() error {
+	testenv.Eventually(t, 10*time.Second, "the server's pid", func() error {
 		data, err := os.ReadFile(filepath.Join(bundle, "server.pid"))
-		if err != nil {
-			return err
+		if err == nil {
+			pid, err = strconv.Atoi(string(data))
 		}
-		pid, err = strconv.Atoi(string(data))
 		return err
 	})
 	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+	if res.Version != 3 || res.Protocol != "ttrpc" || !strings.HasPrefix(res.Address, "unix://"+socketDir+"/") {
+		t.Fatalf("Start = %+v, want version 3 ttrpc in %s", res, socketDir)
+	}
 }
 
 func TestStopKillsRecordedVM(t *testing.T) {

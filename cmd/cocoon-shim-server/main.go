@@ -1,0 +1,61 @@
+// Command cocoon-shim-server is cocoon's task server (containerd pkg/shim's
+// long-running half; runtime io.containerd.cocoon.v2): every task is a
+// microVM restored from a snapshot chain. containerd runs the small
+// launcher containerd-shim-cocoon-v2, which starts this binary, hands
+// tasks to a spare of it, or runs it for everything but `start`.
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/manager"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
+)
+
+func main() {
+	if filepath.Base(os.Args[0]) == pause.Argv0 {
+		pause.Main()
+		return
+	}
+	// A spare waits, then goes on as the task server it was handed; one
+	// that gets no task exits (silently: it has no log before a task).
+	if len(os.Args) == 3 && os.Args[1] == spare.Flag {
+		if err := spare.Wait(os.Args[2]); err != nil {
+			os.Exit(1)
+		}
+	}
+	task.Register(refilling{task.PodLauncher{VM: &vm.Launcher{}, Sandbox: pause.Launcher{}}})
+	// The hypervisor is the shim's direct child and the drivers reap it with
+	// exec.Cmd.Wait. pkg/shim's default reaper would steal that exit status,
+	// and a subreaper would collect orphans nobody reaps, so both are off.
+	shim.RunShim(context.Background(), manager.New(manager.Name), func(c *shim.Config) {
+		c.NoReaper = true
+		c.NoSubreaper = true
+	})
+}
+
+// refilling puts a spare in place for the next task once a task is
+// launched: then, not at the server's start, the spare's own start-up is
+// off this task's path.
+type refilling struct{ task.Launcher }
+
+func (l refilling) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
+	sb, err := l.Launcher.Launch(ctx, r)
+	if err == nil {
+		go func() {
+			if err := launch.RefillSpare(r.Containerd); err != nil {
+				log.G(ctx).WithError(err).Warn("start a spare shim server")
+			}
+		}()
+	}
+	return sb, err
+}

@@ -1,0 +1,182 @@
+package spare
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/unixsock"
+)
+
+// replyTimeout bounds the wait for a spare's answer; a launcher that gives
+// up closes the connection, and the spare, seeing no go-ahead, exits.
+const replyTimeout = 2
+
+// goAhead tells a spare that answered to go on as the task's server.
+var goAhead = []byte{'g'}
+
+// Slot is a launcher's or server's hold on the spare of one containerd and
+// server binary, while it claims or refills it.
+type Slot struct {
+	path   string
+	server string
+	unlock func()
+}
+
+// Take locks the spare's socket dir. It returns false when another
+// launcher or server holds it (a burst of starts): a launcher then starts
+// its task's server itself.
+func Take(socketDir, containerdAddress, server string) (*Slot, bool) {
+	unlock, err := lockDir(socketDir, false)
+	if err != nil {
+		return nil, false
+	}
+	return &Slot{path: Path(socketDir, containerdAddress, server), server: server, unlock: unlock}, true
+}
+
+// Release lets other launchers at the slot.
+func (s *Slot) Release() { s.unlock() }
+
+// Claim hands req and the task's listening socket to the waiting spare and
+// returns its pid once it goes on as the task's server. It returns 0 and no
+// error when no spare waits, and 0 with an error when the spare failed or
+// declined; either way the caller starts the server itself.
+func (s *Slot) Claim(req Request, taskSocket *os.File) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("spare socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := ignoreEINTR(func() error { return unix.Connect(fd, &unix.SockaddrUnix{Name: s.path}) }); err != nil {
+		return 0, nil
+	}
+	data, err := encode(req)
+	if err != nil {
+		return 0, err
+	}
+	if err := unix.Sendmsg(fd, data, unix.UnixRights(int(taskSocket.Fd())), nil, 0); err != nil {
+		return 0, fmt.Errorf("hand task to spare: %w", err)
+	}
+	tv := unix.Timeval{Sec: replyTimeout}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return 0, fmt.Errorf("spare reply timeout: %w", err)
+	}
+	buf := make([]byte, 512)
+	var n int
+	err = ignoreEINTR(func() (err error) { n, err = unix.Read(fd, buf); return err })
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("spare reply: %w", errors.Join(err, errDeclined))
+	}
+	var r reply
+	if err := json.Unmarshal(buf[:n], &r); err != nil {
+		return 0, fmt.Errorf("decode spare reply: %w", err)
+	}
+	if r.Error != "" || r.PID <= 0 {
+		return 0, fmt.Errorf("%w: %s", errDeclined, r.Error)
+	}
+	if _, err := unix.Write(fd, goAhead); err != nil {
+		return 0, fmt.Errorf("spare go-ahead: %w", err)
+	}
+	return r.PID, nil
+}
+
+// Refill puts a spare of the server binary, with env, in the slot of the
+// containerd at containerdAddress, unless one waits there or is starting.
+// A task server calls it once its task is under way, so the spare's
+// start-up stays off that task's path; where a launcher holds the slot, it
+// leaves it to the next server. A spare listens at the slot's pending path
+// until its start-up is done and then moves to the slot's path, so a
+// launcher never waits for a spare still starting.
+func Refill(socketDir, containerdAddress, server string, env []string) error {
+	s, ok := Take(socketDir, containerdAddress, server)
+	if !ok {
+		return nil
+	}
+	defer s.Release()
+	pending := s.path + pendingSuffix
+	if accepts(s.path) || accepts(pending) {
+		return nil
+	}
+	for _, p := range []string{s.path, pending} {
+		if err := removeIfExists(p); err != nil {
+			return fmt.Errorf("remove stale spare socket: %w", err)
+		}
+	}
+	l, err := unixsock.Listen(pending, unix.SOCK_SEQPACKET)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	null, err := devNull()
+	if err != nil {
+		return errors.Join(err, os.Remove(pending))
+	}
+	defer null.Close()
+	// The spare's fd 3 holds a place for the task socket it gets later.
+	err = startIdle(s.server, []string{s.server, Flag, s.path}, &os.ProcAttr{
+		Dir:   "/",
+		Env:   env,
+		Files: []*os.File{null, null, null, null, l},
+		// Its own process group, so signals meant for containerd miss it.
+		Sys: &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err != nil {
+		return errors.Join(fmt.Errorf("start spare: %w", err), os.Remove(pending))
+	}
+	return nil
+}
+
+// startIdle starts a process under SCHED_IDLE, so its start-up (the cost a
+// spare exists to take off the next task's path) takes only CPU time
+// nothing else wants, never the task just started; the spare returns to
+// the normal policy once it is up. A child inherits its forking thread's
+// policy, so the fork runs on a thread of its own, which ends with it.
+// Where the spare could not return to the normal policy (no CAP_SYS_NICE
+// and a low RLIMIT_NICE), or the policy cannot be set, it starts normally.
+func startIdle(path string, argv []string, attr *os.ProcAttr) error {
+	errc := make(chan error, 1)
+	go func() {
+		if mayLeaveIdle() {
+			runtime.LockOSThread() // not unlocked: the thread goes with the goroutine
+			_ = unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+		}
+		p, err := os.StartProcess(path, argv, attr)
+		if err == nil {
+			err = p.Release()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// mayLeaveIdle reports whether a thread of this process under SCHED_IDLE
+// may return to SCHED_OTHER: with CAP_SYS_NICE, or an RLIMIT_NICE that
+// allows nice 0 (sched(7)).
+func mayLeaveIdle() bool {
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NICE, &lim) == nil && lim.Cur >= 20 {
+		return true
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if unix.Capget(&hdr, &data[0]) != nil {
+		return false
+	}
+	return data[0].Effective&(1<<unix.CAP_SYS_NICE) != 0
+}
+
+func removeIfExists(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// accepts reports whether a spare (or a starting one) listens at path. A
+// SOCK_SEQPACKET socket keeps each hand-over message whole.
+func accepts(path string) bool { return unixsock.Accepts(path, unix.SOCK_SEQPACKET) }

@@ -1,0 +1,159 @@
+package spare
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+// taskSocket listens where containerd would connect to a task server.
+func taskSocket(t *testing.T, dir string) (string, *os.File) {
+	t.Helper()
+	addr := filepath.Join(dir, "task.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	t.Cleanup(func() { f.Close() })
+	return addr, f
+}
+
+func claim(t *testing.T, dir, containerd string, req Request, sock *os.File) (int, error) {
+	t.Helper()
+	s, ok := Take(dir, containerd, os.Args[0])
+	if !ok {
+		t.Fatal("slot taken")
+	}
+	defer s.Release()
+	return s.Claim(req, sock)
+}
+
+// TestClaim hands a task to a spare: it goes on with the launcher's
+// arguments, environment and dir, serving the task socket.
+func TestClaim(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	_, spare := refill(t, dir, ctrd.addr)
+	bundle := t.TempDir()
+	addr, sock := taskSocket(t, dir)
+	env := append(os.Environ(), "COCOON_SPARE_TEST_MARK=handed")
+	args := []string{os.Args[0], "-namespace", "ns", "-id", "t1"}
+	pid, err := claim(t, dir, ctrd.addr, Request{Args: args, Env: env, Dir: bundle, Exe: os.Args[0]}, sock)
+	if err != nil || pid != spare {
+		t.Fatalf("Claim = %d, %v; want the spare %d", pid, err, spare)
+	}
+	var record []string
+	testenv.Eventually(t, 10*time.Second, "the spare's record in the bundle", func() error {
+		data, err := os.ReadFile(filepath.Join(bundle, "adopted"))
+		record = strings.Split(string(data), "\n")
+		if err == nil && len(record) < 3 {
+			err = errors.New("partial")
+		}
+		return err
+	})
+	if want := []string{strconv.Itoa(spare), strings.Join(args, " "), "handed"}; strings.Join(record[:3], "|") != strings.Join(want, "|") {
+		t.Fatalf("spare became %q, want %q", record[:3], want)
+	}
+	c, err := net.Dial("unix", addr)
+	if err != nil {
+		t.Fatalf("task socket not served: %v", err)
+	}
+	c.Close()
+	if pid, err := claim(t, dir, ctrd.addr, Request{Args: args, Env: env, Dir: bundle, Exe: os.Args[0]}, sock); pid != 0 || err != nil {
+		t.Fatalf("second Claim = %d, %v; want no spare", pid, err)
+	}
+}
+
+// TestClaimWithoutSpare: no spare, no error; the launcher starts a server.
+func TestClaimWithoutSpare(t *testing.T) {
+	dir := socketDir(t)
+	_, sock := taskSocket(t, dir)
+	if pid, err := claim(t, dir, "/run/none.sock", Request{Exe: os.Args[0]}, sock); pid != 0 || err != nil {
+		t.Fatalf("Claim = %d, %v; want 0, nil", pid, err)
+	}
+}
+
+// TestSpareDeclinesOtherBinary: a spare of another binary than the one the
+// launcher would run (an upgrade replaced it) declines and exits.
+func TestSpareDeclinesOtherBinary(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	path, _ := refill(t, dir, ctrd.addr)
+	_, sock := taskSocket(t, dir)
+	pid, err := claim(t, dir, ctrd.addr, Request{Args: []string{"/bin/true"}, Dir: t.TempDir(), Exe: "/bin/true"}, sock)
+	if pid != 0 || !errors.Is(err, errDeclined) {
+		t.Fatalf("Claim = %d, %v; want a refusal", pid, err)
+	}
+	awaitGone(t, path)
+}
+
+// TestSpareOutlivesProbe: a launcher's check that a spare is there does not
+// use it up.
+func TestSpareOutlivesProbe(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	path, spare := refill(t, dir, ctrd.addr)
+	for range 3 {
+		if !accepts(path) {
+			t.Fatal("spare gone after a probe")
+		}
+	}
+	_, sock := taskSocket(t, dir)
+	if pid, err := claim(t, dir, ctrd.addr, Request{Args: []string{os.Args[0]}, Dir: t.TempDir(), Exe: os.Args[0]}, sock); pid != spare || err != nil {
+		t.Fatalf("Claim after probes = %d, %v; want %d", pid, err, spare)
+	}
+}
+
+// TestRefillKeepsOneSpare: refills while a spare waits or starts add none.
+func TestRefillKeepsOneSpare(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	path, _ := refill(t, dir, ctrd.addr)
+	for range 3 {
+		if err := Refill(dir, ctrd.addr, os.Args[0], os.Environ()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(processesNaming(path)); n != 1 {
+		t.Fatalf("%d spares after refills, want 1", n)
+	}
+}
+
+// TestSpareEnds: a spare exits, removing its socket, when containerd closes
+// its socket or when no task comes in time.
+func TestSpareEnds(t *testing.T) {
+	tests := []struct {
+		name string
+		idle string
+		end  func(*fakeContainerd)
+	}{
+		{"containerd stops", "", (*fakeContainerd).stop},
+		{"idle", "1s", func(*fakeContainerd) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(idleEnv, tt.idle)
+			dir := socketDir(t)
+			ctrd := newFakeContainerd(t, dir)
+			path, _ := refill(t, dir, ctrd.addr)
+			tt.end(ctrd)
+			awaitGone(t, path)
+			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("spare left its socket (stat: %v)", err)
+			}
+		})
+	}
+}

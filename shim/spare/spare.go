@@ -1,0 +1,135 @@
+// Package spare keeps one task server started ahead of need, per containerd
+// and server binary. Starting the full server binary costs ~4 ms of Go
+// start-up here (page faults of a 30 MB binary, package init), on the path
+// of every task start; a spare has paid it already. The launcher that
+// starts a task hands the spare what a freshly spawned server would get —
+// its arguments, environment, bundle dir and listening task socket — and
+// the spare goes on as that server. The launcher then puts a new spare in
+// its place, off the next task's path.
+//
+// A spare starts under SCHED_IDLE, off the CPUs the task just started needs,
+// and waits on a SOCK_SEQPACKET unix socket in containerd's shim socket dir. It exits when containerd's ttrpc socket closes (containerd stopped),
+// after an idle timeout, or after any failed hand-over; a spare of another
+// binary than the one the launcher would run declines, so an upgrade never
+// serves new tasks with old code. This package is imported by the launcher,
+// whose start-up it must not slow: it uses only the standard library and
+// x/sys/unix.
+package spare
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Flag, as the server binary's first argument, makes it a spare; the path
+// of its socket follows (so that tools finding processes by the socket dir
+// find spares too).
+const Flag = "-spare"
+
+// The spare's descriptors: the task socket goes where pkg/shim's server
+// expects it, and the spare's own listener right after it.
+const (
+	taskSocketFD = 3
+	listenerFD   = 4
+)
+
+// pendingSuffix names a spare's socket while it starts.
+const pendingSuffix = ".pending"
+
+// maxMessage bounds a hand-over request (arguments and environment).
+const maxMessage = 1 << 20
+
+// Request is what a launcher hands a spare: how the task server would have
+// been started.
+type Request struct {
+	Args []string `json:"args"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+	// Exe is the server binary the launcher would start; a spare running
+	// another file declines.
+	Exe string `json:"exe"`
+}
+
+// reply is the spare's answer: its pid once it is the task's server.
+type reply struct {
+	PID   int    `json:"pid,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// SocketPrefix begins the name of every spare's socket in a socket dir.
+const SocketPrefix = "cocoon-spare-"
+
+// IsWaiting reports whether the process with command line args and working
+// dir cwd is a spare with no task yet. One that has a task keeps its
+// command line but runs in the task's bundle.
+func IsWaiting(args []string, cwd string) bool {
+	return len(args) == 3 && args[1] == Flag && cwd == "/"
+}
+
+// Path is the socket of the spare for the containerd at containerdAddress
+// running server, in socketDir.
+func Path(socketDir, containerdAddress, server string) string {
+	d := sha256.Sum256([]byte("cocoon-spare\x00" + containerdAddress + "\x00" + server))
+	return filepath.Join(socketDir, SocketPrefix+hex.EncodeToString(d[:12]))
+}
+
+// lockDir takes an exclusive flock on dir, serializing the launchers' and
+// spares' changes to the spare socket there. With block false it fails at
+// once when another holder has it.
+func lockDir(dir string, block bool) (unlock func(), err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	how := unix.LOCK_EX
+	if !block {
+		how |= unix.LOCK_NB
+	}
+	if err := unix.Flock(fd, how); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// sameFile reports whether path is the file st describes.
+func sameFile(path string, st *unix.Stat_t) bool {
+	var cur unix.Stat_t
+	return unix.Stat(path, &cur) == nil && cur.Dev == st.Dev && cur.Ino == st.Ino
+}
+
+func encode(v any) ([]byte, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxMessage {
+		return nil, fmt.Errorf("hand-over message is %d bytes, more than %d", len(data), maxMessage)
+	}
+	return data, nil
+}
+
+// errDeclined is a spare's refusal, for a launcher to start a server itself.
+var errDeclined = errors.New("spare declined")
+
+// ignoreEINTR retries f while a signal interrupts it.
+func ignoreEINTR(f func() error) error {
+	for {
+		if err := f(); !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
+
+// devNull opens /dev/null for a spawned process's unused descriptors.
+func devNull() (*os.File, error) {
+	return os.OpenFile(os.DevNull, os.O_RDWR, 0)
+}

@@ -1,0 +1,159 @@
+package spare
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+// idleEnv sets a spare's idle timeout in tests (the test binary is the spare).
+const idleEnv = "COCOON_SPARE_TEST_IDLE"
+
+// TestMain makes the test binary a spare when run as one: once handed a
+// task it records what it became in its new working dir and serves the task
+// socket, as the task server would.
+func TestMain(m *testing.M) {
+	if len(os.Args) == 3 && os.Args[1] == Flag {
+		if d, err := time.ParseDuration(os.Getenv(idleEnv)); err == nil {
+			IdleTimeout = d
+		}
+		if err := Wait(os.Args[2]); err != nil {
+			os.Exit(3)
+		}
+		adopted()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func adopted() {
+	l, err := net.FileListener(os.NewFile(taskSocketFD, "task"))
+	if err != nil {
+		os.Exit(4)
+	}
+	record := fmt.Sprintf("%d\n%s\n%s\n", os.Getpid(), strings.Join(os.Args, " "), os.Getenv("COCOON_SPARE_TEST_MARK"))
+	_ = os.WriteFile("adopted", []byte(record), 0o600)
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(0)
+		}
+		c.Close()
+	}
+}
+
+// fakeContainerd listens where a spare watches containerd; closing it (at
+// cleanup) is containerd stopping, which ends every spare of the test.
+type fakeContainerd struct {
+	addr  string
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newFakeContainerd(t *testing.T, dir string) *fakeContainerd {
+	t.Helper()
+	f := &fakeContainerd{addr: filepath.Join(dir, "ttrpc")}
+	l, err := net.Listen("unix", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.l = l
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, c)
+			f.mu.Unlock()
+		}
+	}()
+	t.Setenv("TTRPC_ADDRESS", f.addr)
+	t.Cleanup(f.stop)
+	return f
+}
+
+func (f *fakeContainerd) stop() {
+	f.l.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.conns = nil
+}
+
+// socketDir is a short dir for sockets (unix socket paths are limited).
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "cocoon-spare-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// processesNaming lists the pids whose command line names s.
+func processesNaming(s string) []int {
+	des, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, de := range des {
+		pid, err := strconv.Atoi(de.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", de.Name(), "cmdline"))
+		stat, _ := os.ReadFile(filepath.Join("/proc", de.Name(), "stat"))
+		zombie := strings.Contains(string(stat), ") Z ")
+		if strings.Contains(string(cmdline), s) && !zombie {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// refill puts a spare of the test binary in place and waits until it is
+// ready at path; it returns its pid, killed at cleanup.
+func refill(t *testing.T, dir, containerd string) (path string, pid int) {
+	t.Helper()
+	if err := Refill(dir, containerd, os.Args[0], os.Environ()); err != nil {
+		t.Fatal(err)
+	}
+	path = Path(dir, containerd, os.Args[0])
+	testenv.Eventually(t, 20*time.Second, "the spare at "+path, func() error {
+		if !accepts(path) {
+			return errors.New("not ready")
+		}
+		return nil
+	})
+	pids := processesNaming(path)
+	if len(pids) != 1 {
+		t.Fatalf("%d spares at %s, want 1", len(pids), path)
+	}
+	t.Cleanup(func() { _ = unix.Kill(pids[0], unix.SIGKILL) })
+	return path, pids[0]
+}
+
+func awaitGone(t *testing.T, path string) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "the spare at "+path+" to exit", func() error {
+		if len(processesNaming(path)) > 0 {
+			return errors.New("still runs")
+		}
+		return nil
+	})
+}

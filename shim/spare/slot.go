@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -93,6 +95,10 @@ func (s *Slot) Claim(req Request, taskSocket *os.File) (int, error) {
 // until its start-up is done and then moves to the slot's path, so a
 // launcher never waits for a spare still starting.
 func Refill(socketDir, containerdAddress, server string, env []string) error {
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, ttrpcAddressEnv+"=") }) {
+		// A spare could not tell when containerd stops.
+		return nil
+	}
 	s, ok := Take(socketDir, containerdAddress, server)
 	if !ok {
 		return nil

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -155,5 +156,18 @@ func TestSpareEnds(t *testing.T) {
 				t.Fatalf("spare left its socket (stat: %v)", err)
 			}
 		})
+	}
+}
+
+// TestRefillNeedsContainerd: without containerd's ttrpc address a spare
+// could not tell when to go, so none starts.
+func TestRefillNeedsContainerd(t *testing.T) {
+	dir := socketDir(t)
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, ttrpcAddressEnv+"=") })
+	if err := Refill(dir, "/run/c.sock", os.Args[0], env); err != nil {
+		t.Fatal(err)
+	}
+	if des, _ := os.ReadDir(dir); len(des) > 0 {
+		t.Fatalf("Refill without %s made %s", ttrpcAddressEnv, des[0].Name())
 	}
 }

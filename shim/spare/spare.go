@@ -41,6 +41,10 @@ const (
 	listenerFD   = 4
 )
 
+// ttrpcAddressEnv is where containerd tells a shim its ttrpc address; a
+// spare watches that socket.
+const ttrpcAddressEnv = "TTRPC_ADDRESS"
+
 // pendingSuffix names a spare's socket while it starts.
 const pendingSuffix = ".pending"
 

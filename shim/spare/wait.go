@@ -72,7 +72,7 @@ func ready(path string, sock *unix.Stat_t) (int, error) {
 	if err := normalPolicy(); err != nil {
 		return -1, err
 	}
-	watch, err := watchContainerd(os.Getenv("TTRPC_ADDRESS"))
+	watch, err := watchContainerd(os.Getenv(ttrpcAddressEnv))
 	if err != nil {
 		return -1, err
 	}
@@ -117,7 +117,7 @@ func normalPolicy() error {
 // nothing on it, so it turns readable only when containerd closes it.
 func watchContainerd(address string) (int, error) {
 	if address == "" {
-		return -1, errors.New("no TTRPC_ADDRESS: cannot tell when containerd stops")
+		return -1, errors.New("no " + ttrpcAddressEnv + ": cannot tell when containerd stops")
 	}
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

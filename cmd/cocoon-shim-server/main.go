@@ -29,6 +29,7 @@ func main() {
 	// A spare waits, then goes on as the task server it was handed; one
 	// that gets no task exits (silently: it has no log before a task).
 	if len(os.Args) == 3 && os.Args[1] == spare.Flag {
+		task.WarmCodecs()
 		if err := spare.Wait(os.Args[2]); err != nil {
 			os.Exit(1)
 		}

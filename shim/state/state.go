@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/atomicfile"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
@@ -154,8 +155,8 @@ func writeSynced(path string, data []byte) error {
 	return nil
 }
 
-// writeRenamed writes data to path through a temp file (mode 0600) and a
-// rename, without syncing.
+// writeRenamed writes data to path through a temp file (mode 0600) put in
+// its place atomically, without syncing.
 func writeRenamed(path string, data []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-")
 	if err != nil {
@@ -164,13 +165,29 @@ func writeRenamed(path string, data []byte) error {
 	_, err = f.Write(data)
 	err = errors.Join(err, f.Close())
 	if err == nil {
-		err = os.Rename(f.Name(), path)
+		err = replace(f.Name(), path)
 	}
 	if err != nil {
 		_ = os.Remove(f.Name())
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// replace puts file tmp at path. Over an existing file it exchanges the two
+// and removes tmp, now the old content: ext4 makes a rename over a file
+// allocate the new file's blocks first (auto_da_alloc), which costs a
+// report write on the Start path 0.1-0.2 ms more here. Where there is no
+// file yet, or exchange is not supported, it renames.
+func replace(tmp, path string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE)
+	switch {
+	case err == nil:
+		return os.Remove(tmp)
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+		return os.Rename(tmp, path)
+	}
+	return err
 }
 
 func readJSON(path string, v any) error {

@@ -135,9 +135,10 @@ func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spe
 	phases = append(append(phases, sb.Phases...), state.Phase{Name: PhaseRecord, Duration: config.Duration(time.Since(finishing))})
 	t := newTask(ctx, req.ID, req.Bundle, sb, rec, init, s.send)
 	t.cg, t.created, t.namespace, t.phases = cg, began, req.Namespace, phases
-	if err := t.writeReport(ctx); err != nil {
-		return nil, err
-	}
+	// Start writes the report again, with its phase; this first one, for a
+	// task never started, need not hold up Create's answer (a file written
+	// and renamed costs half a millisecond here).
+	t.reports.Go(func() { t.saveReport(context.WithoutCancel(ctx)) })
 	return t, nil
 }
 

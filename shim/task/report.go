@@ -57,7 +57,13 @@ func (t *task) recordPhase(ctx context.Context, name string, d time.Duration) {
 	t.recMu.Lock()
 	t.phases = append(t.phases, state.Phase{Name: name, Duration: config.Duration(d)})
 	t.recMu.Unlock()
+	t.saveReport(ctx)
+}
+
+// saveReport writes the report; a failure to is only logged: the report
+// tells, the task record is what recovery relies on.
+func (t *task) saveReport(ctx context.Context) {
 	if err := t.writeReport(ctx); err != nil {
-		log.G(ctx).WithError(err).WithField("id", t.id).Warn("record restore phase")
+		log.G(ctx).WithError(err).WithField("id", t.id).Warn("write restore report")
 	}
 }

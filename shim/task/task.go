@@ -44,6 +44,9 @@ type task struct {
 	rec   *state.Task
 	// phases are the restore report's, guarded by recMu.
 	phases []state.Phase
+	// reports are report writes off the RPC path; destroy waits for them,
+	// so none lands in a bundle containerd is removing.
+	reports sync.WaitGroup
 
 	init *process
 

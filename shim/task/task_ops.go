@@ -259,6 +259,7 @@ func (t *task) update(res *specs.LinuxResources) error {
 // destroy shuts the VM down and releases everything the task holds. An
 // init that never started ends first, so its exit precedes the delete.
 func (t *task) destroy(ctx context.Context) error {
+	t.reports.Wait()
 	t.init.lifecycle.Lock()
 	ended := t.init.endBeforeStart(unix.SIGKILL)
 	t.init.lifecycle.Unlock()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -61,14 +60,10 @@ func Wait(path string) error {
 	}
 }
 
-// ready ends the spare's start-up: a garbage collection, back to the normal
-// scheduling policy, a watch on containerd, and its socket moved from the pending path to the
+// ready ends the spare's start-up: back to the normal scheduling policy, a
+// watch on containerd, and its socket moved from the pending path to the
 // slot's, where launchers find it.
 func ready(path string, sock *unix.Stat_t) (int, error) {
-	// A first collection now, still under SCHED_IDLE: left to the task
-	// server's start, it ran there, faulting in the collector's buffers
-	// (some 200 page faults, a millisecond here).
-	runtime.GC()
 	if err := normalPolicy(); err != nil {
 		return -1, err
 	}

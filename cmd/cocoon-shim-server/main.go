@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -22,10 +23,6 @@ import (
 )
 
 func main() {
-	if filepath.Base(os.Args[0]) == pause.Argv0 {
-		pause.Main()
-		return
-	}
 	// A spare waits, then goes on as the task server it was handed; one
 	// that gets no task exits (silently: it has no log before a task).
 	if len(os.Args) == 3 && os.Args[1] == spare.Flag {
@@ -34,7 +31,15 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	task.Register(refilling{task.PodLauncher{VM: &vm.Launcher{}, Sandbox: pause.Launcher{}}})
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "find the shim binary: %v\n", err)
+		os.Exit(1)
+	}
+	// The pause process is the launcher binary: a few of this one's
+	// start-up and memory for each pod.
+	sandbox := pause.Launcher{Binary: filepath.Join(filepath.Dir(self), launch.LauncherName)}
+	task.Register(refilling{task.PodLauncher{VM: &vm.Launcher{}, Sandbox: sandbox}})
 	// The hypervisor is the shim's direct child and the drivers reap it with
 	// exec.Cmd.Wait. pkg/shim's default reaper would steal that exit status,
 	// and a subreaper would collect orphans nobody reaps, so both are off.

@@ -4,7 +4,8 @@
 // server behind it (package launch) in about a millisecond; the full server
 // binary, cocoon-shim-server next to it, would take four just to start.
 // Every other action (delete, -info, -v) is that server binary's, which
-// this process becomes.
+// this process becomes. Executed as hold.Argv0 it is a pod sandbox's pause
+// process.
 package main
 
 import (
@@ -17,15 +18,17 @@ import (
 	"syscall"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause/hold"
 )
-
-// serverName is the task server binary, found next to this one.
-const serverName = "cocoon-shim-server"
 
 // maxParams bounds the bootstrap parameters read from stdin, as pkg/shim does.
 const maxParams = 10 << 20
 
 func main() {
+	if filepath.Base(os.Args[0]) == hold.Argv0 {
+		hold.Main()
+		return
+	}
 	server, err := serverPath()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -106,7 +109,7 @@ func serverPath() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("find launcher binary: %w", err)
 	}
-	server, err := filepath.EvalSymlinks(filepath.Join(filepath.Dir(self), serverName))
+	server, err := filepath.EvalSymlinks(filepath.Join(filepath.Dir(self), launch.ServerName))
 	if err != nil {
 		return "", fmt.Errorf("find the task server binary next to the launcher: %w", err)
 	}

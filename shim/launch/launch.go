@@ -27,6 +27,13 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
+// The shim's two binaries, installed side by side: the launcher containerd
+// runs, and the task server.
+const (
+	LauncherName = "containerd-shim-cocoon-v2"
+	ServerName   = "cocoon-shim-server"
+)
+
 // DefaultSocketDir is containerd's shim socket dir when its bootstrap
 // parameters name none (containerd's defaults.DefaultStateDir + "/s").
 const DefaultSocketDir = "/run/containerd/s"

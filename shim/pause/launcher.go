@@ -1,3 +1,8 @@
+// Package pause runs a pod sandbox task without a VM. CRI's sandbox
+// container exists only to hold the pod's network namespace and cgroup;
+// restoring a VM for it would double the cost of every pod. A small host
+// process — the shim's launcher binary, executed as hold.Argv0 — holds
+// them instead.
 package pause
 
 import (
@@ -13,6 +18,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause/hold"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
@@ -26,23 +32,27 @@ const readyTimeout = 10 * time.Second
 
 // Launcher starts pod sandbox tasks: a pause process in the pod's network
 // namespace. The task service moves it into the pod's cgroup.
-type Launcher struct{}
+type Launcher struct {
+	// Binary runs the pause process (package hold): the shim's launcher
+	// binary; this process's own binary when empty.
+	Binary string
+}
 
 var _ task.Launcher = Launcher{}
 
 // Launch starts the pause process; it runs until the task is killed.
-func (Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
+func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
 	began := time.Now()
-	exe, err := os.Executable()
+	exe, err := l.binary()
 	if err != nil {
-		return nil, fmt.Errorf("find the shim binary: %w", err)
+		return nil, err
 	}
 	ready, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("create pause readiness pipe: %w", err)
 	}
 	defer ready.Close()
-	cmd := &exec.Cmd{Path: exe, Args: []string{Argv0}, ExtraFiles: []*os.File{w}}
+	cmd := &exec.Cmd{Path: exe, Args: []string{hold.Argv0}, ExtraFiles: []*os.File{w}}
 	err = startIn(netnsPath(r.Spec), cmd)
 	w.Close()
 	if err != nil {
@@ -130,3 +140,14 @@ func netnsPath(spec *specs.Spec) string {
 // errNoExec is what a sandbox answers to an exec: CRI never asks, and the
 // pause process has nothing to run one in.
 var errNoExec = errors.New("a pod sandbox runs no processes but its pause process")
+
+func (l Launcher) binary() (string, error) {
+	if l.Binary != "" {
+		return l.Binary, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the shim binary: %w", err)
+	}
+	return exe, nil
+}

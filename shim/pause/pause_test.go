@@ -15,13 +15,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause/hold"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
 // TestMain lets Launch re-execute this test binary as the pause process.
 func TestMain(m *testing.M) {
-	if filepath.Base(os.Args[0]) == Argv0 {
-		Main()
+	if filepath.Base(os.Args[0]) == hold.Argv0 {
+		hold.Main()
 		return
 	}
 	os.Exit(m.Run())

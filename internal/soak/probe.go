@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
 // Count names, in the order a census lists them.
@@ -51,7 +53,7 @@ func (s *soak) take(ctx context.Context) (Census, error) {
 		itemsCount(CountCgroups, cgroupsOf(s.stack.Namespace)),
 		itemsCount(CountRunDirs, dirEntries(s.stack.RunDir, 2)),
 		itemsCount(CountBundles, dirEntries(filepath.Join(s.stack.State, "io.containerd.runtime.v2.task"), 2)),
-		itemsCount(CountShimSockets, dirEntries(filepath.Join(s.stack.Dir, "s"), 1)),
+		itemsCount(CountShimSockets, shimSockets(filepath.Join(s.stack.Dir, "s"))),
 		itemsCount(CountFIFOs, dirEntries(s.stack.FifoDir, 2)),
 	)
 	taps, netns, err := s.network(procs)
@@ -137,6 +139,14 @@ func dirEntries(dir string, depth int) []string {
 	}
 	out, _ := filepath.Glob(pattern)
 	return out
+}
+
+// shimSockets lists the task servers' sockets in dir, not the spare's,
+// which is containerd's for its next task.
+func shimSockets(dir string) []string {
+	return slices.DeleteFunc(dirEntries(dir, 1), func(p string) bool {
+		return strings.HasPrefix(filepath.Base(p), spare.SocketPrefix)
+	})
 }
 
 // stagedDirs lists the snapshot dirs that stage a container: a chain's

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -169,5 +171,27 @@ func TestRefillNeedsContainerd(t *testing.T) {
 	}
 	if des, _ := os.ReadDir(dir); len(des) > 0 {
 		t.Fatalf("Refill without %s made %s", ttrpcAddressEnv, des[0].Name())
+	}
+}
+
+// TestRefillReplacesDeadSpare: a spare killed while it waits leaves its
+// socket; a launcher finds no one there, and the next refill replaces it.
+func TestRefillReplacesDeadSpare(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	path, dead := refill(t, dir, ctrd.addr)
+	if err := unix.Kill(dead, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	awaitGone(t, path)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("a killed spare's socket is gone (stat: %v); want it left stale", err)
+	}
+	_, sock := taskSocket(t, dir)
+	if pid, err := claim(t, dir, ctrd.addr, Request{Exe: os.Args[0]}, sock); pid != 0 || err != nil {
+		t.Fatalf("Claim of a dead spare = %d, %v; want 0, nil", pid, err)
+	}
+	if _, pid := refill(t, dir, ctrd.addr); pid == dead {
+		t.Fatal("refill kept the dead spare")
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/shimtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
@@ -31,30 +31,14 @@ func TestMain(m *testing.M) {
 		if err := spare.Wait(os.Args[2]); err != nil {
 			os.Exit(3)
 		}
-		fakeServer()
+		shimtest.Serve()
 		return
 	}
 	if os.Getenv(fakeServerEnv) != "" {
-		fakeServer()
+		shimtest.Serve()
 		return
 	}
 	os.Exit(m.Run())
-}
-
-func fakeServer() {
-	l, err := net.FileListener(os.NewFile(3, "socket"))
-	if err != nil {
-		os.Exit(2)
-	}
-	_ = os.WriteFile("server.args", []byte(strings.Join(os.Args, " ")), 0o600)
-	_ = os.WriteFile("server.pid", []byte(strconv.Itoa(os.Getpid())), 0o600)
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			os.Exit(0)
-		}
-		c.Close()
-	}
 }
 
 func writeSpec(t *testing.T, dir string, annotations map[string]string) {
@@ -91,32 +75,7 @@ func newEnv(t *testing.T) env {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := env{socketDir: filepath.Join(dir, "s"), containerd: filepath.Join(dir, "c.sock"), root: t.TempDir()}
-	l, err := net.Listen("unix", e.containerd+".ttrpc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	t.Setenv("TTRPC_ADDRESS", e.containerd+".ttrpc")
+	shimtest.NewContainerd(t, e.containerd+".ttrpc")
 	return e
 }
 
@@ -142,7 +101,7 @@ func serverOf(t *testing.T, bundle string) (int, string) {
 	t.Helper()
 	var pid int
 	testenv.Eventually(t, 10*time.Second, "the server's pid", func() error {
-		data, err := os.ReadFile(filepath.Join(bundle, "server.pid"))
+		data, err := os.ReadFile(filepath.Join(bundle, shimtest.PIDFile))
 		if err != nil {
 			return err
 		}
@@ -150,7 +109,7 @@ func serverOf(t *testing.T, bundle string) (int, string) {
 		return err
 	})
 	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
-	args, err := os.ReadFile(filepath.Join(bundle, "server.args"))
+	args, err := os.ReadFile(filepath.Join(bundle, shimtest.ArgsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +190,7 @@ func TestStartIsolatesPods(t *testing.T) {
 		}
 		if _, ok := seen[addr]; !ok {
 			serverOf(t, bundle)
-		} else if _, err := os.Stat(filepath.Join(bundle, "server.pid")); !errors.Is(err, os.ErrNotExist) {
+		} else if _, err := os.Stat(filepath.Join(bundle, shimtest.PIDFile)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("task %s of a running group got a server of its own (stat: %v)", task.id, err)
 		}
 		addrs[task.shim], seen[addr] = addr, task.shim

@@ -27,6 +27,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/shimtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
@@ -37,25 +38,10 @@ const fakeServerEnv = "COCOON_MANAGER_TEST_SERVER"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(fakeServerEnv) != "" {
-		fakeServer()
+		shimtest.Serve()
 		return
 	}
 	os.Exit(m.Run())
-}
-
-func fakeServer() {
-	l, err := net.FileListener(os.NewFile(3, "socket"))
-	if err != nil {
-		os.Exit(2)
-	}
-	_ = os.WriteFile("server.pid", []byte(strconv.Itoa(os.Getpid())), 0o600)
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			os.Exit(0)
-		}
-		c.Close()
-	}
 }
 
 // TestStart starts a task server through package launch and answers in
@@ -79,7 +65,7 @@ func TestStart(t *testing.T) {
 	}
 	var pid int
 	testenv.Eventually(t, 10*time.Second, "the server's pid", func() error {
-		data, err := os.ReadFile(filepath.Join(bundle, "server.pid"))
+		data, err := os.ReadFile(filepath.Join(bundle, shimtest.PIDFile))
 		if err == nil {
 			pid, err = strconv.Atoi(string(data))
 		}

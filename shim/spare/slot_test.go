@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/shimtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -49,33 +50,35 @@ func claim(t *testing.T, dir, containerd string, req Request, sock *os.File) (in
 func TestClaim(t *testing.T) {
 	dir := socketDir(t)
 	ctrd := newFakeContainerd(t, dir)
-	_, spare := refill(t, dir, ctrd.addr)
+	_, spare := refill(t, dir, ctrd.Addr)
 	bundle := t.TempDir()
 	addr, sock := taskSocket(t, dir)
 	env := append(os.Environ(), "COCOON_SPARE_TEST_MARK=handed")
 	args := []string{os.Args[0], "-namespace", "ns", "-id", "t1"}
-	pid, err := claim(t, dir, ctrd.addr, Request{Args: args, Env: env, Dir: bundle, Exe: os.Args[0]}, sock)
+	pid, err := claim(t, dir, ctrd.Addr, Request{Args: args, Env: env, Dir: bundle, Exe: os.Args[0]}, sock)
 	if err != nil || pid != spare {
 		t.Fatalf("Claim = %d, %v; want the spare %d", pid, err, spare)
 	}
-	var record []string
 	testenv.Eventually(t, 10*time.Second, "the spare's record in the bundle", func() error {
-		data, err := os.ReadFile(filepath.Join(bundle, "adopted"))
-		record = strings.Split(string(data), "\n")
-		if err == nil && len(record) < 3 {
-			err = errors.New("partial")
-		}
+		_, err := os.Stat(filepath.Join(bundle, shimtest.PIDFile))
 		return err
 	})
-	if want := []string{strconv.Itoa(spare), strings.Join(args, " "), "handed"}; strings.Join(record[:3], "|") != strings.Join(want, "|") {
-		t.Fatalf("spare became %q, want %q", record[:3], want)
+	for file, want := range map[string]string{
+		shimtest.PIDFile:  strconv.Itoa(spare),
+		shimtest.ArgsFile: strings.Join(args, " "),
+		shimtest.EnvFile:  "COCOON_SPARE_TEST_MARK=handed",
+	} {
+		data, err := os.ReadFile(filepath.Join(bundle, file))
+		if err != nil || !slices.Contains(strings.Split(string(data), "\n"), want) {
+			t.Fatalf("spare's %s = %q (%v), want a line %q", file, data, err, want)
+		}
 	}
 	c, err := net.Dial("unix", addr)
 	if err != nil {
 		t.Fatalf("task socket not served: %v", err)
 	}
 	c.Close()
-	if pid, err := claim(t, dir, ctrd.addr, Request{Args: args, Env: env, Dir: bundle, Exe: os.Args[0]}, sock); pid != 0 || err != nil {
+	if pid, err := claim(t, dir, ctrd.Addr, Request{Args: args, Env: env, Dir: bundle, Exe: os.Args[0]}, sock); pid != 0 || err != nil {
 		t.Fatalf("second Claim = %d, %v; want no spare", pid, err)
 	}
 }
@@ -94,9 +97,9 @@ func TestClaimWithoutSpare(t *testing.T) {
 func TestSpareDeclinesOtherBinary(t *testing.T) {
 	dir := socketDir(t)
 	ctrd := newFakeContainerd(t, dir)
-	path, _ := refill(t, dir, ctrd.addr)
+	path, _ := refill(t, dir, ctrd.Addr)
 	_, sock := taskSocket(t, dir)
-	pid, err := claim(t, dir, ctrd.addr, Request{Args: []string{"/bin/true"}, Dir: t.TempDir(), Exe: "/bin/true"}, sock)
+	pid, err := claim(t, dir, ctrd.Addr, Request{Args: []string{"/bin/true"}, Dir: t.TempDir(), Exe: "/bin/true"}, sock)
 	if pid != 0 || !errors.Is(err, errDeclined) {
 		t.Fatalf("Claim = %d, %v; want a refusal", pid, err)
 	}
@@ -108,14 +111,14 @@ func TestSpareDeclinesOtherBinary(t *testing.T) {
 func TestSpareOutlivesProbe(t *testing.T) {
 	dir := socketDir(t)
 	ctrd := newFakeContainerd(t, dir)
-	path, spare := refill(t, dir, ctrd.addr)
+	path, spare := refill(t, dir, ctrd.Addr)
 	for range 3 {
 		if !accepts(path) {
 			t.Fatal("spare gone after a probe")
 		}
 	}
 	_, sock := taskSocket(t, dir)
-	if pid, err := claim(t, dir, ctrd.addr, Request{Args: []string{os.Args[0]}, Dir: t.TempDir(), Exe: os.Args[0]}, sock); pid != spare || err != nil {
+	if pid, err := claim(t, dir, ctrd.Addr, Request{Args: []string{os.Args[0]}, Dir: t.TempDir(), Exe: os.Args[0]}, sock); pid != spare || err != nil {
 		t.Fatalf("Claim after probes = %d, %v; want %d", pid, err, spare)
 	}
 }
@@ -124,9 +127,9 @@ func TestSpareOutlivesProbe(t *testing.T) {
 func TestRefillKeepsOneSpare(t *testing.T) {
 	dir := socketDir(t)
 	ctrd := newFakeContainerd(t, dir)
-	path, _ := refill(t, dir, ctrd.addr)
+	path, _ := refill(t, dir, ctrd.Addr)
 	for range 3 {
-		if err := Refill(dir, ctrd.addr, os.Args[0], os.Environ()); err != nil {
+		if err := Refill(dir, ctrd.Addr, os.Args[0], os.Environ()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -141,17 +144,17 @@ func TestSpareEnds(t *testing.T) {
 	tests := []struct {
 		name string
 		idle string
-		end  func(*fakeContainerd)
+		end  func(*shimtest.Containerd)
 	}{
-		{"containerd stops", "", (*fakeContainerd).stop},
-		{"idle", "1s", func(*fakeContainerd) {}},
+		{"containerd stops", "", (*shimtest.Containerd).Stop},
+		{"idle", "1s", func(*shimtest.Containerd) {}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv(idleEnv, tt.idle)
 			dir := socketDir(t)
 			ctrd := newFakeContainerd(t, dir)
-			path, _ := refill(t, dir, ctrd.addr)
+			path, _ := refill(t, dir, ctrd.Addr)
 			tt.end(ctrd)
 			awaitGone(t, path)
 			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
@@ -179,7 +182,7 @@ func TestRefillNeedsContainerd(t *testing.T) {
 func TestRefillReplacesDeadSpare(t *testing.T) {
 	dir := socketDir(t)
 	ctrd := newFakeContainerd(t, dir)
-	path, dead := refill(t, dir, ctrd.addr)
+	path, dead := refill(t, dir, ctrd.Addr)
 	if err := unix.Kill(dead, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -188,10 +191,10 @@ func TestRefillReplacesDeadSpare(t *testing.T) {
 		t.Fatalf("a killed spare's socket is gone (stat: %v); want it left stale", err)
 	}
 	_, sock := taskSocket(t, dir)
-	if pid, err := claim(t, dir, ctrd.addr, Request{Exe: os.Args[0]}, sock); pid != 0 || err != nil {
+	if pid, err := claim(t, dir, ctrd.Addr, Request{Exe: os.Args[0]}, sock); pid != 0 || err != nil {
 		t.Fatalf("Claim of a dead spare = %d, %v; want 0, nil", pid, err)
 	}
-	if _, pid := refill(t, dir, ctrd.addr); pid == dead {
+	if _, pid := refill(t, dir, ctrd.Addr); pid == dead {
 		t.Fatal("refill kept the dead spare")
 	}
 }

@@ -2,18 +2,16 @@ package spare
 
 import (
 	"errors"
-	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/shimtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -22,7 +20,7 @@ const idleEnv = "COCOON_SPARE_TEST_IDLE"
 
 // TestMain makes the test binary a spare when run as one: once handed a
 // task it records what it became in its new working dir and serves the task
-// socket, as the task server would.
+// socket, as the task server would (shimtest.Serve).
 func TestMain(m *testing.M) {
 	if len(os.Args) == 3 && os.Args[1] == Flag {
 		if d, err := time.ParseDuration(os.Getenv(idleEnv)); err == nil {
@@ -31,69 +29,15 @@ func TestMain(m *testing.M) {
 		if err := Wait(os.Args[2]); err != nil {
 			os.Exit(3)
 		}
-		adopted()
+		shimtest.Serve()
 		return
 	}
 	os.Exit(m.Run())
 }
 
-func adopted() {
-	l, err := net.FileListener(os.NewFile(taskSocketFD, "task"))
-	if err != nil {
-		os.Exit(4)
-	}
-	record := fmt.Sprintf("%d\n%s\n%s\n", os.Getpid(), strings.Join(os.Args, " "), os.Getenv("COCOON_SPARE_TEST_MARK"))
-	_ = os.WriteFile("adopted", []byte(record), 0o600)
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			os.Exit(0)
-		}
-		c.Close()
-	}
-}
-
-// fakeContainerd listens where a spare watches containerd; closing it (at
-// cleanup) is containerd stopping, which ends every spare of the test.
-type fakeContainerd struct {
-	addr  string
-	l     net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newFakeContainerd(t *testing.T, dir string) *fakeContainerd {
+func newFakeContainerd(t *testing.T, dir string) *shimtest.Containerd {
 	t.Helper()
-	f := &fakeContainerd{addr: filepath.Join(dir, "ttrpc")}
-	l, err := net.Listen("unix", f.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.l = l
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			f.mu.Lock()
-			f.conns = append(f.conns, c)
-			f.mu.Unlock()
-		}
-	}()
-	t.Setenv("TTRPC_ADDRESS", f.addr)
-	t.Cleanup(f.stop)
-	return f
-}
-
-func (f *fakeContainerd) stop() {
-	f.l.Close()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, c := range f.conns {
-		c.Close()
-	}
-	f.conns = nil
+	return shimtest.NewContainerd(t, filepath.Join(dir, "ttrpc"))
 }
 
 // socketDir is a short dir for sockets (unix socket paths are limited).

@@ -1,0 +1,88 @@
+// Package shimtest has the fakes the shim's start tests share: a task
+// server (the test binary itself) serving the socket it was handed, and a
+// containerd ttrpc socket for spares to watch.
+package shimtest
+
+import (
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Files a fake server writes into its working dir (the task's bundle).
+const (
+	PIDFile  = "server.pid"
+	ArgsFile = "server.args"
+	EnvFile  = "server.env"
+)
+
+// Serve is a fake task server's main: it records its pid, arguments and
+// environment (one per line) in its working dir, then accepts on the task socket at fd 3 until the test
+// kills it.
+func Serve() {
+	l, err := net.FileListener(os.NewFile(3, "socket"))
+	if err != nil {
+		os.Exit(2)
+	}
+	_ = os.WriteFile(ArgsFile, []byte(strings.Join(os.Args, " ")), 0o600)
+	_ = os.WriteFile(EnvFile, []byte(strings.Join(os.Environ(), "\n")), 0o600)
+	_ = os.WriteFile(PIDFile, []byte(strconv.Itoa(os.Getpid())), 0o600)
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(0)
+		}
+		c.Close()
+	}
+}
+
+// Containerd listens at a containerd ttrpc address that spares watch; it
+// accepts and holds their connections. Stop (also run at the test's
+// cleanup) is containerd stopping, which ends every spare watching it.
+type Containerd struct {
+	Addr  string
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+// NewContainerd listens at addr and sets TTRPC_ADDRESS to it for the test,
+// as containerd does for its shims.
+func NewContainerd(t *testing.T, addr string) *Containerd {
+	t.Helper()
+	l, err := net.Listen("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Containerd{Addr: addr, l: l}
+	go c.accept()
+	t.Setenv("TTRPC_ADDRESS", addr)
+	t.Cleanup(c.Stop)
+	return c
+}
+
+func (c *Containerd) accept() {
+	for {
+		conn, err := c.l.Accept()
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		c.conns = append(c.conns, conn)
+		c.mu.Unlock()
+	}
+}
+
+// Stop closes the socket and every connection to it.
+func (c *Containerd) Stop() {
+	c.l.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = nil
+}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -26,6 +27,12 @@ import (
 // Hypervisor is what a sandbox's task record and report name instead of a
 // hypervisor.
 const Hypervisor = "none (pod sandbox)"
+
+// runDirName is the pause process's run dir in the bundle: empty, it is the
+// argument by which `shim delete` finds a pause process spawned by a shim
+// that died before recording its pid, as a VM's hypervisor is found by its
+// run dir.
+const runDirName = "pause"
 
 // readyTimeout bounds the pause process's start.
 const readyTimeout = 10 * time.Second
@@ -47,30 +54,25 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandb
 	if err != nil {
 		return nil, err
 	}
-	ready, w, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("create pause readiness pipe: %w", err)
-	}
-	defer ready.Close()
-	cmd := &exec.Cmd{Path: exe, Args: []string{hold.Argv0}, ExtraFiles: []*os.File{w}}
-	err = startIn(netnsPath(r.Spec), cmd)
-	w.Close()
+	plan := state.Plan{Mode: "none", Reasons: []string{"pod sandbox: a host process holds the pod's network namespace and cgroup; each app container restores its own VM"}}
+	runDir, err := starting(r, plan)
 	if err != nil {
 		return nil, err
 	}
-	p := newProc(cmd)
-	if err := awaitReady(ctx, ready); err != nil {
-		return nil, errors.Join(err, p.Close())
+	p, err := spawn(ctx, exe, runDir, netnsPath(r.Spec))
+	if err != nil {
+		return nil, errors.Join(err, os.Remove(runDir))
 	}
 	sb := &task.Sandbox{
 		VM:         p,
 		Guest:      guest{p},
 		Hypervisor: Hypervisor,
-		Plan:       state.Plan{Mode: "none", Reasons: []string{"pod sandbox: a host process holds the pod's network namespace and cgroup; each app container restores its own VM"}},
+		RunDir:     runDir,
+		Plan:       plan,
 		Phases:     []state.Phase{{Name: "spawn", Duration: config.Duration(time.Since(began))}},
 	}
 	if r.Spawned != nil {
-		r.Spawned(task.Spawn{PID: p.PID(), Hypervisor: Hypervisor, Plan: sb.Plan})
+		r.Spawned(task.Spawn{PID: p.PID(), Hypervisor: Hypervisor, RunDir: runDir, Plan: plan})
 	}
 	if r.Created != nil {
 		if err := r.Created(ctx, p.PID()); err != nil {
@@ -78,6 +80,42 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandb
 		}
 	}
 	return sb, nil
+}
+
+// starting makes the pause process's run dir and records it (the
+// LaunchRequest's Starting hook) before the process exists.
+func starting(r task.LaunchRequest, plan state.Plan) (string, error) {
+	runDir := filepath.Join(r.Bundle, runDirName)
+	if err := os.Mkdir(runDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("create pause run dir: %w", err)
+	}
+	if r.Starting != nil {
+		if err := r.Starting(task.Spawn{Hypervisor: Hypervisor, RunDir: runDir, Plan: plan}); err != nil {
+			return "", errors.Join(err, os.Remove(runDir))
+		}
+	}
+	return runDir, nil
+}
+
+// spawn starts the pause process, naming runDir, in the network namespace
+// at netns, and waits until it is ready.
+func spawn(ctx context.Context, exe, runDir, netns string) (*proc, error) {
+	ready, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("create pause readiness pipe: %w", err)
+	}
+	defer ready.Close()
+	cmd := &exec.Cmd{Path: exe, Args: []string{hold.Argv0, runDir}, ExtraFiles: []*os.File{w}}
+	err = startIn(netns, cmd)
+	w.Close()
+	if err != nil {
+		return nil, err
+	}
+	p := newProc(cmd, runDir)
+	if err := awaitReady(ctx, ready); err != nil {
+		return nil, errors.Join(err, p.Close())
+	}
+	return p, nil
 }
 
 // startIn starts cmd inside the network namespace at path, or in the

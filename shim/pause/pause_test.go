@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func sandboxSpec(netns string) *specs.Spec {
 func launch(t *testing.T, spec *specs.Spec) (*task.Sandbox, []task.Spawn) {
 	t.Helper()
 	var spawns []task.Spawn
-	sb, err := Launcher{}.Launch(context.Background(), task.LaunchRequest{ID: "pod", Spec: spec, Spawned: func(s task.Spawn) { spawns = append(spawns, s) }})
+	sb, err := Launcher{}.Launch(context.Background(), task.LaunchRequest{ID: "pod", Bundle: t.TempDir(), Spec: spec, Spawned: func(s task.Spawn) { spawns = append(spawns, s) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,5 +110,38 @@ func TestSandboxSignals(t *testing.T) {
 				t.Fatalf("exec in a sandbox: %v, want NotImplemented", err)
 			}
 		})
+	}
+}
+
+// TestSandboxRecordedBeforeSpawn: Starting hears the pause process's run
+// dir before the process exists, the process's command line names it (so
+// `shim delete` finds a pause process whose shim died before recording its
+// pid), and Close removes it.
+func TestSandboxRecordedBeforeSpawn(t *testing.T) {
+	bundle := t.TempDir()
+	var starting []task.Spawn
+	r := task.LaunchRequest{ID: "pod", Bundle: bundle, Spec: sandboxSpec(""), Starting: func(sp task.Spawn) error {
+		starting = append(starting, sp)
+		if _, err := os.Stat(sp.RunDir); err != nil {
+			return fmt.Errorf("run dir not made before Starting: %w", err)
+		}
+		return nil
+	}}
+	sb, err := Launcher{}.Launch(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(starting) != 1 || starting[0].PID != 0 || starting[0].RunDir != filepath.Join(bundle, runDirName) {
+		t.Fatalf("Starting heard %+v, want one spawn without a pid naming %s", starting, filepath.Join(bundle, runDirName))
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", sb.VM.PID()))
+	if err != nil || !strings.Contains(string(cmdline), starting[0].RunDir) {
+		t.Fatalf("pause process cmdline %q (%v) does not name %s", cmdline, err, starting[0].RunDir)
+	}
+	if err := sb.VM.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(starting[0].RunDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Close left the run dir (stat: %v)", err)
 	}
 }

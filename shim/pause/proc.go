@@ -19,8 +19,9 @@ import (
 // proc is the pause process as the task service's VM: a sandbox has no
 // hypervisor, so its process stands where one would.
 type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
+	cmd    *exec.Cmd
+	runDir string // removed once the process is gone
+	done   chan struct{}
 
 	mu     sync.Mutex
 	status syscall.WaitStatus
@@ -29,8 +30,8 @@ type proc struct {
 
 var _ task.VM = (*proc)(nil)
 
-func newProc(cmd *exec.Cmd) *proc {
-	p := &proc{cmd: cmd, done: make(chan struct{})}
+func newProc(cmd *exec.Cmd, runDir string) *proc {
+	p := &proc{cmd: cmd, runDir: runDir, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait() // the status is read from ProcessState below
 		p.mu.Lock()
@@ -85,12 +86,16 @@ func (p *proc) Wait(ctx context.Context) error {
 	}
 }
 
-// Close kills the process if it still runs and waits for it to be reaped.
+// Close kills the process if it still runs, waits for it to be reaped and
+// removes its run dir.
 func (p *proc) Close() error {
 	if err := p.Kill(); err != nil {
 		return err
 	}
 	<-p.done
+	if err := os.RemoveAll(p.runDir); err != nil {
+		return fmt.Errorf("remove pause run dir: %w", err)
+	}
 	return nil
 }
 

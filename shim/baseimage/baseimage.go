@@ -68,10 +68,15 @@ func (c *Clients) Get(address string) (*containerd.Client, error) {
 // is left.
 func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotter, image, id string) (_ *Snapshot, retErr error) {
 	ctx = namespaces.WithNamespace(ctx, namespace)
-	parent, err := baseChainID(ctx, client, snapshotter, image)
+	img, err := client.GetImage(ctx, image)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("base image %s (restore.base_image): %w", image, err)
 	}
+	diffIDs, err := img.RootFS(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("base image %s layers: %w", image, err)
+	}
+	parent := identity.ChainID(diffIDs).String()
 	b := &Snapshot{client: client, namespace: namespace, snapshotter: snapshotter, key: Key(id)}
 	ls := client.LeasesService()
 	lease, err := ls.Create(ctx, leases.WithID(b.key))
@@ -83,7 +88,7 @@ func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotte
 			retErr = errors.Join(retErr, b.Release())
 		}
 	}()
-	mounts, err := client.SnapshotService(snapshotter).Prepare(leases.WithLease(ctx, lease.ID), b.key, parent)
+	mounts, err := prepare(ctx, client, img, snapshotter, lease.ID, b.key, parent)
 	if err != nil {
 		return nil, fmt.Errorf("stage base image %s in snapshotter %s: %w", image, snapshotter, err)
 	}
@@ -96,28 +101,23 @@ func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotte
 	return b, nil
 }
 
-// baseChainID is the chain id of image's layers once they are unpacked in
-// snapshotter.
-func baseChainID(ctx context.Context, client *containerd.Client, snapshotter, ref string) (string, error) {
-	img, err := client.GetImage(ctx, ref)
-	if err != nil {
-		return "", fmt.Errorf("base image %s (restore.base_image): %w", ref, err)
+// prepare stages key, under lease, on the base image's top layer, parent.
+// The layers are unpacked once per node: asking first would cost every
+// restore a round of content reads and a snapshotter stat, so a missing
+// parent is what says they are not there yet. The unpacked layers are the
+// image's, not the task's lease's.
+func prepare(ctx context.Context, client *containerd.Client, img containerd.Image, snapshotter, lease, key, parent string) ([]mount.Mount, error) {
+	sn := client.SnapshotService(snapshotter)
+	leased := leases.WithLease(ctx, lease)
+	mounts, err := sn.Prepare(leased, key, parent)
+	if !errdefs.IsNotFound(err) {
+		return mounts, err
 	}
-	unpacked, err := img.IsUnpacked(ctx, snapshotter)
-	if err != nil {
-		return "", fmt.Errorf("base image %s: %w", ref, err)
+	log.G(ctx).WithFields(log.Fields{"image": img.Name(), "snapshotter": snapshotter}).Info("unpacking base image")
+	if err := img.Unpack(ctx, snapshotter); err != nil {
+		return nil, fmt.Errorf("unpack base image %s into %s: %w", img.Name(), snapshotter, err)
 	}
-	if !unpacked {
-		log.G(ctx).WithFields(log.Fields{"image": ref, "snapshotter": snapshotter}).Info("unpacking base image")
-		if err := img.Unpack(ctx, snapshotter); err != nil {
-			return "", fmt.Errorf("unpack base image %s into %s: %w", ref, snapshotter, err)
-		}
-	}
-	diffIDs, err := img.RootFS(ctx)
-	if err != nil {
-		return "", fmt.Errorf("base image %s layers: %w", ref, err)
-	}
-	return identity.ChainID(diffIDs).String(), nil
+	return sn.Prepare(leased, key, parent)
 }
 
 // bindSource is the directory a staged chain's single bind mount shows.

@@ -24,6 +24,13 @@ const ordinaryRef = "example.com/cocoon/busybox:1"
 func ordinaryStack(t *testing.T, baseImage string, extraConfig ...string) (*ctrdtest.Containerd, *testimage.BusyboxImage) {
 	t.Helper()
 	c := stack(t, fmt.Sprintf("[restore]\nbase_image = %q\n%s", baseImage, strings.Join(extraConfig, "\n")))
+	return c, importBusybox(t, c)
+}
+
+// importBusybox imports the test's busybox image into the cocoon
+// snapshotter.
+func importBusybox(t *testing.T, c *ctrdtest.Containerd) *testimage.BusyboxImage {
+	t.Helper()
 	img, err := testimage.Busybox(testimage.BusyboxOptions{Name: ordinaryRef, Layers: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +42,48 @@ func ordinaryStack(t *testing.T, baseImage string, extraConfig ...string) (*ctrd
 	if _, err := c.Ctr("images", "import", "--snapshotter", ctrdtest.Snapshotter, archive); err != nil {
 		t.Fatal(err)
 	}
-	return c, img
+	return img
+}
+
+// TestOrdinaryImageUnpacksBase: a base image whose layers are not unpacked
+// in the snapshotter (imported elsewhere, or its snapshots removed) is
+// unpacked at its first use, and the container runs.
+func TestOrdinaryImageUnpacksBase(t *testing.T) {
+	c := stack(t, fmt.Sprintf("[restore]\nbase_image = %q\n", imageRef))
+	for round := 0; len(snapshotKeys(t, c)) > 0; round++ {
+		if round == 10 {
+			t.Fatalf("the base image's snapshots %v stay", snapshotKeys(t, c))
+		}
+		for _, k := range snapshotKeys(t, c) {
+			// A parent goes once its children have; a later round takes it.
+			_, _ = c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "rm", k)
+		}
+	}
+	img := importBusybox(t, c)
+	busybox := len(snapshotKeys(t, c))
+	out, err := runOrdinary(c, []string{"--rm"}, "u1", "cat", testimage.RandomFile)
+	if err != nil || strings.TrimSpace(out) != strings.TrimSpace(img.RandomContent) {
+		t.Fatalf("container on a base image not unpacked: %q, %v", out, err)
+	}
+	if n := len(snapshotKeys(t, c)); n <= busybox {
+		t.Fatalf("%d snapshots after the run, %d before: the base image was not unpacked", n, busybox)
+	}
+}
+
+// snapshotKeys lists the cocoon snapshotter's snapshots.
+func snapshotKeys(t *testing.T, c *ctrdtest.Containerd) []string {
+	t.Helper()
+	out, err := c.Ctr("snapshots", "--snapshotter", ctrdtest.Snapshotter, "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, line := range strings.Split(out, "\n")[1:] { // a header, then KEY PARENT KIND
+		if f := strings.Fields(line); len(f) > 0 {
+			keys = append(keys, f[0])
+		}
+	}
+	return keys
 }
 
 // runOrdinary is `ctr run` of the busybox image with the cocoon runtime.

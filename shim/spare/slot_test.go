@@ -59,10 +59,7 @@ func TestClaim(t *testing.T) {
 	if err != nil || pid != spare {
 		t.Fatalf("Claim = %d, %v; want the spare %d", pid, err, spare)
 	}
-	testenv.Eventually(t, 10*time.Second, "the spare's record in the bundle", func() error {
-		_, err := os.Stat(filepath.Join(bundle, shimtest.PIDFile))
-		return err
-	})
+	awaitServing(t, bundle)
 	for file, want := range map[string]string{
 		shimtest.PIDFile:  strconv.Itoa(spare),
 		shimtest.ArgsFile: strings.Join(args, " "),
@@ -118,9 +115,21 @@ func TestSpareOutlivesProbe(t *testing.T) {
 		}
 	}
 	_, sock := taskSocket(t, dir)
-	if pid, err := claim(t, dir, ctrd.Addr, Request{Args: []string{os.Args[0]}, Dir: t.TempDir(), Exe: os.Args[0]}, sock); pid != spare || err != nil {
+	bundle := t.TempDir()
+	if pid, err := claim(t, dir, ctrd.Addr, Request{Args: []string{os.Args[0]}, Dir: bundle, Exe: os.Args[0]}, sock); pid != spare || err != nil {
 		t.Fatalf("Claim after probes = %d, %v; want %d", pid, err, spare)
 	}
+	awaitServing(t, bundle)
+}
+
+// awaitServing waits until a spare handed a task in bundle has written its
+// record there (its pid last), so no write races the bundle's removal.
+func awaitServing(t *testing.T, bundle string) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "the spare's record in "+bundle, func() error {
+		_, err := os.Stat(filepath.Join(bundle, shimtest.PIDFile))
+		return err
+	})
 }
 
 // TestRefillKeepsOneSpare: refills while a spare waits or starts add none.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -60,10 +62,11 @@ func Wait(path string) error {
 	}
 }
 
-// ready ends the spare's start-up: back to the normal scheduling policy, a
-// watch on containerd, and its socket moved from the pending path to the
+// ready ends the spare's start-up: a garbage collection, back to the normal
+// scheduling policy, a watch on containerd, and its socket moved from the pending path to the
 // slot's, where launchers find it.
 func ready(path string, sock *unix.Stat_t) (int, error) {
+	collect()
 	if err := normalPolicy(); err != nil {
 		return -1, err
 	}
@@ -85,6 +88,20 @@ func ready(path string, sock *unix.Stat_t) (int, error) {
 		return -1, fmt.Errorf("publish spare: %w", err)
 	}
 	return watch, nil
+}
+
+// taskServerGOGC is the GOGC pkg/shim sets as a task server starts.
+const taskServerGOGC = 40
+
+// collect runs the collection pkg/shim's GOGC would otherwise set off as
+// the server starts, on the task's path, and then stops collecting while
+// the spare waits: the heap it freed stays the process's, where a waiting
+// collector would hand it back to the kernel and the task's first
+// allocations would fault it in again. The server's start sets GOGC anew.
+func collect() {
+	debug.SetGCPercent(taskServerGOGC)
+	runtime.GC()
+	debug.SetGCPercent(-1)
 }
 
 // normalPolicy puts every thread of the process back under SCHED_OTHER

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -17,7 +18,7 @@ import (
 
 // replyTimeout bounds the wait for a spare's answer; a launcher that gives
 // up closes the connection, and the spare, seeing no go-ahead, exits.
-const replyTimeout = 2
+const replyTimeout = 2 * time.Second
 
 // goAhead tells a spare that answered to go on as the task's server.
 var goAhead = []byte{'g'}
@@ -64,7 +65,7 @@ func (s *Slot) Claim(req Request, taskSocket *os.File) (int, error) {
 	if err := unix.Sendmsg(fd, data, unix.UnixRights(int(taskSocket.Fd())), nil, 0); err != nil {
 		return 0, fmt.Errorf("hand task to spare: %w", err)
 	}
-	tv := unix.Timeval{Sec: replyTimeout}
+	tv := unix.NsecToTimeval(replyTimeout.Nanoseconds())
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return 0, fmt.Errorf("spare reply timeout: %w", err)
 	}

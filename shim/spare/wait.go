@@ -37,11 +37,11 @@ func Wait(path string) error {
 	if err := unix.Stat(path+pendingSuffix, &sock); err != nil {
 		return fmt.Errorf("spare socket: %w", err)
 	}
-	deadline := time.Now().Add(IdleTimeout)
 	watch, err := ready(path, &sock)
 	if err != nil {
 		return errors.Join(err, remove(path, &sock))
 	}
+	deadline := time.Now().Add(IdleTimeout)
 	defer unix.Close(watch)
 	defer unix.Close(listenerFD)
 	for {

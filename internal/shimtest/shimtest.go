@@ -27,15 +27,23 @@ func Serve() {
 	if err != nil {
 		os.Exit(2)
 	}
-	_ = os.WriteFile(ArgsFile, []byte(strings.Join(os.Args, " ")), 0o600)
-	_ = os.WriteFile(EnvFile, []byte(strings.Join(os.Environ(), "\n")), 0o600)
-	_ = os.WriteFile(PIDFile, []byte(strconv.Itoa(os.Getpid())), 0o600)
+	record(ArgsFile, strings.Join(os.Args, " "))
+	record(EnvFile, strings.Join(os.Environ(), "\n"))
+	record(PIDFile, strconv.Itoa(os.Getpid()))
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			os.Exit(0)
 		}
 		c.Close()
+	}
+}
+
+// record writes a file whole before it appears, so a test that finds it
+// reads all of it.
+func record(name, data string) {
+	if os.WriteFile(name+".tmp", []byte(data), 0o600) == nil {
+		_ = os.Rename(name+".tmp", name)
 	}
 }
 

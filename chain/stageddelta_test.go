@@ -13,12 +13,7 @@ import (
 // the chain's memory, and chain.json says how much the file holds.
 func TestStagedDeltas(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	c := buildChain(t, root, 64)
-	links, err := ValidateChain(c.dirs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, c, links := validChain(t)
 	staged := filepath.Join(root, "staged")
 	if err := os.Mkdir(staged, 0o755); err != nil {
 		t.Fatal(err)
@@ -65,12 +60,7 @@ func TestStagedDeltas(t *testing.T) {
 
 func TestReadPagesRejects(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	c := buildChain(t, root, 64)
-	links, err := ValidateChain(c.dirs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, c, links := validChain(t)
 	dir, l := c.dirs[1], links[1]
 	data, err := os.ReadFile(filepath.Join(dir, DataFile))
 	if err != nil {
@@ -110,12 +100,7 @@ func TestReadPagesRejects(t *testing.T) {
 // extents that are not the link's.
 func TestApplyPending(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	c := buildChain(t, root, 64)
-	links, err := ValidateChain(c.dirs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, links := validChain(t)
 	data, err := os.ReadFile(filepath.Join(c.dirs[1], DataFile))
 	if err != nil {
 		t.Fatal(err)
@@ -184,4 +169,16 @@ func stageDeltaLink(dirs []string, data1 []byte, extentsOf []int) func(i int, ex
 		}
 		return os.Link(filepath.Join(dirs[i], DataFile), dat)
 	}
+}
+
+// validChain builds a 64-page test chain under a temp root and validates it.
+func validChain(t *testing.T) (string, testChain, []*Link) {
+	t.Helper()
+	root := t.TempDir()
+	c := buildChain(t, root, 64)
+	links, err := ValidateChain(c.dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root, c, links
 }

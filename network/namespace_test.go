@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/cnitest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -74,11 +74,7 @@ func TestNewGoneAfterClose(t *testing.T) {
 func TestOpen(t *testing.T) {
 	n := newNS(t)
 	// CNI and CRI pin namespaces as bind mounts under /run/netns.
-	pinned, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pinned.Close(); _ = testutils.UnmountNS(pinned) })
+	pinned := cnitest.NewNamespace(t)
 	regular := filepath.Join(t.TempDir(), "netns")
 	if err := os.WriteFile(regular, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -88,7 +84,7 @@ func TestOpen(t *testing.T) {
 		err  string
 	}{
 		{path: n.Path()},
-		{path: pinned.Path()},
+		{path: pinned.Path},
 		{path: "/proc/self/ns/net"},
 		{path: regular, err: "not a network namespace"},
 		{path: "/proc/self/ns/mnt", err: "not a network namespace"},

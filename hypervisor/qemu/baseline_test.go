@@ -12,10 +12,7 @@ import (
 // the hash of what a staged delta wrote there, page by page.
 func TestFileBaselineChanged(t *testing.T) {
 	const page = 4096
-	flat := make([]byte, 8*page)
-	for i := range flat {
-		flat[i] = byte(i / page)
-	}
+	flat := numberedPages(8, page)
 	written := newPageHashes(page)
 	delta := bytes.Repeat([]byte{0xd0}, page)
 	written.add(2*page, delta)

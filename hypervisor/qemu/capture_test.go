@@ -10,10 +10,7 @@ import (
 
 func TestCapturedPages(t *testing.T) {
 	const page = 4096
-	mem := make([]byte, 8*page)
-	for i := range mem {
-		mem[i] = byte(i / page)
-	}
+	mem := numberedPages(8, page)
 	// Unsorted, as a copy restore's changed pages come: data, then holes.
 	exts := []chain.Extent{{Offset: 5 * page, Length: page}, {Offset: page, Length: 2 * page}, {Offset: 3 * page, Length: page}}
 	buf := &pageBuffer{}

@@ -174,3 +174,12 @@ func pidUsing(s string) int {
 	}
 	return 0
 }
+
+// numberedPages is n pages of size page, page i filled with byte i.
+func numberedPages(n, page int) []byte {
+	b := make([]byte, n*page)
+	for i := range b {
+		b[i] = byte(i / page)
+	}
+	return b
+}

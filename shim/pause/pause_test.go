@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/cnitest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause/hold"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
@@ -64,20 +64,16 @@ func nsInode(t *testing.T, path string) uint64 {
 // namespace and is reported as the spawned "VM".
 func TestSandboxJoinsPodNetwork(t *testing.T) {
 	testenv.RequireRoot(t)
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = netns.Close(); _ = testutils.UnmountNS(netns) })
-	sb, spawns := launch(t, sandboxSpec(netns.Path()))
+	netns := cnitest.NewNamespace(t)
+	sb, spawns := launch(t, sandboxSpec(netns.Path))
 	pid := sb.VM.PID()
 	if len(spawns) != 1 || spawns[0].PID != pid {
 		t.Fatalf("spawns %+v, want one for pid %d", spawns, pid)
 	}
-	if got, want := nsInode(t, fmt.Sprintf("/proc/%d/ns/net", pid)), nsInode(t, netns.Path()); got != want {
+	if got, want := nsInode(t, fmt.Sprintf("/proc/%d/ns/net", pid)), nsInode(t, netns.Path); got != want {
 		t.Fatalf("pause process in netns inode %d, want the pod's %d", got, want)
 	}
-	if self := nsInode(t, "/proc/self/ns/net"); self == nsInode(t, netns.Path()) {
+	if self := nsInode(t, "/proc/self/ns/net"); self == nsInode(t, netns.Path) {
 		t.Fatal("the shim itself moved into the pod's namespace")
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Files a fake server writes into its working dir (the task's bundle).
@@ -37,6 +39,17 @@ func Serve() {
 		}
 		c.Close()
 	}
+}
+
+// KillAtCleanup kills pid, a server or spare the test started (so its
+// child), when t ends, and reaps it.
+func KillAtCleanup(t *testing.T, pid int) {
+	t.Cleanup(func() {
+		if err := unix.Kill(pid, unix.SIGKILL); err == nil {
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(pid, &ws, 0, nil)
+		}
+	})
 }
 
 // record writes a file whole before it appears, so a test that finds it

@@ -13,7 +13,6 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shim"
-	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/shimtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -108,7 +107,7 @@ func serverOf(t *testing.T, bundle string) (int, string) {
 		pid, err = strconv.Atoi(string(data))
 		return err
 	})
-	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+	shimtest.KillAtCleanup(t, pid)
 	args, err := os.ReadFile(filepath.Join(bundle, shimtest.ArgsFile))
 	if err != nil {
 		t.Fatal(err)

@@ -71,7 +71,7 @@ func TestStart(t *testing.T) {
 		}
 		return err
 	})
-	t.Cleanup(func() { _ = unix.Kill(pid, unix.SIGKILL) })
+	shimtest.KillAtCleanup(t, pid)
 	if res.Version != 3 || res.Protocol != "ttrpc" || !strings.HasPrefix(res.Address, "unix://"+socketDir+"/") {
 		t.Fatalf("Start = %+v, want version 3 ttrpc in %s", res, socketDir)
 	}

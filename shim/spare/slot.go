@@ -119,7 +119,7 @@ func Refill(socketDir, containerdAddress, server string, env []string) error {
 		return err
 	}
 	defer l.Close()
-	null, err := devNull()
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return errors.Join(err, os.Remove(pending))
 	}

@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"syscall"
 
@@ -131,9 +130,4 @@ func ignoreEINTR(f func() error) error {
 			return err
 		}
 	}
-}
-
-// devNull opens /dev/null for a spawned process's unused descriptors.
-func devNull() (*os.File, error) {
-	return os.OpenFile(os.DevNull, os.O_RDWR, 0)
 }

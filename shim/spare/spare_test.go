@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/shimtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
@@ -90,7 +88,7 @@ func refill(t *testing.T, dir, containerd string) (path string, pid int) {
 	if len(pids) != 1 {
 		t.Fatalf("%d spares at %s, want 1", len(pids), path)
 	}
-	t.Cleanup(func() { _ = unix.Kill(pids[0], unix.SIGKILL) })
+	shimtest.KillAtCleanup(t, pids[0])
 	return path, pids[0]
 }
 

@@ -58,7 +58,12 @@ func Wait(path string) error {
 			err = handover(c, req, taskFD)
 		}
 		unix.Close(c)
-		return err
+		if err != nil {
+			// The launcher starts a server itself; the next refill would
+			// replace this socket, but there may be none.
+			return errors.Join(err, remove(path, &sock))
+		}
+		return nil
 	}
 }
 
@@ -90,16 +95,13 @@ func ready(path string, sock *unix.Stat_t) (int, error) {
 	return watch, nil
 }
 
-// taskServerGOGC is the GOGC pkg/shim sets as a task server starts.
-const taskServerGOGC = 40
-
-// collect runs the collection pkg/shim's GOGC would otherwise set off as
-// the server starts, on the task's path, and then stops collecting while
-// the spare waits: the heap it freed stays the process's, where a waiting
-// collector would hand it back to the kernel and the task's first
-// allocations would fault it in again. The server's start sets GOGC anew.
+// collect runs the collection pkg/shim's GOGC 40 would otherwise set off
+// as the server starts, on the task's path, and then stops collecting
+// while the spare waits: the heap it freed stays the process's, where a
+// waiting collector would hand it back to the kernel and the task's first
+// allocations would fault it in again. The server's start sets GOGC anew,
+// its goal from this collection's heap.
 func collect() {
-	debug.SetGCPercent(taskServerGOGC)
 	runtime.GC()
 	debug.SetGCPercent(-1)
 }

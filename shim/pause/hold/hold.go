@@ -15,16 +15,16 @@ import (
 // sandbox's pause process; its main checks for it before anything else.
 const Argv0 = "cocoon-pause"
 
-// ReadyFD is the pipe the pause process closes once its signal handlers
+// readyFD is the pipe the pause process closes once its signal handlers
 // are in place, so no SIGTERM can reach it before it would exit 0.
-const ReadyFD = 3
+const readyFD = 3
 
 // Main is the pause process: it sleeps until SIGTERM or SIGINT, then exits
 // 0, as the Kubernetes pause binary does.
 func Main() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
-	unix.Close(ReadyFD)
+	unix.Close(readyFD)
 	<-sigs
 	os.Exit(0)
 }

@@ -67,8 +67,9 @@ func Start(r Request) (string, error) {
 	if r.SocketDir == "" {
 		r.SocketDir = DefaultSocketDir
 	}
-	addr := socketAddress(r.SocketDir, r.Containerd, r.Namespace, group)
-	sock, err := listen(addr)
+	path := socketPath(r.SocketDir, r.Containerd, r.Namespace, group)
+	addr := "unix://" + path
+	sock, err := listen(path)
 	if errors.Is(err, errServed) {
 		return addr, nil
 	}
@@ -78,23 +79,21 @@ func Start(r Request) (string, error) {
 	defer sock.Close()
 	pid, err := startServer(r, sock)
 	if err != nil {
-		return "", errors.Join(err, os.Remove(socketPath(addr)))
+		return "", errors.Join(err, os.Remove(path))
 	}
 	if err := adjustOOMScore(pid); err != nil {
 		_ = unix.Kill(pid, unix.SIGKILL)
-		return "", errors.Join(err, os.Remove(socketPath(addr)))
+		return "", errors.Join(err, os.Remove(path))
 	}
 	return addr, nil
 }
 
-// socketAddress is the shim socket of group, named as containerd's pkg/shim
+// socketPath is the shim socket of group, named as containerd's pkg/shim
 // names it (CreateSocketAddress), so containerd and `shim delete` find it.
-func socketAddress(socketDir, containerd, namespace, group string) string {
+func socketPath(socketDir, containerd, namespace, group string) string {
 	d := sha256.Sum256([]byte(filepath.Join(containerd, namespace, group)))
-	return "unix://" + filepath.Join(socketDir, hex.EncodeToString(d[:]))
+	return filepath.Join(socketDir, hex.EncodeToString(d[:]))
 }
-
-func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://") }
 
 // startServer starts the task server on sock: the spare when one waits,
 // else a new process. The server puts a new spare in place once its task

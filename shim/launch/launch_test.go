@@ -152,8 +152,8 @@ func TestSocketAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := socketAddress("/run/s", "/run/containerd/containerd.sock", "ns", "group:g"); got != want {
-		t.Fatalf("socketAddress = %s, want pkg/shim's %s", got, want)
+	if got := "unix://" + socketPath("/run/s", "/run/containerd/containerd.sock", "ns", "group:g"); got != want {
+		t.Fatalf("socket address %s, want pkg/shim's %s", got, want)
 	}
 }
 
@@ -222,7 +222,7 @@ func TestStartClaimsSpare(t *testing.T) {
 		t.Fatalf("spare went on with arguments %q, want t2's", args)
 	}
 	for _, addr := range []string{addr1, addr2} {
-		c, err := net.Dial("unix", socketPath(addr))
+		c, err := net.Dial("unix", strings.TrimPrefix(addr, "unix://"))
 		if err != nil {
 			t.Fatalf("socket %s not served: %v", addr, err)
 		}
@@ -234,19 +234,19 @@ func TestStartClaimsSpare(t *testing.T) {
 // replaced, not taken for a running group's.
 func TestStartReplacesStaleSocket(t *testing.T) {
 	e := newEnv(t)
-	addr := socketAddress(e.socketDir, e.containerd, "test", "t1")
+	path := socketPath(e.socketDir, e.containerd, "test", "t1")
 	if err := os.MkdirAll(e.socketDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("unix", socketPath(addr))
+	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
 	got, bundle := e.start(t, "t1", nil)
-	if got != addr {
-		t.Fatalf("Start = %s, want %s", got, addr)
+	if got != "unix://"+path {
+		t.Fatalf("Start = %s, want unix://%s", got, path)
 	}
 	serverOf(t, bundle)
 }

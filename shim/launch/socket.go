@@ -14,11 +14,10 @@ import (
 // errServed: a live server of the group listens on the socket already.
 var errServed = errors.New("the group's server runs")
 
-// listen creates the shim socket at addr (mode 0600 in a 0700 dir, as
+// listen creates the shim socket at path (mode 0600 in a 0700 dir, as
 // pkg/shim makes it) and returns it for the server. A live server there
 // returns errServed; a stale socket left by a crashed server is replaced.
-func listen(addr string) (*os.File, error) {
-	path := socketPath(addr)
+func listen(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create shim socket dir: %w", err)
 	}

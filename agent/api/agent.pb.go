@@ -1256,10 +1256,13 @@ type ProcessInfo struct {
 	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
 	Ppid  uint32                 `protobuf:"varint,2,opt,name=ppid,proto3" json:"ppid,omitempty"`
 	// id is the Exec id when the agent started this process.
-	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
-	Command       string `protobuf:"bytes,4,opt,name=command,proto3" json:"command,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Id string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	// command is the command line, its arguments joined by spaces, cut
+	// to a bound (command_truncated then says so).
+	Command          string `protobuf:"bytes,4,opt,name=command,proto3" json:"command,omitempty"`
+	CommandTruncated bool   `protobuf:"varint,5,opt,name=command_truncated,json=commandTruncated,proto3" json:"command_truncated,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ProcessInfo) Reset() {
@@ -1320,9 +1323,18 @@ func (x *ProcessInfo) GetCommand() string {
 	return ""
 }
 
+func (x *ProcessInfo) GetCommandTruncated() bool {
+	if x != nil {
+		return x.CommandTruncated
+	}
+	return false
+}
+
 type ProcessesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Processes     []*ProcessInfo         `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Processes []*ProcessInfo         `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	// omitted counts the processes left out to keep the reply bounded.
+	Omitted       uint32 `protobuf:"varint,2,opt,name=omitted,proto3" json:"omitted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1362,6 +1374,13 @@ func (x *ProcessesResponse) GetProcesses() []*ProcessInfo {
 		return x.Processes
 	}
 	return nil
+}
+
+func (x *ProcessesResponse) GetOmitted() uint32 {
+	if x != nil {
+		return x.Omitted
+	}
+	return 0
 }
 
 type StatsResponse struct {
@@ -1574,14 +1593,16 @@ const file_agent_proto_rawDesc = "" +
 	"\x10ResizePtyRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
-	"\x06height\x18\x03 \x01(\rR\x06height\"]\n" +
+	"\x06height\x18\x03 \x01(\rR\x06height\"\x8a\x01\n" +
 	"\vProcessInfo\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x12\n" +
 	"\x04ppid\x18\x02 \x01(\rR\x04ppid\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\tR\x02id\x12\x18\n" +
-	"\acommand\x18\x04 \x01(\tR\acommand\"O\n" +
+	"\acommand\x18\x04 \x01(\tR\acommand\x12+\n" +
+	"\x11command_truncated\x18\x05 \x01(\bR\x10commandTruncated\"i\n" +
 	"\x11ProcessesResponse\x12:\n" +
-	"\tprocesses\x18\x01 \x03(\v2\x1c.cocoon.agent.v1.ProcessInfoR\tprocesses\"\xe1\x02\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x1c.cocoon.agent.v1.ProcessInfoR\tprocesses\x12\x18\n" +
+	"\aomitted\x18\x02 \x01(\rR\aomitted\"\xe1\x02\n" +
 	"\rStatsResponse\x12!\n" +
 	"\fmemory_total\x18\x01 \x01(\x04R\vmemoryTotal\x12\x1f\n" +
 	"\vmemory_free\x18\x02 \x01(\x04R\n" +

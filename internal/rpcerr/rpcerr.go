@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -47,4 +48,18 @@ func ToGRPC(err error) error {
 func UnaryServerInterceptor(ctx context.Context, unmarshal ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
 	resp, err := method(ctx, unmarshal)
 	return resp, ToGRPC(err)
+}
+
+// Refusal is ToGRPC for a call whose Unimplemented answer means "this API
+// is not served" to the client: containerd's task manager retries a task
+// API v3 Create that answers Unimplemented with task API v2, and the
+// user's error is lost on the way. There an error classed NotImplemented
+// (a spec asking for what cocoon does not do) is a refusal of the input:
+// FailedPrecondition, its message kept.
+func Refusal(err error) error {
+	wire := ToGRPC(err)
+	if st, ok := status.FromError(wire); ok && st.Code() == codes.Unimplemented {
+		return status.Error(codes.FailedPrecondition, st.Message())
+	}
+	return wire
 }

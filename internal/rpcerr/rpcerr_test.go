@@ -52,3 +52,30 @@ func TestWire(t *testing.T) {
 		t.Fatal("ToGRPC(nil) is not nil")
 	}
 }
+
+// TestRefusal: on a Create, nothing reaches the wire as Unimplemented,
+// however it is classed (an errdefs class, a status from the guest agent
+// passed up wrapped); every other class and nil pass as ToGRPC sends them.
+func TestRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		code codes.Code
+		want string
+	}{
+		{"errdefs class", fmt.Errorf("mount type %q: %w", "nfs", errdefs.ErrNotImplemented), codes.FailedPrecondition, `mount type "nfs": not implemented`},
+		{"wrapped status", fmt.Errorf("init rootfs: %w", status.Error(codes.Unimplemented, "type nfs")), codes.FailedPrecondition, "init rootfs: rpc error: code = Unimplemented desc = type nfs"},
+		{"other class", fmt.Errorf("spec: %w", errdefs.ErrInvalidArgument), codes.InvalidArgument, "spec: invalid argument"},
+		{"unclassified", errors.New("boom"), codes.Unknown, "boom"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, ok := status.FromError(Refusal(tc.err))
+			if !ok || st.Code() != tc.code || st.Message() != tc.want {
+				t.Fatalf("Refusal sends %v, want code %v and message %q", st, tc.code, tc.want)
+			}
+		})
+	}
+	if Refusal(nil) != nil {
+		t.Fatal("Refusal(nil) is not nil")
+	}
+}

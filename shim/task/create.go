@@ -42,7 +42,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int, error) {
 	began := time.Now()
 	if r.Checkpoint != "" {
-		return 0, fmt.Errorf("create from checkpoint %s: a checkpoint restores as a snapshot image through the cocoon snapshotter, not as a task checkpoint: %w", r.Checkpoint, errdefs.ErrNotImplemented)
+		return 0, fmt.Errorf("create from checkpoint %s: a checkpoint restores as a snapshot image through the cocoon snapshotter, not as a task checkpoint: %w", r.Checkpoint, errdefs.ErrInvalidArgument)
 	}
 	if err := s.reserve(r.ID); err != nil {
 		return 0, err

@@ -23,7 +23,8 @@ type ociHooks struct {
 func newOCIHooks(id, bundle string, spec *specs.Spec) (*ociHooks, error) {
 	h := &ociHooks{id: id, bundle: bundle, hooks: spec.Hooks, annotations: spec.Annotations}
 	if h.hooks != nil && len(h.hooks.StartContainer) > 0 {
-		return nil, fmt.Errorf("startContainer hooks run inside the container's namespaces, which here are a VM's: not supported: %w", errdefs.ErrNotImplemented)
+		return nil, fmt.Errorf("spec has %d startContainer hook(s) (first %s): they run inside the container's namespaces, here a VM's, where cocoon cannot run a host program; remove them: %w",
+			len(h.hooks.StartContainer), h.hooks.StartContainer[0].Path, errdefs.ErrInvalidArgument)
 	}
 	return h, nil
 }

@@ -327,7 +327,7 @@ func TestCreateErrors(t *testing.T) {
 		{"overlay rootfs", func(h *harness, r *taskAPI.CreateTaskRequest) {
 			r.Rootfs = []*types.Mount{{Type: "overlay", Source: "overlay"}}
 		}, errdefs.ErrInvalidArgument},
-		{"from checkpoint", func(h *harness, r *taskAPI.CreateTaskRequest) { r.Checkpoint = "/tmp/cp" }, errdefs.ErrNotImplemented},
+		{"from checkpoint", func(h *harness, r *taskAPI.CreateTaskRequest) { r.Checkpoint = "/tmp/cp" }, errdefs.ErrInvalidArgument},
 		{"launcher fails", func(h *harness, r *taskAPI.CreateTaskRequest) {
 			h.launcher.err = errors.New("unknown restore mode \"fast\"")
 		}, errdefs.ErrUnknown},

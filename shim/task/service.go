@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"sync"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -71,9 +72,10 @@ func NewService(ctx context.Context, launcher Launcher, publisher events.Publish
 	return s
 }
 
-// RegisterTTRPC serves the task API on server.
+// RegisterTTRPC serves the task API on server: v3, and v2's clean-up.
 func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
 	taskAPI.RegisterTTRPCTaskService(server, s)
+	s.registerV2(server)
 	return nil
 }
 
@@ -184,6 +186,14 @@ func (s *Service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*pt
 
 // UnaryServerInterceptor is where every task API error becomes a gRPC
 // status, for pkg/shim's ttrpc server: the methods return native errors.
+// A Create never answers Unimplemented, which containerd takes for "task
+// API v3 not served" (see rpcerr.Refusal), whatever slips through.
 func (s *Service) UnaryServerInterceptor() ttrpc.UnaryServerInterceptor {
-	return rpcerr.UnaryServerInterceptor
+	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
+		resp, err := method(ctx, unmarshal)
+		if path.Base(info.FullMethod) == "Create" {
+			return resp, rpcerr.Refusal(err)
+		}
+		return resp, rpcerr.ToGRPC(err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
@@ -40,11 +41,14 @@ type InitRequest struct {
 	Process *ExecRequest
 }
 
-// File is a file to write in the guest.
+// File is a file, a directory or a symbolic link to make in the guest.
 type File struct {
 	Path string // absolute
-	Data []byte
-	Mode fs.FileMode // permission bits; 0 means 0644
+	Data []byte // a file's content, a link's target, nothing for a directory
+	// Mode is the permission bits (0 means 0644 for a file, 0755 for a
+	// directory), with fs.ModeDir for a directory or fs.ModeSymlink for a
+	// link. An agent older than directories and links refuses them.
+	Mode fs.FileMode
 }
 
 // Network is the configuration of the guest's NIC, as the task's network
@@ -147,16 +151,34 @@ func initFiles(files []File) ([]*api.File, error) {
 			return nil, fmt.Errorf("file %q: expected an absolute path: %w", f.Path, errdefs.ErrInvalidArgument)
 		case len(f.Data) > api.MaxFileSize:
 			return nil, fmt.Errorf("file %q: %d bytes, expected at most %d: %w", f.Path, len(f.Data), api.MaxFileSize, errdefs.ErrInvalidArgument)
-		case f.Mode&^fs.ModePerm != 0:
-			return nil, fmt.Errorf("file %q: mode %v, expected permission bits only: %w", f.Path, f.Mode, errdefs.ErrInvalidArgument)
+		}
+		mode, err := fileMode(f)
+		if err != nil {
+			return nil, err
 		}
 		total += len(f.Data)
-		out = append(out, &api.File{Path: f.Path, Data: f.Data, Mode: uint32(f.Mode)})
+		out = append(out, &api.File{Path: f.Path, Data: f.Data, Mode: mode})
 	}
 	if total > api.MaxFilesSize {
 		return nil, fmt.Errorf("files hold %d bytes, expected at most %d: %w", total, api.MaxFilesSize, errdefs.ErrInvalidArgument)
 	}
 	return out, nil
+}
+
+// fileMode is f's mode as stat(2) encodes it: the type bits of a
+// directory or a link, none for a regular file (as agents before API 4
+// expect).
+func fileMode(f File) (uint32, error) {
+	perm := uint32(f.Mode.Perm())
+	switch {
+	case f.Mode&^fs.ModePerm == 0:
+		return perm, nil
+	case f.Mode&^fs.ModePerm == fs.ModeDir && len(f.Data) == 0:
+		return unix.S_IFDIR | perm, nil
+	case f.Mode&^fs.ModePerm == fs.ModeSymlink && len(f.Data) > 0:
+		return unix.S_IFLNK | perm, nil
+	}
+	return 0, fmt.Errorf("file %q: mode %v with %d bytes, expected a file, an empty directory's mode or a link with its target: %w", f.Path, f.Mode, len(f.Data), errdefs.ErrInvalidArgument)
 }
 
 func initNetwork(n *Network) *api.Network {

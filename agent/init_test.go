@@ -181,7 +181,9 @@ func TestInitRejectsBadInput(t *testing.T) {
 		{"big file", agent.InitRequest{Files: []agent.File{{Path: "/f", Data: make([]byte, api.MaxFileSize+1)}}}, "expected at most 262144"},
 		{"big files", agent.InitRequest{Files: slices.Repeat([]agent.File{{Path: "/f", Data: make([]byte, api.MaxFileSize)}}, 5)}, "files hold 1310720 bytes"},
 		{"many files", agent.InitRequest{Files: many}, "65 files, expected at most 64"},
-		{"file type", agent.InitRequest{Files: []agent.File{{Path: "/f", Mode: os.ModeDir | 0o755}}}, "expected permission bits only"},
+		{"device", agent.InitRequest{Files: []agent.File{{Path: "/f", Mode: os.ModeDevice | 0o600}}}, "expected a file, an empty directory's mode or a link"},
+		{"directory with data", agent.InitRequest{Files: []agent.File{{Path: "/d", Data: []byte("x"), Mode: os.ModeDir | 0o755}}}, `file "/d": mode d`},
+		{"link without target", agent.InitRequest{Files: []agent.File{{Path: "/l", Mode: os.ModeSymlink}}}, `file "/l": mode L`},
 		{"id-mapped mount", agent.InitRequest{Rootfs: &agent.Rootfs{FSType: "ext4", Serial: "s", Mounts: []specs.Mount{
 			{Destination: "/x", Type: "bind", Source: "/y", UIDMappings: []specs.LinuxIDMapping{{Size: 1}}},
 		}}}, "id-mapped mounts are not supported"},

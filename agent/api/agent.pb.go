@@ -129,9 +129,9 @@ type InitRequest struct {
 	Time     *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
 	Entropy  []byte                 `protobuf:"bytes,2,opt,name=entropy,proto3" json:"entropy,omitempty"`
 	Hostname string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	// files are written (to a temporary name, then renamed) before anything
-	// else: the resolver and hosts files, or the sources of rootfs bind
-	// mounts.
+	// files are made (a regular file under a temporary name, then renamed)
+	// before anything else: the resolver and hosts files, or the copies of
+	// the sources of rootfs bind mounts.
 	Files []*File `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`
 	// network configures the guest's NIC. Absent, the NIC is set down with
 	// no addresses or routes (a restored fork may have had some).
@@ -282,12 +282,19 @@ func (x *InitResponse) GetPid() uint32 {
 	return 0
 }
 
+// File is a regular file, a directory or a symbolic link: the copy of a
+// bind mount's source is a tree of them.
 type File struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// path is absolute, in the guest.
 	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// data is a file's content, a link's target, empty for a directory.
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
-	// mode is the file's permission bits; 0 means 0644.
+	// mode is the permission bits (0 means 0644 for a file, 0755 for a
+	// directory) and the type as stat(2)'s st_mode has it: none for a
+	// regular file, S_IFDIR (040000) for a directory, S_IFLNK (0120000)
+	// for a link. An agent older than directories and links refuses type
+	// bits, so an old guest fails a tree it cannot make, never makes it wrong.
 	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

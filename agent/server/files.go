@@ -1,50 +1,137 @@
 package server
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// checkFiles bounds Init's files and checks their paths and modes.
+// checkFiles bounds Init's files and checks their paths, types and modes:
+// a file, a directory (no data) or a symbolic link (its target as data).
 func checkFiles(files []*api.File) ([]*api.File, error) {
 	if len(files) > api.MaxFiles {
 		return nil, fmt.Errorf("%d files, expected at most %d: %w", len(files), api.MaxFiles, errdefs.ErrInvalidArgument)
 	}
 	total := 0
+	links := map[string]bool{}
 	for _, f := range files {
-		switch {
-		case !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/":
+		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return nil, fmt.Errorf("file %q: expected a clean absolute path to a file: %w", f.Path, errdefs.ErrInvalidArgument)
-		case len(f.Data) > api.MaxFileSize:
-			return nil, fmt.Errorf("file %q: %d bytes, expected at most %d: %w", f.Path, len(f.Data), api.MaxFileSize, errdefs.ErrInvalidArgument)
-		case f.Mode&^uint32(fs.ModePerm) != 0:
-			return nil, fmt.Errorf("file %q: mode %#o, expected permission bits only: %w", f.Path, f.Mode, errdefs.ErrInvalidArgument)
+		}
+		if err := checkFile(f); err != nil {
+			return nil, fmt.Errorf("file %q: %w", f.Path, err)
+		}
+		if f.Mode&unix.S_IFMT == unix.S_IFLNK {
+			links[f.Path] = true
 		}
 		total += len(f.Data)
 	}
 	if total > api.MaxFilesSize {
 		return nil, fmt.Errorf("files hold %d bytes, expected at most %d: %w", total, api.MaxFilesSize, errdefs.ErrInvalidArgument)
 	}
-	return files, nil
+	return files, checkUnderLinks(files, links)
 }
 
-// writeFiles writes each file to a temporary name beside it and renames it
-// into place, so no reader sees half a file; missing directories are made.
-func writeFiles(files []*api.File) error {
+func checkFile(f *api.File) error {
+	kind := f.Mode & unix.S_IFMT
+	switch {
+	case f.Mode&^uint32(unix.S_IFMT|fs.ModePerm) != 0:
+		return fmt.Errorf("mode %#o, expected a type and permission bits only: %w", f.Mode, errdefs.ErrInvalidArgument)
+	case kind == 0:
+		if len(f.Data) > api.MaxFileSize {
+			return fmt.Errorf("%d bytes, expected at most %d: %w", len(f.Data), api.MaxFileSize, errdefs.ErrInvalidArgument)
+		}
+	case kind == unix.S_IFDIR:
+		if len(f.Data) > 0 {
+			return fmt.Errorf("a directory with %d bytes of data, expected none: %w", len(f.Data), errdefs.ErrInvalidArgument)
+		}
+	case kind == unix.S_IFLNK:
+		if len(f.Data) == 0 || len(f.Data) >= unix.PathMax || bytes.IndexByte(f.Data, 0) >= 0 {
+			return fmt.Errorf("a link to %q, expected a target of 1 to %d bytes without NUL: %w", f.Data, unix.PathMax-1, errdefs.ErrInvalidArgument)
+		}
+	default:
+		return fmt.Errorf("mode %#o, expected a file, a directory (%#o) or a link (%#o): %w", f.Mode, unix.S_IFDIR, unix.S_IFLNK, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// checkUnderLinks refuses a file under a link the same request makes: the
+// guest would write where the link points, outside what the host meant.
+func checkUnderLinks(files []*api.File, links map[string]bool) error {
+	if len(links) == 0 {
+		return nil
+	}
 	for _, f := range files {
-		if err := writeFile(f); err != nil {
-			return err
+		for d := filepath.Dir(f.Path); d != "/"; d = filepath.Dir(d) {
+			if links[d] {
+				return fmt.Errorf("file %q: under %q, a link made by the same request: %w", f.Path, d, errdefs.ErrInvalidArgument)
+			}
 		}
 	}
 	return nil
 }
 
+// writeFiles makes each file, directory and link; missing parent
+// directories are made 0755.
+func writeFiles(files []*api.File) error {
+	for _, f := range files {
+		var err error
+		switch f.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			err = writeDir(f.Path, fs.FileMode(f.Mode).Perm())
+		case unix.S_IFLNK:
+			err = writeLink(f.Path, string(f.Data))
+		default:
+			err = writeFile(f)
+		}
+		if err != nil {
+			return fmt.Errorf("write %s: %w", f.Path, err)
+		}
+	}
+	return nil
+}
+
+// writeDir makes a directory with exactly perm (no umask), or gives an
+// existing one perm.
+func writeDir(path string, perm fs.FileMode) error {
+	if perm == 0 {
+		perm = 0o755
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(path, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	if fi, err := os.Lstat(path); err != nil || !fi.IsDir() {
+		return fmt.Errorf("not a directory: %w", fs.ErrExist)
+	}
+	return os.Chmod(path, perm)
+}
+
+// writeLink makes a link to target, replacing a link already there.
+func writeLink(path, target string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+	}
+	return os.Symlink(target, path)
+}
+
+// writeFile writes f to a temporary name beside it and renames it into
+// place, so no reader sees half a file.
 func writeFile(f *api.File) error {
 	mode := fs.FileMode(f.Mode)
 	if mode == 0 {
@@ -52,11 +139,11 @@ func writeFile(f *api.File) error {
 	}
 	dir := filepath.Dir(f.Path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("write %s: %w", f.Path, err)
+		return err
 	}
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(f.Path)+".*")
 	if err != nil {
-		return fmt.Errorf("write %s: %w", f.Path, err)
+		return err
 	}
 	_, err = tmp.Write(f.Data)
 	if err == nil {
@@ -70,7 +157,7 @@ func writeFile(f *api.File) error {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %w", f.Path, err)
+		return err
 	}
 	return nil
 }

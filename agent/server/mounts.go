@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -98,7 +99,7 @@ func planMount(m *api.Mount) (mountPlan, error) {
 	}
 	fstype, ok := fileSystems[m.Type]
 	if !ok {
-		return p, fmt.Errorf("mount at %q: type %q is not supported in the guest: %w", m.Destination, m.Type, errdefs.ErrNotImplemented)
+		return p, fmt.Errorf("mount at %q: type %q is not supported in the guest, expected bind or one of %v: %w", m.Destination, m.Type, slices.Sorted(maps.Keys(fileSystems)), errdefs.ErrInvalidArgument)
 	}
 	p.fstype = fstype
 	if fstype == "devpts" {
@@ -226,7 +227,7 @@ func (s *mountStack) fileSystem(p mountPlan, dst string) error {
 func (s *mountStack) bind(p mountPlan, dst string) error {
 	fi, err := os.Stat(p.source)
 	if err != nil {
-		return fmt.Errorf("bind mount at %q: source %q is not in the guest: %w", p.dst, p.source, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("bind mount at %q: nothing at %q, where the host puts the copy of its source: %w", p.dst, p.source, errdefs.ErrInvalidArgument)
 	}
 	if err := makeMountPoint(dst, fi.IsDir()); err != nil {
 		return fmt.Errorf("make mount point %s: %w", p.dst, err)

@@ -126,7 +126,7 @@ func TestRootfsUndo(t *testing.T) {
 		{"bind source missing", []*api.Mount{
 			{Destination: "/proc", Type: "proc"},
 			{Destination: "/etc/hosts", Type: "bind", Source: "/no/such/file", Options: []string{"rbind"}},
-		}, "", `bind mount at "/etc/hosts": source "/no/such/file" is not in the guest`,
+		}, "", `bind mount at "/etc/hosts": nothing at "/no/such/file", where the host puts the copy of its source`,
 			[]string{"root/proc", "root", "rw", "lower"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

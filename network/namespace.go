@@ -27,17 +27,39 @@ type Namespace struct {
 
 // Open opens the network namespace at path (a bind mount such as
 // /var/run/netns/NAME or a /proc/PID/ns/net link, as an OCI spec's
-// linux.namespaces entry names it).
+// linux.namespaces entry names it). Whatever else the path is, Open does
+// not open it: a FIFO would block the open until a writer came, a device
+// would see an open.
 func Open(path string) (*Namespace, error) {
-	f, err := os.Open(path)
+	f, err := openNetNS(path)
 	if err != nil {
-		return nil, fmt.Errorf("open network namespace: %w", err)
-	}
-	if err := checkNetNS(f); err != nil {
-		f.Close()
 		return nil, fmt.Errorf("open network namespace %s: %w", path, err)
 	}
 	return &Namespace{f: f, path: path}, nil
+}
+
+// openNetNS looks at path through an O_PATH descriptor, which opens
+// nothing, and opens it for reading (setns and the type ioctl need that)
+// only once it is an nsfs file, through that descriptor: a path replaced
+// in between is not opened either.
+func openNetNS(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := checkNSFS(fd); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNetNS(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // New creates a network namespace owned by the caller, with lo up. It is
@@ -168,24 +190,53 @@ func (n *Namespace) loopbackUp() error {
 	return nil
 }
 
-// checkNetNS fails unless f is a network namespace file: an nsfs inode of
-// type CLONE_NEWNET. The kernel is asked, not the file's name: a bind mount
-// (/run/netns/NAME, as CNI and CRI pin namespaces) reads back as its
-// mount point, not as "net:[INODE]".
-func checkNetNS(f *os.File) error {
+// checkNSFS fails, saying what fd is instead, unless it is an nsfs inode.
+// The kernel is asked, not the file's name: a bind mount (/run/netns/NAME,
+// as CNI and CRI pin namespaces) reads back as its mount point, not as
+// "net:[INODE]".
+func checkNSFS(fd int) error {
 	var fs unix.Statfs_t
-	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil {
-		return err
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return fmt.Errorf("stat file system: %w", err)
 	}
-	if fs.Type != unix.NSFS_MAGIC {
-		return errNotNetNS
+	if fs.Type == unix.NSFS_MAGIC {
+		return nil
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat: %w", err)
+	}
+	return fmt.Errorf("a %s, %w", fileKind(st.Mode), errNotNetNS)
+}
+
+// checkNetNS fails unless the nsfs file f is a namespace of type
+// CLONE_NEWNET.
+func checkNetNS(f *os.File) error {
 	typ, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
 	if err != nil {
 		return fmt.Errorf("ask namespace type: %w", err)
 	}
 	if typ != unix.CLONE_NEWNET {
-		return errNotNetNS
+		return fmt.Errorf("a namespace of another type, %w", errNotNetNS)
 	}
 	return nil
+}
+
+// fileKind names a file type for an error message.
+func fileKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "regular file"
+	case unix.S_IFDIR:
+		return "directory"
+	case unix.S_IFIFO:
+		return "FIFO"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFCHR:
+		return "character device"
+	case unix.S_IFBLK:
+		return "block device"
+	}
+	return "file of another type"
 }

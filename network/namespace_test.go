@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/cnitest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -75,8 +76,14 @@ func TestOpen(t *testing.T) {
 	n := newNS(t)
 	// CNI and CRI pin namespaces as bind mounts under /run/netns.
 	pinned := cnitest.NewNamespace(t)
-	regular := filepath.Join(t.TempDir(), "netns")
+	dir := t.TempDir()
+	regular := filepath.Join(dir, "netns")
 	if err := os.WriteFile(regular, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A FIFO nobody writes to: opening it for reading would block for good.
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -86,12 +93,15 @@ func TestOpen(t *testing.T) {
 		{path: n.Path()},
 		{path: pinned.Path},
 		{path: "/proc/self/ns/net"},
-		{path: regular, err: "not a network namespace"},
-		{path: "/proc/self/ns/mnt", err: "not a network namespace"},
-		{path: filepath.Join(t.TempDir(), "missing"), err: "no such file or directory"},
+		{path: regular, err: regular + ": a regular file, not a network namespace"},
+		{path: fifo, err: fifo + ": a FIFO, not a network namespace"},
+		{path: "/dev/null", err: "/dev/null: a character device, not a network namespace"},
+		{path: dir, err: dir + ": a directory, not a network namespace"},
+		{path: "/proc/self/ns/mnt", err: "a namespace of another type, not a network namespace"},
+		{path: filepath.Join(dir, "missing"), err: "no such file or directory"},
 	}
 	for _, tc := range tests {
-		got, err := Open(tc.path)
+		got, err := openWithin(t, tc.path, 10*time.Second)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("Open(%s) error = %v, want one containing %q", tc.path, err, tc.err)
@@ -106,6 +116,27 @@ func TestOpen(t *testing.T) {
 			t.Errorf("Open(%s) = %s, not the namespace asked for", tc.path, got.Path())
 		}
 		got.Close()
+	}
+}
+
+// openWithin is Open, failing the test if it blocks for longer than d.
+func openWithin(t *testing.T, path string, d time.Duration) (*Namespace, error) {
+	t.Helper()
+	type result struct {
+		n   *Namespace
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := Open(path)
+		done <- result{n, err}
+	}()
+	select {
+	case r := <-done:
+		return r.n, r.err
+	case <-time.After(d):
+		t.Fatalf("Open(%s) still blocks after %s", path, d)
+		return nil, nil
 	}
 }
 

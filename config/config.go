@@ -78,6 +78,11 @@ type Shim struct {
 	// MemoryHeadroom is added to a container's memory limit for the
 	// hypervisor's own memory when the limit becomes the VM's cgroup limit.
 	MemoryHeadroom Size `toml:"memory_headroom"`
+	// HookTimeout bounds each OCI hook of a task's spec that sets no
+	// timeout of its own. runc lets such a hook run forever; here a
+	// poststop hook that never ends would hold the task's delete, and its
+	// shim, for good.
+	HookTimeout Duration `toml:"hook_timeout"`
 }
 
 // QEMU configures the QEMU driver.
@@ -128,6 +133,7 @@ func Default() Config {
 			RunDir:         "/run/cocoon",
 			RestoreTimeout: Duration(60 * time.Second),
 			MemoryHeadroom: Size(256 << 20),
+			HookTimeout:    Duration(time.Minute),
 		},
 		QEMU:            QEMU{Binary: "qemu-system-x86_64", Accel: "auto"},
 		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},

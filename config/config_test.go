@@ -34,6 +34,13 @@ func TestParse(t *testing.T) {
 		{name: "bad duration", in: "[agent]\nconnect_timeout = \"soon\"\n", wantErr: "bad duration"},
 		{name: "empty binary", in: "[qemu]\nbinary = \"\"\n", wantErr: "qemu.binary is empty"},
 		{name: "wrong type", in: "[restore]\nstrict = \"yes\"\n", wantErr: "line 2 column 10"},
+		{name: "hook timeout", in: "[shim]\nhook_timeout = \"5s\"\n", check: func(t *testing.T, c Config) {
+			if c.Shim.HookTimeout.D() != 5*time.Second || Default().Shim.HookTimeout.D() != time.Minute {
+				t.Errorf("shim.hook_timeout %v (default %v), want 5s (default 1m)", c.Shim.HookTimeout.D(), Default().Shim.HookTimeout.D())
+			}
+		}},
+		{name: "zero hook timeout", in: "[shim]\nhook_timeout = \"0s\"\n", wantErr: "shim.hook_timeout must be positive"},
+		{name: "hook timeout over a day", in: "[shim]\nhook_timeout = \"25h\"\n", wantErr: "shim.hook_timeout = 25h0m0s: want at most 24h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

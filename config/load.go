@@ -120,3 +120,16 @@ func checkHostKeys(c Config, why error) error {
 	}
 	return nil
 }
+
+// LoadTask is a task's config: its runtime options' inline body (a CRI
+// handler's options table), else the file they name, as Load resolves it.
+func LoadTask(path, body string) (Config, error) {
+	if body == "" {
+		return Load(path)
+	}
+	c, err := Parse([]byte(body))
+	if err != nil {
+		return Config{}, fmt.Errorf("runtime options: %w", err)
+	}
+	return c, nil
+}

@@ -3,9 +3,13 @@ package config
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 )
+
+// maxHookTimeout is the bound shim/hooks puts on a hook's own timeout.
+const maxHookTimeout = 24 * time.Hour
 
 var (
 	accels     = []string{"auto", "kvm", "tcg"}
@@ -51,8 +55,11 @@ func (c Config) Validate() error {
 	if c.Restore.MaxVCPUs < 0 {
 		return fmt.Errorf("restore.max_vcpus = %d: want 0 (the host's CPUs) or a positive count", c.Restore.MaxVCPUs)
 	}
-	if c.Agent.ConnectTimeout <= 0 || c.Agent.CallTimeout <= 0 || c.Shim.RestoreTimeout <= 0 {
-		return fmt.Errorf("agent.connect_timeout, agent.call_timeout and shim.restore_timeout must be positive")
+	if c.Agent.ConnectTimeout <= 0 || c.Agent.CallTimeout <= 0 || c.Shim.RestoreTimeout <= 0 || c.Shim.HookTimeout <= 0 {
+		return fmt.Errorf("agent.connect_timeout, agent.call_timeout, shim.restore_timeout and shim.hook_timeout must be positive")
+	}
+	if c.Shim.HookTimeout.D() > maxHookTimeout {
+		return fmt.Errorf("shim.hook_timeout = %v: want at most %v, the bound on a hook's own timeout", c.Shim.HookTimeout.D(), maxHookTimeout)
 	}
 	return nil
 }

@@ -58,6 +58,11 @@ const (
 	// outputGrace is how long Run waits, once a hook has exited, for
 	// processes it left behind to close its stdout and stderr.
 	outputGrace = time.Second
+	// MaxTimeout bounds a hook's own timeout, in seconds: a day. The spec
+	// counts seconds, so more is a mistake of unit rather than a wish (and
+	// 2^34 seconds and up overflow a time.Duration into a timeout that
+	// has already passed).
+	MaxTimeout = 24 * 60 * 60
 )
 
 // State builds the OCI state runc passes to hooks.
@@ -74,13 +79,17 @@ func State(id, bundle string, status specs.ContainerState, pid int, annotations 
 
 // Run runs hooks of kind in order, each once, with state as JSON on its
 // stdin, and stops at the first that fails. A hook fails when it cannot
-// start, exits non-zero, is killed, or outlives its timeout (seconds) or
-// ctx; then its whole process group is killed, and the error names the
-// hook (kind, index, path), says how it ended and carries the end of its
-// stdout and stderr. A hook that succeeds may leave daemons behind, as
-// under runc. Invalid hooks (a relative path, a timeout that is not
-// positive) fail Run before any hook runs.
-func Run(ctx context.Context, kind string, hooks []specs.Hook, state specs.State) error {
+// start, exits non-zero, is killed, or outlives its timeout (seconds; a
+// hook without one, deadline) or ctx; then its whole process group is
+// killed, and the error names the hook (kind, index, path), says how it
+// ended and carries the end of its stdout and stderr. A hook that
+// succeeds may leave daemons behind, as under runc. Invalid hooks (a
+// relative path, a timeout that is not positive or above MaxTimeout) fail
+// Run before any hook runs.
+//
+// runc waits for a hook without a timeout as long as it runs; here one
+// such poststop hook would hold a task's delete, and its shim, forever.
+func Run(ctx context.Context, kind string, hooks []specs.Hook, state specs.State, deadline time.Duration) error {
 	for i, h := range hooks {
 		if err := validate(h); err != nil {
 			return fmt.Errorf("%s hook %d (%s): %w", kind, i, h.Path, err)
@@ -94,7 +103,7 @@ func Run(ctx context.Context, kind string, hooks []specs.Hook, state specs.State
 		return fmt.Errorf("encode state for %s hooks: %w", kind, err)
 	}
 	for i, h := range hooks {
-		if err := run(ctx, h, stdin); err != nil {
+		if err := run(ctx, h, stdin, deadline); err != nil {
 			return fmt.Errorf("%s hook %d (%s): %w", kind, i, h.Path, err)
 		}
 	}
@@ -105,18 +114,15 @@ func validate(h specs.Hook) error {
 	if !filepath.IsAbs(h.Path) {
 		return errors.New("invalid path: want an absolute path")
 	}
-	if h.Timeout != nil && *h.Timeout <= 0 {
-		return fmt.Errorf("invalid timeout %d: want a positive number of seconds", *h.Timeout)
+	if h.Timeout != nil && (*h.Timeout <= 0 || *h.Timeout > MaxTimeout) {
+		return fmt.Errorf("invalid timeout %d: want a positive number of seconds, at most %d (a day)", *h.Timeout, MaxTimeout)
 	}
 	return nil
 }
 
 // run runs one hook to its end, and kills its process group if it failed.
-func run(ctx context.Context, h specs.Hook, stdin []byte) error {
-	hctx, cancel := ctx, context.CancelFunc(func() {})
-	if h.Timeout != nil {
-		hctx, cancel = context.WithTimeout(ctx, time.Duration(*h.Timeout)*time.Second)
-	}
+func run(ctx context.Context, h specs.Hook, stdin []byte, deadline time.Duration) error {
+	hctx, cancel := context.WithTimeout(ctx, timeoutOf(h, deadline))
 	defer cancel()
 	cmd := command(hctx, h, stdin)
 	stdout, stderr := &tail{limit: outputLimit}, &tail{limit: outputLimit}
@@ -132,7 +138,15 @@ func run(ctx context.Context, h specs.Hook, stdin []byte) error {
 	}
 	// Whatever it started dies with it, on every way of failing.
 	_ = killGroup(cmd.Process.Pid)
-	return fmt.Errorf("%w; stdout: %q; stderr: %q", ended(ctx, hctx, h, err), stdout, stderr)
+	return fmt.Errorf("%w; stdout: %q; stderr: %q", ended(ctx, hctx, h, deadline, err), stdout, stderr)
+}
+
+// timeoutOf is how long h may run: its own timeout, else deadline.
+func timeoutOf(h specs.Hook, deadline time.Duration) time.Duration {
+	if h.Timeout != nil {
+		return time.Duration(*h.Timeout) * time.Second
+	}
+	return deadline
 }
 
 // command is the hook's process: exactly its argv and environment, in a
@@ -153,13 +167,15 @@ func command(hctx context.Context, h specs.Hook, stdin []byte) *exec.Cmd {
 }
 
 // ended says how a failed hook ended.
-func ended(ctx, hctx context.Context, h specs.Hook, err error) error {
+func ended(ctx, hctx context.Context, h specs.Hook, deadline time.Duration, err error) error {
 	var exit *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("killed: %w", context.Cause(ctx))
-	case hctx.Err() != nil:
+	case hctx.Err() != nil && h.Timeout != nil:
 		return fmt.Errorf("killed: timed out after %ds", *h.Timeout)
+	case hctx.Err() != nil:
+		return fmt.Errorf("killed: it sets no timeout and ran past the runtime's deadline for such hooks (%v, shim.hook_timeout)", deadline)
 	case errors.As(err, &exit):
 		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			return fmt.Errorf("killed by signal %s", ws.Signal())

@@ -56,7 +56,7 @@ func TestRunOrder(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			os.Remove(log)
-			err := Run(context.Background(), Poststop, tc.hooks, testState)
+			err := Run(context.Background(), Poststop, tc.hooks, testState, time.Minute)
 			checkErr(t, err, tc.err)
 			got, _ := os.ReadFile(log)
 			if string(got) != tc.log {
@@ -70,7 +70,7 @@ func TestRunOrder(t *testing.T) {
 func TestRunState(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "state.json")
 	h := specs.Hook{Path: script(t, `cat > "$OUT"`), Env: []string{"OUT=" + out}}
-	if err := Run(context.Background(), CreateRuntime, []specs.Hook{h}, testState); err != nil {
+	if err := Run(context.Background(), CreateRuntime, []specs.Hook{h}, testState, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := os.ReadFile(out)
@@ -108,7 +108,7 @@ func TestRunArgsEnv(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := specs.Hook{Path: "/bin/sh", Args: tc.args, Env: tc.env}
-			if err := Run(context.Background(), CreateContainer, []specs.Hook{h}, testState); err != nil {
+			if err := Run(context.Background(), CreateContainer, []specs.Hook{h}, testState, time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			if got := nulList(t, cmdline); !slices.Equal(got, tc.args) {
@@ -155,10 +155,15 @@ func TestRunFailures(t *testing.T) {
 		name: "zero timeout",
 		hook: specs.Hook{Path: ok.Path, Timeout: seconds(0)},
 		want: []string{"invalid timeout 0"},
+	}, {
+		// 2^40 seconds overflows a time.Duration into a past deadline.
+		name: "timeout of 2^40 seconds",
+		hook: specs.Hook{Path: ok.Path, Timeout: seconds(1 << 40)},
+		want: []string{"invalid timeout 1099511627776: want a positive number of seconds, at most 86400 (a day)"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := Run(context.Background(), CreateRuntime, []specs.Hook{ok, tc.hook}, testState)
+			err := Run(context.Background(), CreateRuntime, []specs.Hook{ok, tc.hook}, testState, time.Minute)
 			want := append([]string{"createRuntime hook 1 (" + tc.hook.Path + "): "}, tc.want...)
 			for _, w := range want {
 				checkErr(t, err, w)
@@ -175,7 +180,7 @@ func TestRunFailures(t *testing.T) {
 func TestRunValidatesFirst(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "ran")
 	first := specs.Hook{Path: script(t, `touch "$1"`), Args: []string{"hook", marker}}
-	err := Run(context.Background(), Prestart, []specs.Hook{first, {Path: "/bin/true", Timeout: seconds(-1)}}, testState)
+	err := Run(context.Background(), Prestart, []specs.Hook{first, {Path: "/bin/true", Timeout: seconds(-1)}}, testState, time.Minute)
 	checkErr(t, err, "prestart hook 1 (/bin/true): invalid timeout -1")
 	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a hook ran before validation failed (%v)", err)
@@ -186,13 +191,16 @@ func TestRunValidatesFirst(t *testing.T) {
 // everything it started, and the error says why.
 func TestRunKills(t *testing.T) {
 	tests := []struct {
-		name    string
-		timeout *int
-		cancel  bool
-		want    string
+		name     string
+		timeout  *int
+		deadline time.Duration
+		cancel   bool
+		want     string
 	}{
-		{name: "timeout", timeout: seconds(1), want: "killed: timed out after 1s"},
-		{name: "context canceled", cancel: true, want: "killed: context canceled"},
+		{name: "timeout", timeout: seconds(1), deadline: time.Minute, want: "killed: timed out after 1s"},
+		{name: "no timeout, the deadline", deadline: time.Second, want: "killed: it sets no timeout and ran past the runtime's deadline for such hooks (1s, shim.hook_timeout)"},
+		{name: "its timeout beats the deadline", timeout: seconds(1), deadline: time.Hour, want: "killed: timed out after 1s"},
+		{name: "context canceled", deadline: time.Minute, cancel: true, want: "killed: context canceled"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -213,8 +221,12 @@ func TestRunKills(t *testing.T) {
 					cancel()
 				}()
 			}
-			err := Run(ctx, Poststart, []specs.Hook{h}, testState)
+			began := time.Now()
+			err := Run(ctx, Poststart, []specs.Hook{h}, testState, tc.deadline)
 			checkErr(t, err, "poststart hook 0 ("+h.Path+"): "+tc.want)
+			if took := time.Since(began); !tc.cancel && took > 30*time.Second {
+				t.Errorf("Run took %v, want about 1s", took)
+			}
 			if tc.cancel && !errors.Is(err, context.Canceled) {
 				t.Errorf("error %v does not wrap context.Canceled", err)
 			}
@@ -230,7 +242,7 @@ func TestRunKills(t *testing.T) {
 func TestRunDaemon(t *testing.T) {
 	pids := filepath.Join(t.TempDir(), "pids")
 	h := specs.Hook{Path: script(t, `setsid sleep 1000 & echo $! > "$1"; echo started`), Args: []string{"hook", pids}}
-	err := Run(context.Background(), CreateRuntime, []specs.Hook{h}, testState)
+	err := Run(context.Background(), CreateRuntime, []specs.Hook{h}, testState, time.Minute)
 	daemon := readPids(t, pids)
 	t.Cleanup(func() {
 		for _, pid := range daemon {
@@ -337,7 +349,7 @@ func TestRunCanceledBefore(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "ran")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := Run(ctx, Poststop, []specs.Hook{{Path: script(t, `touch "$1"`), Args: []string{"hook", marker}}}, testState)
+	err := Run(ctx, Poststop, []specs.Hook{{Path: script(t, `touch "$1"`), Args: []string{"hook", marker}}}, testState, time.Minute)
 	checkErr(t, err, "poststop hook 0")
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("error %v does not wrap context.Canceled", err)

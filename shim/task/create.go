@@ -62,7 +62,7 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	}
 	req.Containerd = s.containerd
 	req.Process = &init.spec
-	h, err := newOCIHooks(r.ID, r.Bundle, spec)
+	h, err := newOCIHooks(req)
 	if err != nil {
 		return 0, err
 	}

@@ -88,14 +88,16 @@ func TestCreateRefusalOnTheWire(t *testing.T) {
 func TestTaskV2CleanUp(t *testing.T) {
 	h := newHarness(t)
 	c := taskv2.NewTTRPCTaskClient(h.serve())
-	_, err := c.Create(h.ctx, &taskv2.CreateTaskRequest{ID: "t1", Bundle: h.bundle(specFor("true"))})
+	// containerd's context, not the shim's, which its shutdown cancels.
+	ctx := context.Background()
+	_, err := c.Create(ctx, &taskv2.CreateTaskRequest{ID: "t1", Bundle: h.bundle(specFor("true"))})
 	if st, _ := status.FromError(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), "task API v3") {
 		t.Fatalf("v2 Create answers %v, want FailedPrecondition saying cocoon serves task API v3", err)
 	}
-	if _, err := c.Delete(h.ctx, &taskv2.DeleteRequest{ID: "t1"}); status.Code(err) != codes.NotFound {
+	if _, err := c.Delete(ctx, &taskv2.DeleteRequest{ID: "t1"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("v2 Delete answers %v, want NotFound", err)
 	}
-	if _, err := c.Shutdown(h.ctx, &taskv2.ShutdownRequest{ID: "t1"}); err != nil {
+	if _, err := c.Shutdown(ctx, &taskv2.ShutdownRequest{ID: "t1"}); err != nil {
 		t.Fatalf("v2 Shutdown: %v", err)
 	}
 	select {

@@ -42,7 +42,7 @@ func openNetwork(spec *specs.Spec, id string) (*vmNetwork, error) {
 	n := &vmNetwork{id: id, path: entry.Path}
 	var err error
 	if entry.Path != "" {
-		n.ns, err = network.Open(entry.Path)
+		n.ns, err = openSpecNamespace(entry.Path)
 	} else {
 		n.ns, err = network.New()
 	}
@@ -53,6 +53,19 @@ func openNetwork(spec *specs.Spec, id string) (*vmNetwork, error) {
 		return nil, errors.Join(err, n.ns.Close())
 	}
 	return n, nil
+}
+
+// openSpecNamespace opens the namespace the spec names, refusing the
+// host's before anything is made in it.
+func openSpecNamespace(path string) (*network.Namespace, error) {
+	ns, err := network.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if err := ns.RefuseHost(); err != nil {
+		return nil, errors.Join(fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument), ns.Close())
+	}
+	return ns, nil
 }
 
 func networkEntry(spec *specs.Spec) (specs.LinuxNamespace, bool) {

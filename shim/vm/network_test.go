@@ -3,8 +3,12 @@ package vm
 import (
 	"errors"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
@@ -51,5 +55,37 @@ func TestNetworkReleaseUnpinned(t *testing.T) {
 	})
 	if !errors.As(err, new(netlink.LinkNotFoundError)) {
 		t.Fatalf("tap %s after Release: %v, want not found", n.tap.Name, err)
+	}
+}
+
+// TestNetworkRefusesSpecPath: a spec naming anything but a network
+// namespace fails at once as an invalid argument naming the path and what
+// it is; a FIFO nobody writes to used to block the create for good.
+func TestNetworkRefusesSpecPath(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{fifo, fifo + ": a FIFO, not a network namespace"},
+		{dir, dir + ": a directory, not a network namespace"},
+		{"/proc/self/ns/uts", "a namespace of another type, not a network namespace"},
+	} {
+		spec := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: tc.path}}}}
+		errc := make(chan error, 1)
+		go func() {
+			n, err := openNetwork(spec, "t1")
+			errc <- errors.Join(err, n.Release())
+		}()
+		select {
+		case err := <-errc:
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("openNetwork of %s: %v; want an invalid argument containing %q", tc.path, err, tc.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("openNetwork of %s still blocks after 10s", tc.path)
+		}
 	}
 }

@@ -1,0 +1,253 @@
+package vm
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+
+	"github.com/containerd/errdefs"
+	securejoin "github.com/cyphar/filepath-securejoin"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// binds collects the copies of the host files and trees a container's
+// bind mounts show.
+type binds struct {
+	files []agent.File
+	size  int // bytes of file data in files
+	n     int
+}
+
+// translate turns one spec mount into the guest's.
+func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
+	if !isBindMount(m) {
+		if !slices.Contains(kernelMounts, m.Type) {
+			return specs.Mount{}, fmt.Errorf("mount of type %q from %q: a cocoon VM takes bind mounts and mounts of type %v only: %w", m.Type, m.Source, kernelMounts, errdefs.ErrInvalidArgument)
+		}
+		return m, nil
+	}
+	// Stat, never open: the source may be a FIFO or a device.
+	st, err := os.Stat(m.Source)
+	if err != nil {
+		return specs.Mount{}, fmt.Errorf("bind source: %w", err)
+	}
+	switch {
+	case path.Clean(m.Destination) == "/dev/shm" && st.IsDir():
+		// The pod's shared memory is shared with no other VM: the
+		// container gets its own.
+		return specs.Mount{Destination: m.Destination, Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "noexec", "mode=1777"}}, nil
+	case st.Mode().IsRegular(), st.IsDir():
+		src := path.Join(bindSources, fmt.Sprint(b.n))
+		b.n++
+		if err := b.copy(m.Source, src); err != nil {
+			return specs.Mount{}, fmt.Errorf("bind source %s: %w", m.Source, err)
+		}
+		m.Source, m.Type = src, "bind"
+		return m, nil
+	}
+	return specs.Mount{}, fmt.Errorf("bind source %s is a %s: a cocoon VM takes copies of regular files and directories only: %w", m.Source, typeName(st.Mode()), errdefs.ErrInvalidArgument)
+}
+
+// copy adds the regular file, or the directory tree, at host path src to
+// the guest at dst. src is the spec's host path, resolved as any; nothing
+// under it is followed. Each entry is opened O_PATH|O_NOFOLLOW and its
+// type read from that handle, so a device, FIFO or socket is refused
+// without being opened; a regular file is then opened for reading through
+// the handle. Directories are copied, empty ones too, with their
+// permission bits. A symbolic link is made a link in the guest (a
+// Kubernetes volume's keys are links through its ..data link, which a
+// live update swaps): it keeps its target when that resolves inside src,
+// else gets a target inside the copy, where src's root would take it (an
+// absolute target relative to the root, ".." stopped at the root). So no
+// host file outside src is ever read, nor reached from the guest.
+func (b *binds) copy(src, dst string) error {
+	root, err := unix.Open(src, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", src, err)
+	}
+	defer unix.Close(root)
+	w := walk{binds: b, root: src, rootFD: root}
+	return w.add(root, ".", dst)
+}
+
+// walk is one copy of a tree: its host root, by path and by handle.
+type walk struct {
+	*binds
+	root   string
+	rootFD int
+}
+
+// add adds the entry open (O_PATH) as fd, at rel under the root, to the
+// guest at dst.
+func (w walk) add(fd int, rel, dst string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", rel, err)
+	}
+	if len(w.files) >= api.MaxFiles {
+		return fmt.Errorf("more than %d files, directories and links: too many to copy into a VM: %w", api.MaxFiles, errdefs.ErrInvalidArgument)
+	}
+	perm := fs.FileMode(st.Mode) & fs.ModePerm
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		data, err := readOpened(fd, rel)
+		if err != nil {
+			return err
+		}
+		if w.size += len(data); w.size > api.MaxFilesSize {
+			return fmt.Errorf("files of more than %d bytes in all: too large to copy into a VM: %w", api.MaxFilesSize, errdefs.ErrInvalidArgument)
+		}
+		w.files = append(w.files, agent.File{Path: dst, Data: data, Mode: perm})
+	case unix.S_IFDIR:
+		w.files = append(w.files, agent.File{Path: dst, Mode: fs.ModeDir | perm})
+		return w.children(fd, rel, dst)
+	case unix.S_IFLNK:
+		target, err := w.linkTarget(fd, rel)
+		if err != nil {
+			return err
+		}
+		w.files = append(w.files, agent.File{Path: dst, Data: []byte(target), Mode: fs.ModeSymlink | fs.ModePerm})
+	default:
+		return fmt.Errorf("%s is a %s: a cocoon VM takes copies of regular files, directories and symbolic links only: %w", rel, typeName(modeType(st.Mode)), errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// children adds the entries of the directory open (O_PATH) as dir, in
+// name order.
+func (w walk) children(dir int, rel, dst string) error {
+	lfd, err := unix.Openat(dir, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", rel, err)
+	}
+	d := os.NewFile(uintptr(lfd), rel)
+	// One more than may be copied tells a directory too large to copy
+	// without listing all of it.
+	names, err := d.Readdirnames(api.MaxFiles + 1)
+	d.Close()
+	if err != nil && err != io.EOF {
+		return fmt.Errorf("list directory %s: %w", rel, err)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", path.Join(rel, name), err)
+		}
+		err = w.add(fd, path.Join(rel, name), path.Join(dst, name))
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// linkTarget is the target the guest's copy of the link open (O_PATH|
+// O_NOFOLLOW) as fd, at rel under the root, gets: its own if the kernel
+// resolves it beneath the root (the copy holds the same tree, so the guest
+// resolves it the same), else the path, relative to the link, where the
+// root would take it, as securejoin resolves it (reading links only, inside
+// the root). Neither resolution opens anything but O_PATH handles.
+func (w walk) linkTarget(fd int, rel string) (string, error) {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(fd, "", buf)
+	if err != nil {
+		return "", fmt.Errorf("read link %s: %w", rel, err)
+	}
+	if n == len(buf) {
+		return "", fmt.Errorf("link %s: target longer than %d bytes: %w", rel, unix.PathMax-1, errdefs.ErrInvalidArgument)
+	}
+	target := string(buf[:n])
+	inside, err := unix.Openat2(w.rootFD, rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err == nil {
+		unix.Close(inside)
+		return target, nil
+	}
+	resolved, err := securejoin.SecureJoin(w.root, rel)
+	if err != nil {
+		return "", fmt.Errorf("link %s -> %s: resolve inside the bind source: %w", rel, target, err)
+	}
+	return filepath.Rel(filepath.Join(w.root, path.Dir(rel)), resolved)
+}
+
+// readHostFile reads the regular file at host path p, without opening
+// anything else.
+func readHostFile(p string) ([]byte, fs.FileMode, error) {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("open %s: %w", p, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, 0, fmt.Errorf("stat %s: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, 0, fmt.Errorf("%s is a %s, expected a regular file: %w", p, typeName(modeType(st.Mode)), errdefs.ErrInvalidArgument)
+	}
+	data, err := readOpened(fd, p)
+	return data, fs.FileMode(st.Mode) & fs.ModePerm, err
+}
+
+// readOpened reads at most api.MaxFileSize bytes of the regular file open
+// (O_PATH) as fd, named p, through a new descriptor of the same file.
+func readOpened(fd int, p string) ([]byte, error) {
+	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", p, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, api.MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	if len(data) > api.MaxFileSize {
+		return nil, fmt.Errorf("%s is larger than %d bytes: too large to copy into a VM: %w", p, api.MaxFileSize, errdefs.ErrInvalidArgument)
+	}
+	return data, nil
+}
+
+// modeType is the Go file type of a stat(2) mode.
+func modeType(m uint32) fs.FileMode {
+	return map[uint32]fs.FileMode{
+		unix.S_IFDIR: fs.ModeDir, unix.S_IFLNK: fs.ModeSymlink, unix.S_IFIFO: fs.ModeNamedPipe,
+		unix.S_IFSOCK: fs.ModeSocket, unix.S_IFCHR: fs.ModeDevice | fs.ModeCharDevice, unix.S_IFBLK: fs.ModeDevice,
+	}[m&unix.S_IFMT]
+}
+
+// typeName says what kind of file m is.
+func typeName(m fs.FileMode) string {
+	switch t := m.Type(); {
+	case t&fs.ModeCharDevice != 0:
+		return "character device"
+	case t&fs.ModeDevice != 0:
+		return "block device"
+	case t&fs.ModeNamedPipe != 0:
+		return "FIFO"
+	case t&fs.ModeSocket != 0:
+		return "socket"
+	case t&fs.ModeSymlink != 0:
+		return "symbolic link"
+	case t&fs.ModeDir != 0:
+		return "directory"
+	case t == 0:
+		return "regular file"
+	}
+	return m.Type().String()
+}
+
+func isBindMount(m specs.Mount) bool {
+	return m.Type == "bind" || m.Type == "rbind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}

@@ -1,0 +1,275 @@
+package vm
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+)
+
+const secret = "host secret 4f1c"
+
+// outside is a directory beside a bind source, holding a 0600 secret and a
+// FIFO; its watch reports every file in it that is opened.
+func outside(t *testing.T) (string, func() []string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, watchOpens(t, dir)
+}
+
+// watchOpens reports the names of the files in dir opened or read since
+// it was called (the directory itself is not one).
+func watchOpens(t *testing.T, dir string) func() []string {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN|unix.IN_ACCESS); err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		var names []string
+		buf := make([]byte, 64<<10)
+		n, _ := unix.Read(fd, buf)
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if name != "" {
+				names = append(names, name)
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+		return names
+	}
+}
+
+// tree makes entries under a new directory; see mkTree.
+func tree(t *testing.T, entries ...string) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "src")
+	mkTree(t, root, entries...)
+	return root
+}
+
+// mkTree makes the directory root (0777, as an emptyDir) and entries under
+// it: "d/" a directory, "l>target" a link, "p|" a FIFO, anything else a
+// file holding its own name.
+func mkTree(t *testing.T, root string, entries ...string) {
+	t.Helper()
+	if err := os.Mkdir(root, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(root, 0o777); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		var err error
+		switch {
+		case strings.HasSuffix(e, "/"):
+			err = os.MkdirAll(filepath.Join(root, e), 0o750)
+		case strings.Contains(e, ">"):
+			name, target, _ := strings.Cut(e, ">")
+			err = os.Symlink(target, filepath.Join(root, name))
+		case strings.HasSuffix(e, "|"):
+			err = unix.Mkfifo(filepath.Join(root, strings.TrimSuffix(e, "|")), 0o644)
+		default:
+			err = os.WriteFile(filepath.Join(root, e), []byte(e), 0o640)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// rel is the relative path from dir to p.
+func rel(t *testing.T, dir, p string) string {
+	t.Helper()
+	r, err := filepath.Rel(dir, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// listing is files as "path mode [data]" lines, paths relative to dst.
+func listing(files []agent.File, dst string) []string {
+	var out []string
+	for _, f := range files {
+		line := strings.TrimPrefix(strings.TrimPrefix(f.Path, dst), "/") + " " + f.Mode.String()
+		if len(f.Data) > 0 {
+			line += " " + string(f.Data)
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// TestBindCopyTree: a bind source's tree is copied as it is, empty
+// directories and links included; a link that resolves inside the source
+// keeps its target.
+func TestBindCopyTree(t *testing.T) {
+	const dst = "/run/cocoon/binds/0"
+	for _, tc := range []struct {
+		name    string
+		entries []string
+		want    []string
+	}{
+		{"empty directory", nil, []string{" drwxrwxrwx"}},
+		{"tree of empty directories", []string{"a/b/c/", "d/"}, []string{
+			" drwxrwxrwx", "a drwxr-x---", "a/b drwxr-x---", "a/b/c drwxr-x---", "d drwxr-x---"}},
+		{"configmap", []string{"..2026_12_01_10_00_00.1/", "..2026_12_01_10_00_00.1/key", "..data>..2026_12_01_10_00_00.1", "key>..data/key"}, []string{
+			" drwxrwxrwx", "..2026_12_01_10_00_00.1 drwxr-x---",
+			"..2026_12_01_10_00_00.1/key -rw-r----- ..2026_12_01_10_00_00.1/key",
+			"..data Lrwxrwxrwx ..2026_12_01_10_00_00.1", "key Lrwxrwxrwx ..data/key"}},
+		{"links inside", []string{"a/", "a/f", "a/up>../b", "b>a/f", "dangling>nothing"}, []string{
+			" drwxrwxrwx", "a drwxr-x---", "a/f -rw-r----- a/f", "a/up Lrwxrwxrwx ../b", "b Lrwxrwxrwx a/f", "dangling Lrwxrwxrwx nothing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &binds{}
+			if err := b.copy(tree(t, tc.entries...), dst); err != nil {
+				t.Fatal(err)
+			}
+			if got := listing(b.files, dst); strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Fatalf("copied\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
+
+// TestBindCopyLinksOut: links out of a bind source (absolute, "../..", to
+// a device or a FIFO) are copied as links that resolve inside the copy;
+// nothing outside the source is opened or read.
+func TestBindCopyLinksOut(t *testing.T) {
+	const dst = "/run/cocoon/binds/0"
+	out, opened := outside(t)
+	for _, tc := range []struct {
+		name   string
+		target func(src string) string
+		want   string // the copy's target from the source's root; "" for the lexical one
+	}{
+		{"absolute", func(string) string { return filepath.Join(out, "secret") }, ""},
+		{"relative", func(src string) string { return rel(t, filepath.Join(src, "dir"), filepath.Join(out, "secret")) }, ""},
+		{"far up", func(string) string { return "../../../../../../../../.." + out + "/secret" }, ""},
+		{"device", func(string) string { return "/dev/tty0" }, "dev/tty0"},
+		{"fifo", func(string) string { return filepath.Join(out, "fifo") }, ""},
+		{"up through a link to the root", func(string) string { return "../sub/../../x" }, "x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := filepath.Join(t.TempDir(), "src")
+			target := tc.target(src)
+			mkTree(t, src, "sub>.", "dir/", "dir/link>"+target)
+			want := tc.want
+			if want == "" {
+				want = path.Clean(path.Join("/dir", target))[1:]
+				if path.IsAbs(target) {
+					want = path.Clean(target)[1:]
+				}
+			}
+			b := &binds{}
+			if err := b.copy(src, dst); err != nil {
+				t.Fatal(err)
+			}
+			link := b.files[slices.IndexFunc(b.files, func(f agent.File) bool { return f.Path == dst+"/dir/link" })]
+			if link.Path != dst+"/dir/link" || link.Mode.Type() != fs.ModeSymlink || string(link.Data) != "../"+want {
+				t.Fatalf("link to %s copied as %q %v %q, want a link to %q", target, link.Path, link.Mode, link.Data, "../"+want)
+			}
+			if p := path.Join(path.Dir(link.Path), string(link.Data)); !strings.HasPrefix(p, dst+"/") {
+				t.Fatalf("the copy's link resolves to %s, outside the copy", p)
+			}
+			for _, f := range b.files {
+				if bytes.Contains(f.Data, []byte(secret)) {
+					t.Fatalf("%s holds the host's secret", f.Path)
+				}
+			}
+			if names := opened(); len(names) > 0 {
+				t.Fatalf("copying opened %v outside the bind source", names)
+			}
+		})
+	}
+}
+
+// TestBindCopyRefusals: a FIFO, socket or device inside a bind source, or
+// too many entries, fail the copy naming what, and nothing is opened.
+func TestBindCopyRefusals(t *testing.T) {
+	many := make([]string, api.MaxFiles)
+	for i := range many {
+		many[i] = "d" + string(rune('a'+i/26)) + string(rune('a'+i%26)) + "/"
+	}
+	for _, tc := range []struct {
+		name    string
+		entries []string
+		device  bool
+		want    string
+	}{
+		{"fifo", []string{"sub/", "sub/fifo|"}, false, "sub/fifo is a FIFO"},
+		{"device", []string{"sub/"}, true, "sub/tty is a character device"},
+		{"too many", append(many, "sub/"), false, "more than 64 files, directories and links"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := tree(t, tc.entries...)
+			if tc.device {
+				testenv.RequireRoot(t)
+				if err := unix.Mknod(filepath.Join(src, "sub/tty"), unix.S_IFCHR|0o600, int(unix.Mkdev(5, 0))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			opened := watchOpens(t, filepath.Join(src, "sub"))
+			err := (&binds{}).copy(src, "/run/cocoon/binds/0")
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("copy: %v, want invalid argument saying %q", err, tc.want)
+			}
+			if names := opened(); len(names) > 0 {
+				t.Fatalf("copying opened %v", names)
+			}
+		})
+	}
+}
+
+// TestBindTranslateRefusals: a bind of a FIFO or a device, and a mount of
+// a type the VM cannot make, are invalid arguments naming the source or
+// type, never NotImplemented (containerd takes that from Create to mean the
+// task API is unsupported); the FIFO is never opened.
+func TestBindTranslateRefusals(t *testing.T) {
+	out, opened := outside(t)
+	for _, tc := range []struct {
+		name string
+		m    specs.Mount
+		want string
+	}{
+		{"fifo", specs.Mount{Destination: "/x", Type: "bind", Source: filepath.Join(out, "fifo")}, "fifo is a FIFO: a cocoon VM takes copies of regular files and directories only"},
+		{"device", specs.Mount{Destination: "/x", Type: "bind", Source: "/dev/zero"}, "/dev/zero is a character device"},
+		{"nfs", specs.Mount{Destination: "/x", Type: "nfs", Source: "srv:/export"}, `mount of type "nfs" from "srv:/export": a cocoon VM takes bind mounts and mounts of type [proc`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := (&binds{}).translate(tc.m)
+			if !errdefs.IsInvalidArgument(err) || errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("translate: %v, want invalid argument saying %q", err, tc.want)
+			}
+			if names := opened(); len(names) > 0 {
+				t.Fatalf("translate opened %v", names)
+			}
+		})
+	}
+}

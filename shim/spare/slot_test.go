@@ -212,3 +212,29 @@ func TestRefillReplacesDeadSpare(t *testing.T) {
 		t.Fatal("refill kept the dead spare")
 	}
 }
+
+// TestSpareDropsSilentClient: a client that connects to a spare and says
+// nothing does not hold it: a launcher's hand-over behind it is served
+// within the launcher's reply timeout, by the same spare.
+func TestSpareDropsSilentClient(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	path, spare := refill(t, dir, ctrd.Addr)
+	silent, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(silent) })
+	if err := unix.Connect(silent, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	_, sock := taskSocket(t, dir)
+	bundle := t.TempDir()
+	start := time.Now()
+	pid, err := claim(t, dir, ctrd.Addr, Request{Args: []string{os.Args[0]}, Dir: bundle, Exe: os.Args[0]}, sock)
+	if pid != spare || err != nil {
+		t.Fatalf("Claim behind a silent client = %d, %v after %s; want the spare %d", pid, err, time.Since(start), spare)
+	}
+	t.Logf("served after %s behind the silent client", time.Since(start))
+	awaitServing(t, bundle)
+}

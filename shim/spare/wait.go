@@ -24,6 +24,21 @@ var (
 	errContainerdGone = errors.New("containerd closed its socket")
 	// errProbe: a launcher checked that the spare is there, and hung up.
 	errProbe = errors.New("probe")
+	// errSilent: a client sent no request within requestTimeout.
+	errSilent = errors.New("no request in time")
+)
+
+// Bounds on the waits for a client of the spare's socket. A launcher
+// sends its request as soon as it connects: a client silent for
+// requestTimeout is dropped, so it cannot hold the spare while launchers
+// queue behind it; the bound is below the launcher's replyTimeout, so a
+// launcher queued behind a silent client is still served. A launcher
+// sends its go-ahead as soon as it has the spare's answer, and a spare
+// that gave up waiting for it could lose a task the launcher counts as
+// handed over: goAheadTimeout only ends a client that hung mid-way.
+const (
+	requestTimeout = time.Second
+	goAheadTimeout = 30 * time.Second
 )
 
 // Wait runs this process as the spare for the slot at path (its listener,
@@ -50,7 +65,7 @@ func Wait(path string) error {
 			return errors.Join(err, remove(path, &sock))
 		}
 		req, taskFD, err := receive(c)
-		if errors.Is(err, errProbe) {
+		if errors.Is(err, errProbe) || errors.Is(err, errSilent) {
 			unix.Close(c)
 			continue
 		}
@@ -171,6 +186,10 @@ func awaitClaim(watch int, deadline time.Time) (int, error) {
 			unix.Close(c)
 			continue
 		}
+		if err := receiveTimeout(c, requestTimeout); err != nil {
+			unix.Close(c)
+			return -1, err
+		}
 		return c, nil
 	}
 }
@@ -187,8 +206,13 @@ func handover(c int, req Request, taskFD int) error {
 	if err := send(c, reply{PID: os.Getpid()}); err != nil {
 		return err
 	}
+	if err := receiveTimeout(c, goAheadTimeout); err != nil {
+		return err
+	}
 	b := make([]byte, 1)
-	if n, err := unix.Read(c, b); err != nil || n != 1 || b[0] != goAhead[0] {
+	var n int
+	err := ignoreEINTR(func() (err error) { n, err = unix.Read(c, b); return err })
+	if err != nil || n != 1 || b[0] != goAhead[0] {
 		return fmt.Errorf("launcher gave no go-ahead: %w", errors.Join(err, errDeclined))
 	}
 	return become(req, taskFD)
@@ -199,7 +223,11 @@ func receive(c int) (Request, int, error) {
 	var req Request
 	// The message's size first, so the buffer is no bigger than it: a
 	// large allocation now would set off a collection as the server starts.
-	size, _, err := unix.Recvfrom(c, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+	var size int
+	err := ignoreEINTR(func() (err error) { size, _, err = unix.Recvfrom(c, nil, unix.MSG_PEEK|unix.MSG_TRUNC); return err })
+	if errors.Is(err, unix.EAGAIN) {
+		return req, -1, errSilent
+	}
 	if err != nil {
 		return req, -1, fmt.Errorf("receive task: %w", err)
 	}
@@ -228,6 +256,17 @@ func receive(c int) (Request, int, error) {
 		return req, -1, fmt.Errorf("decode task hand-over: %w", err)
 	}
 	return req, fds[0], nil
+}
+
+// receiveTimeout bounds each later read on c by d: a read with nothing
+// to read then fails with EAGAIN (and one a signal interrupts with EINTR,
+// even under SA_RESTART).
+func receiveTimeout(c int, d time.Duration) error {
+	tv := unix.NsecToTimeval(d.Nanoseconds())
+	if err := unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return fmt.Errorf("bound the wait for the launcher: %w", err)
+	}
+	return nil
 }
 
 func rights(oob []byte) ([]int, error) {

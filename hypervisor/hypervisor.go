@@ -133,6 +133,10 @@ type RestoreRequest struct {
 	// Disk, if set, is a read-only filesystem image backing the snapshot's rootfs block
 	// slot; "" leaves the slot empty.
 	Disk string
+	// Cgroup, if set, is the VM's cgroup: the driver makes the guest's
+	// memory in Charge and starts the hypervisor through Start. Nil leaves
+	// both in the caller's cgroup.
+	Cgroup Cgroup
 }
 
 // RootfsSerial is the serial of every snapshot's rootfs block slot: the

@@ -3,6 +3,7 @@ package qemu
 import (
 	"fmt"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -19,6 +20,8 @@ type attach struct {
 	tap *os.File
 	// netns is the network namespace QEMU runs in; nil keeps ours.
 	netns *os.File
+	// bornIn forks QEMU in the VM's cgroup; nil in ours.
+	bornIn func(*syscall.SysProcAttr, func() error) error
 }
 
 // attachFor checks the network namespace, NIC and disk req asks for, so a
@@ -33,6 +36,9 @@ func attachFor(req hypervisor.RestoreRequest) (a attach, disk string, err error)
 		}
 	}
 	a = attach{netns: req.NetNS}
+	if req.Cgroup != nil {
+		a.bornIn = req.Cgroup.Start
+	}
 	if req.NIC != nil {
 		if req.NIC.TapFile == nil {
 			return attach{}, "", fmt.Errorf("nic %q has no tap file: QEMU takes the tap as an open fd", req.NIC.TapName)

@@ -38,24 +38,34 @@ func applyDeltas(ctx context.Context, staged *chain.Staged, w io.WriterAt, writt
 }
 
 // fillCopy makes a copy restore's memfd: the staged file's data, then the
-// pending links' pages. It returns the staged file too, open, for the page
+// pending links' pages, made in the VM's cgroup (req.Charge) so the guest's
+// memory is the VM's, not the shim's; the fill phase includes entering and
+// leaving the cgroup. It returns the staged file too, open, for the page
 // hashes a diff will compare the memory with (hashLater): made once the VM
 // is loaded, not to compete with its start for the CPUs.
 func fillCopy(ctx context.Context, req hypervisor.RestoreRequest, staged *chain.Staged, size int64, written *pageHashes) (memfd, src *os.File, err error) {
 	t := time.Now()
-	memfd, src, err = fillMemfd(staged.MemoryPath(), size)
+	var delta time.Duration
+	err = req.Charge(func() error {
+		var err error
+		if memfd, src, err = fillMemfd(staged.MemoryPath(), size); err != nil || len(staged.Pending()) == 0 {
+			return err
+		}
+		d := time.Now()
+		err = applyDeltas(ctx, staged, memfd, written)
+		delta = time.Since(d)
+		return err
+	})
 	if err != nil {
-		return nil, nil, err
-	}
-	req.Phase("fill", time.Since(t))
-	if len(staged.Pending()) > 0 {
-		t = time.Now()
-		if err := applyDeltas(ctx, staged, memfd, written); err != nil {
+		if memfd != nil {
 			memfd.Close()
 			src.Close()
-			return nil, nil, err
 		}
-		req.Phase("delta", time.Since(t))
+		return nil, nil, err
+	}
+	req.Phase("fill", time.Since(t)-delta)
+	if delta > 0 {
+		req.Phase("delta", delta)
 	}
 	return memfd, src, nil
 }

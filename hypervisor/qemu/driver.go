@@ -184,7 +184,7 @@ func (d *Driver) startVM(ctx context.Context, runDir string, l launch, a attach,
 	}
 	sctx, cancel := vmmproc.WithDefaultTimeout(ctx, startTimeout)
 	defer cancel()
-	proc, q, err := start(sctx, spawn{binary: d.cfg.Binary, args: l.args(), runDir: runDir, extra: extra, netns: a.netns, detach: detach})
+	proc, q, err := start(sctx, spawn{binary: d.cfg.Binary, args: l.args(), runDir: runDir, extra: extra, netns: a.netns, bornIn: a.bornIn, detach: detach})
 	if err != nil {
 		os.RemoveAll(runDir)
 		return nil, fmt.Errorf("start qemu: %w", err)

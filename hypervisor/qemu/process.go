@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor/internal/vmmproc"
@@ -34,6 +35,8 @@ type spawn struct {
 	extra []*os.File
 	// netns, if set, is the network namespace QEMU starts in.
 	netns *os.File
+	// bornIn, if set, forks QEMU in the VM's cgroup.
+	bornIn func(*syscall.SysProcAttr, func() error) error
 	// detach keeps QEMU alive when its parent dies: restored VMs must
 	// outlive a crashed shim; a bake's throwaway VM must not outlive bake.
 	detach bool
@@ -48,7 +51,7 @@ func start(ctx context.Context, s spawn) (*vmmproc.Process, *qmp, error) {
 	}
 	p, err := vmmproc.Spawn(s.runDir, vmmproc.Spec{
 		Binary: s.binary, Args: s.args, Log: qemuLog,
-		ExtraFiles: append([]*os.File{l}, s.extra...), NetNS: s.netns, Attached: !s.detach,
+		ExtraFiles: append([]*os.File{l}, s.extra...), NetNS: s.netns, Attached: !s.detach, BornIn: s.bornIn,
 	})
 	l.Close()
 	if err != nil {

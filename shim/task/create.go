@@ -116,7 +116,7 @@ func (s *Service) release(id string) {
 func (s *Service) launch(ctx context.Context, req LaunchRequest, spec *specs.Spec, init *process, began time.Time) (_ *task, retErr error) {
 	phases := []state.Phase{{Name: PhaseBundle, Duration: config.Duration(time.Since(began))}}
 	setup := newVMSetup(req, spec)
-	req.Starting, req.Spawned = setup.starting, setup.spawned
+	req.Starting, req.Spawned, req.Cgroup = setup.starting, setup.spawned, setup
 	sb, err := s.launcher.Launch(ctx, req)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("restore VM: %w", err), setup.release())

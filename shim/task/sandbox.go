@@ -10,6 +10,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -151,6 +152,10 @@ type LaunchRequest struct {
 	// and place it in its cgroup meanwhile. It does not block. Launch
 	// calls it at most once, and before it returns.
 	Spawned func(Spawn)
+	// Cgroup, when set, is the task's cgroup, made by Starting: the
+	// launcher's driver charges the guest's memory to it and starts the
+	// hypervisor in it (hypervisor.RestoreRequest.Cgroup).
+	Cgroup hypervisor.Cgroup
 	// Created, when set, is called with the hypervisor's pid once the VM
 	// exists and is loaded but before its guest runs (for a sandbox, once
 	// its pause process runs): the service runs the OCI createRuntime

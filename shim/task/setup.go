@@ -4,17 +4,21 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
-// vmSetup is what Create does for a VM as soon as its hypervisor process
-// exists, while the guest is still coming up: persist the task record, so
-// `shim delete` can kill the VM should this shim die from then on, and move
-// the hypervisor into the task's cgroup. Both are slow for what they do (an
-// fsync; a cgroup v1 move waits out an RCU grace period, ~15 ms) and need
+// vmSetup is what Create does for a VM around its launch. Before it, the
+// task's cgroup is made, without limits, for the launch to charge the
+// guest's memory to and start the hypervisor in (it is the launch's
+// hypervisor.Cgroup). As soon as the hypervisor process exists, while the
+// guest is still coming up: persist the task record, so `shim delete` can
+// kill the VM should this shim die from then on, and set the cgroup's
+// limits (and move in a process a launcher started elsewhere). Both need
 // nothing from the guest, so they overlap the guest's resume, agent and
 // init instead of following them.
 type vmSetup struct {
@@ -27,7 +31,11 @@ type vmSetup struct {
 	rec  *state.Task
 	cg   vmCgroup
 	err  error
+	// bornIn: the launch started its hypervisor in cg (Start).
+	bornIn bool
 }
+
+var _ hypervisor.Cgroup = (*vmSetup)(nil)
 
 func newVMSetup(req LaunchRequest, spec *specs.Spec) *vmSetup {
 	s := &vmSetup{req: req, done: make(chan struct{})}
@@ -38,17 +46,41 @@ func newVMSetup(req LaunchRequest, spec *specs.Spec) *vmSetup {
 }
 
 // starting records what a launch is about to create (sp without a pid),
-// before it exists; it is the LaunchRequest's Starting hook. A shim killed
-// before spawned records the pid leaves `shim delete` this record: the run
-// dir (which the hypervisor's command line names), the tap, the base
-// snapshot and the cgroup.
+// before it exists, then makes the cgroup; it is the LaunchRequest's
+// Starting hook. A shim killed before spawned records the pid leaves
+// `shim delete` this record: the run dir (which the hypervisor's command
+// line names), the tap, the base snapshot and the cgroup.
 func (s *vmSetup) starting(sp Spawn) error {
 	rec, err := newRecord(s.req, sp)
 	if err != nil {
 		return err
 	}
 	rec.Cgroup = s.path
-	return state.WriteTask(s.req.Bundle, rec)
+	if err := state.WriteTask(s.req.Bundle, rec); err != nil || s.path == "" {
+		return err
+	}
+	s.cg, err = newCgroup(s.path, &specs.LinuxResources{})
+	return err
+}
+
+// Charge runs fill in the task's cgroup, if it has one.
+func (s *vmSetup) Charge(fill func() error) error {
+	if s.cg == nil {
+		return fill()
+	}
+	return s.cg.Charge(fill)
+}
+
+// Start starts the hypervisor in the task's cgroup, if it has one.
+func (s *vmSetup) Start(attr *syscall.SysProcAttr, start func() error) error {
+	if s.cg == nil {
+		return start()
+	}
+	if err := s.cg.Start(attr, start); err != nil {
+		return err
+	}
+	s.bornIn = true
+	return nil
 }
 
 // spawned starts the setup of sp's VM in the background; it is the
@@ -90,7 +122,31 @@ func (s *vmSetup) run(sp Spawn) {
 	if s.err = state.WriteTask(s.req.Bundle, s.rec); s.err != nil || s.path == "" {
 		return
 	}
-	s.cg, s.err = joinCgroup(s.path, s.res, sp)
+	if s.cg == nil {
+		s.cg, s.err = joinCgroup(s.path, s.res, sp)
+		return
+	}
+	s.err = s.limit(sp)
+}
+
+// limit sets the limits of the cgroup made at starting, now that the
+// guest's memory and the hypervisor are in it, and moves in a hypervisor
+// the launch started outside it (a pod's pause process).
+func (s *vmSetup) limit(sp Spawn) error {
+	vres, err := sp.Memory.vmResources(s.res)
+	if err != nil {
+		return err
+	}
+	if err := s.cg.Update(vres); err != nil {
+		return fmt.Errorf("set the limits of cgroup %s (its VM may already use more memory than the limit): %w", s.path, err)
+	}
+	if s.bornIn {
+		return nil
+	}
+	if err := s.cg.Add(sp.PID); err != nil {
+		return fmt.Errorf("move hypervisor into cgroup %s: %w", s.path, err)
+	}
+	return nil
 }
 
 // newRecord is the task record of sp; without a pid (nothing spawned

@@ -29,6 +29,7 @@ type loadedDriver struct {
 }
 
 func (d loadedDriver) Restore(ctx context.Context, req hypervisor.RestoreRequest) (hypervisor.VM, error) {
+	req.Cgroup = d.req.Cgroup
 	vm, err := d.Driver.Restore(ctx, req)
 	if err != nil {
 		return nil, err

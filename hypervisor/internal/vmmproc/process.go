@@ -55,6 +55,10 @@ type Spec struct {
 	// dies (a bake's throwaway VM). Otherwise it runs in a session of its
 	// own and outlives a crashed shim, as a restored VM must.
 	Attached bool
+	// BornIn, if set, forks the VMM in the VM's cgroup: it runs start,
+	// which forks with attr on the calling OS thread (see
+	// hypervisor.Cgroup.Start).
+	BornIn func(attr *syscall.SysProcAttr, start func() error) error
 }
 
 // Process is one supervised VMM process. Its exit status is collected
@@ -106,7 +110,11 @@ func Spawn(dir string, s Spec) (*Process, error) {
 	if s.OwnNetNS {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
 	}
-	if err := startIn(s.NetNS, cmd); err != nil {
+	start := cmd.Start
+	if s.BornIn != nil {
+		start = func() error { return s.BornIn(cmd.SysProcAttr, cmd.Start) }
+	}
+	if err := startIn(s.NetNS, start); err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.Binary, err)
 	}
 	p := &Process{cmd: cmd, name: filepath.Base(s.Binary), log: logf.Name(), done: make(chan struct{})}
@@ -117,19 +125,19 @@ func Spawn(dir string, s Spec) (*Process, error) {
 	return p, nil
 }
 
-// startIn starts cmd in the network namespace f, or in ours when f is
-// nil: the fork happens on an OS thread switched into f, so the child is
-// born there.
-func startIn(f *os.File, cmd *exec.Cmd) error {
+// startIn runs start, which forks the VMM, in the network namespace f, or
+// in ours when f is nil: the fork happens on an OS thread switched into f,
+// so the child is born there.
+func startIn(f *os.File, start func() error) error {
 	if f == nil {
-		return cmd.Start()
+		return start()
 	}
 	target, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
 	if err != nil {
 		return fmt.Errorf("network namespace %s: %w", f.Name(), err)
 	}
 	defer target.Close()
-	if err := target.Do(func(ns.NetNS) error { return cmd.Start() }); err != nil {
+	if err := target.Do(func(ns.NetNS) error { return start() }); err != nil {
 		return fmt.Errorf("in network namespace %s: %w", f.Name(), err)
 	}
 	return nil

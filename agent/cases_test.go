@@ -37,6 +37,7 @@ var agentCases = []struct {
 	{"HelperProcess", testHelperProcess},
 	{"Prepared", testPrepared},
 	{"ProcessesStatsDelete", testProcessesStatsDelete},
+	{"HugeCommandLines", testHugeCommandLines},
 	{"Reconnect", testReconnect},
 }
 
@@ -337,8 +338,8 @@ func testProcessesStatsDelete(t *testing.T, tg *target) {
 	}
 }
 
-func hasProcess(procs []agent.ProcessInfo, id, cmd string, pid uint32) bool {
-	for _, p := range procs {
+func hasProcess(procs agent.ProcessList, id, cmd string, pid uint32) bool {
+	for _, p := range procs.Processes {
 		if p.ID == id && p.Command == cmd && p.Pid == pid && pid > 1 {
 			return true
 		}

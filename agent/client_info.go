@@ -16,18 +16,29 @@ type ProcessInfo struct {
 	PPid    uint32
 	ID      string // the Exec id when the agent started it, else empty
 	Command string
+	// CommandTruncated says the agent cut Command to bound its reply.
+	CommandTruncated bool
+}
+
+// ProcessList is the guest's processes as the agent listed them.
+type ProcessList struct {
+	Processes []ProcessInfo
+	// Omitted counts the processes the agent left out to bound its reply.
+	Omitted uint32
 }
 
 // Processes lists the guest's processes (not the kernel's threads, init or
 // the agent).
-func (c *Client) Processes(ctx context.Context) ([]ProcessInfo, error) {
+func (c *Client) Processes(ctx context.Context) (ProcessList, error) {
 	resp, err := c.api.Processes(ctx, &emptypb.Empty{})
 	if err != nil {
-		return nil, fmt.Errorf("list guest processes: %w", native(err))
+		return ProcessList{}, fmt.Errorf("list guest processes: %w", native(err))
 	}
-	out := make([]ProcessInfo, 0, len(resp.Processes))
+	out := ProcessList{Processes: make([]ProcessInfo, 0, len(resp.Processes)), Omitted: resp.Omitted}
 	for _, p := range resp.Processes {
-		out = append(out, ProcessInfo{Pid: p.Pid, PPid: p.Ppid, ID: p.Id, Command: p.Command})
+		out.Processes = append(out.Processes, ProcessInfo{
+			Pid: p.Pid, PPid: p.Ppid, ID: p.Id, Command: p.Command, CommandTruncated: p.CommandTruncated,
+		})
 	}
 	return out, nil
 }

@@ -5,13 +5,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
@@ -23,8 +27,19 @@ var procRoot = "/proc"
 // userHZ is the unit of /proc/stat's CPU times.
 const userHZ = 100
 
+const (
+	// maxCommandLen bounds the command of one process in a Processes
+	// reply, as ps cuts what it shows: any guest user can start a process
+	// whose command line is megabytes long.
+	maxCommandLen = 4 << 10
+	// maxProcessesSize bounds a whole Processes reply, well under ttrpc's
+	// message limit; the processes past it are counted, not listed.
+	maxProcessesSize = 1 << 20
+)
+
 // Processes lists the guest's user processes: not kernel threads, not init,
-// not the agent itself.
+// not the agent itself. Commands longer than maxCommandLen are cut, and
+// processes past maxProcessesSize are only counted.
 func (s *Service) Processes(ctx context.Context, _ *emptypb.Empty) (*api.ProcessesResponse, error) {
 	ids := s.pidIDs()
 	entries, err := os.ReadDir(procRoot)
@@ -33,6 +48,7 @@ func (s *Service) Processes(ctx context.Context, _ *emptypb.Empty) (*api.Process
 	}
 	self := uint32(os.Getpid())
 	resp := &api.ProcessesResponse{}
+	size := 0
 	for _, e := range entries {
 		pid, err := strconv.ParseUint(e.Name(), 10, 32)
 		if err != nil || uint32(pid) == self || pid == 1 {
@@ -43,9 +59,21 @@ func (s *Service) Processes(ctx context.Context, _ *emptypb.Empty) (*api.Process
 			continue // gone meanwhile, or a kernel thread
 		}
 		info.Id = ids[info.Pid]
+		if size += listedSize(info); size > maxProcessesSize {
+			resp.Omitted++
+			continue
+		}
 		resp.Processes = append(resp.Processes, info)
 	}
+	if resp.Omitted > 0 {
+		log.G(ctx).WithField("omitted", resp.Omitted).Warn("process list cut to bound its reply")
+	}
 	return resp, nil
+}
+
+// listedSize is what info adds to a ProcessesResponse on the wire.
+func listedSize(info *api.ProcessInfo) int {
+	return protowire.SizeTag(1) + protowire.SizeBytes(proto.Size(info))
 }
 
 func (s *Service) pidIDs() map[uint32]string {
@@ -63,7 +91,7 @@ func (s *Service) pidIDs() map[uint32]string {
 	return ids
 }
 
-// readProcess reads /proc/PID/stat and cmdline; kernel threads have no cmdline.
+// readProcess reads /proc/PID/stat and cmdline.
 func readProcess(pid uint32) (*api.ProcessInfo, bool) {
 	dir := filepath.Join(procRoot, strconv.FormatUint(uint64(pid), 10))
 	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
@@ -80,12 +108,38 @@ func readProcess(pid uint32) (*api.ProcessInfo, bool) {
 		return nil, false
 	}
 	ppid, _ := strconv.ParseUint(fields[1], 10, 32)
-	cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
-	if err != nil || len(cmdline) == 0 {
+	cmd, cut, ok := readCommand(filepath.Join(dir, "cmdline"))
+	if !ok {
 		return nil, false
 	}
-	cmd := strings.Join(strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"), " ")
-	return &api.ProcessInfo{Pid: pid, Ppid: uint32(ppid), Command: cmd}, true
+	return &api.ProcessInfo{Pid: pid, Ppid: uint32(ppid), Command: cmd, CommandTruncated: cut}, true
+}
+
+// readCommand reads a process's command line, its arguments joined by
+// spaces, as valid UTF-8 (protobuf refuses to send a string that is not),
+// and at most maxCommandLen bytes of it; cut says it was longer. A kernel
+// thread has none: ok is false, as it is when the process is gone.
+func readCommand(path string) (cmd string, cut, ok bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", false, false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxCommandLen+1))
+	if err != nil || len(b) == 0 {
+		return "", false, false
+	}
+	if cut = len(b) > maxCommandLen; cut {
+		b = b[:maxCommandLen]
+	} else {
+		b = bytes.TrimRight(b, "\x00")
+	}
+	cmd = strings.ToValidUTF8(strings.ReplaceAll(string(b), "\x00", " "), "\uFFFD")
+	if len(cmd) > maxCommandLen {
+		// Replacement characters outgrew what they replaced.
+		cmd, cut = cutUTF8(cmd, maxCommandLen), true
+	}
+	return cmd, cut, true
 }
 
 // Stats reports memory, CPU time, load and uptime.

@@ -108,11 +108,18 @@ func NewTTRPCServer(s *Service) (*ttrpc.Server, error) {
 // CPU would translate anew.
 func debugging() bool { return log.GetLevel() >= log.DebugLevel }
 
+// statusErrors turns a call's error into a status ttrpc can send, and a
+// reply too large to send into an error (see maxReply).
 func statusErrors(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
 	resp, err := method(ctx, unmarshal)
+	if err == nil {
+		if err = boundReply(info.FullMethod, resp); err != nil {
+			log.G(ctx).WithError(err).Warn("agent reply refused")
+		}
+	}
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("method", info.FullMethod).Debug("agent call failed")
-		return nil, rpcerr.ToGRPC(err)
+		return nil, sendableError(rpcerr.ToGRPC(err))
 	}
 	return resp, nil
 }

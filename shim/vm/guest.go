@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/log"
+
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
@@ -86,6 +88,9 @@ func (g *guest) Delete(ctx context.Context, id string) error {
 	return g.c.Delete(ctx, id)
 }
 
+// Processes lists the guest's processes; a list the agent cut short to
+// bound its reply is logged, as containerd's process list has no place to
+// say so.
 func (g *guest) Processes(ctx context.Context) ([]task.GuestProcess, error) {
 	ctx, cancel := g.bounded(ctx)
 	defer cancel()
@@ -93,8 +98,11 @@ func (g *guest) Processes(ctx context.Context) ([]task.GuestProcess, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]task.GuestProcess, 0, len(procs))
-	for _, p := range procs {
+	if procs.Omitted > 0 {
+		log.G(ctx).WithField("omitted", procs.Omitted).Warn("the guest agent left processes out of its list")
+	}
+	out := make([]task.GuestProcess, 0, len(procs.Processes))
+	for _, p := range procs.Processes {
 		out = append(out, task.GuestProcess{Pid: p.Pid, ID: p.ID})
 	}
 	return out, nil

@@ -45,7 +45,7 @@ func (b imageBuilder) build(ctx context.Context, layers []string, out string) er
 		return fmt.Errorf("build rootfs image: %w", err)
 	}
 	convert := func(dir string) error {
-		if err := b.checkSize(dir); err != nil {
+		if err := b.checkTree(dir); err != nil {
 			return err
 		}
 		return runMkfs(ctx, f.Name(), dir)
@@ -66,16 +66,27 @@ func (b imageBuilder) build(ctx context.Context, layers []string, out string) er
 	return nil
 }
 
-// checkSize refuses a tree whose files add up to more than b.maxSize:
-// their sizes count in full, holes included, as the image stores them.
-func (b imageBuilder) checkSize(dir string) error {
-	if b.maxSize <= 0 {
-		return nil
-	}
+// maxNameLen is the longest file name mkfs.erofs 1.5 (Debian 12) builds
+// right: it cuts a longer one to 254 bytes, then fails to find the file
+// ("Could not format the device: No such file or directory", naming no
+// file) or, beside a file that has the shorter name, builds an image with
+// two entries of that name and the longer file's content lost.
+const maxNameLen = 254
+
+// checkTree refuses a tree mkfs.erofs would not build right: a file name
+// longer than maxNameLen, or files that add up to more than b.maxSize
+// (their sizes count in full, holes included, as the image stores them).
+func (b imageBuilder) checkTree(dir string) error {
 	var total int64
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
+		if err != nil || p == dir {
 			return err
+		}
+		if len(d.Name()) > maxNameLen {
+			return fmt.Errorf("a file name of %d bytes (at %s): mkfs.erofs builds names of up to %d bytes: %w", len(d.Name()), strings.TrimPrefix(p, dir), maxNameLen, errdefs.ErrInvalidArgument)
+		}
+		if b.maxSize <= 0 || !d.Type().IsRegular() {
+			return nil
 		}
 		info, err := d.Info()
 		if err != nil {
@@ -87,7 +98,7 @@ func (b imageBuilder) checkSize(dir string) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("size the layers: %w", err)
+		return fmt.Errorf("check the layers: %w", err)
 	}
 	return nil
 }

@@ -27,12 +27,12 @@ func TestRootfsSizeBound(t *testing.T) {
 		max  int64
 		fail bool
 	}{{0, false}, {1 << 41, false}, {1 << 30, true}} {
-		err := imageBuilder{maxSize: tc.max}.checkSize(dir)
+		err := imageBuilder{maxSize: tc.max}.checkTree(dir)
 		if (err != nil) != tc.fail {
-			t.Fatalf("checkSize with max %d: %v, want failure %v", tc.max, err, tc.fail)
+			t.Fatalf("checkTree with max %d: %v, want failure %v", tc.max, err, tc.fail)
 		}
 		if tc.fail && (!errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "/data/sparse")) {
-			t.Fatalf("checkSize error %v, want an invalid argument naming the file", err)
+			t.Fatalf("checkTree error %v, want an invalid argument naming the file", err)
 		}
 	}
 }

@@ -1,10 +1,16 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
@@ -57,5 +63,69 @@ func TestReadProcess(t *testing.T) {
 	}
 	if _, ok := readProcess(2); ok {
 		t.Error("a kernel thread was listed")
+	}
+}
+
+func TestReadCommand(t *testing.T) {
+	long := strings.Repeat("a", 100000)
+	for _, tc := range []struct {
+		name, cmdline string
+		want          string
+		cut, ok       bool
+	}{
+		{"args", "sleep\x00100\x00", "sleep 100", false, true},
+		{"kernel thread", "", "", false, false},
+		{"exactly the bound", strings.Repeat("b", maxCommandLen), strings.Repeat("b", maxCommandLen), false, true},
+		{"huge", "sh\x00" + strings.Repeat(long+"\x00", 20), "sh " + strings.Repeat(long+" ", 20)[:maxCommandLen-3], true, true},
+		{"invalid UTF-8", "echo\x00\xff\xfe\x00", "echo \uFFFD", false, true},
+		{"a character across the bound", strings.Repeat("c", maxCommandLen-1) + "é", strings.Repeat("c", maxCommandLen-1), true, true},
+		{"replacements past the bound", strings.Repeat("\xffa", maxCommandLen/2), strings.Repeat("\uFFFDa", maxCommandLen/4), true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "cmdline")
+			if err := os.WriteFile(p, []byte(tc.cmdline), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd, cut, ok := readCommand(p)
+			if cmd != tc.want || cut != tc.cut || ok != tc.ok {
+				t.Errorf("readCommand = %.40q (%d bytes) cut %v ok %v, want %.40q (%d bytes) cut %v ok %v",
+					cmd, len(cmd), cut, ok, tc.want, len(tc.want), tc.cut, tc.ok)
+			}
+			if !utf8.ValidString(cmd) || len(cmd) > maxCommandLen {
+				t.Errorf("command of %d bytes, valid UTF-8 %v", len(cmd), utf8.ValidString(cmd))
+			}
+		})
+	}
+}
+
+// TestProcessesBounded lists more processes with huge commands than one
+// reply holds: the reply stays under its bound, says how many it left out,
+// and marshals (a command that is not UTF-8 would not).
+func TestProcessesBounded(t *testing.T) {
+	const n = 400
+	files := map[string]string{}
+	for pid := 100; pid < 100+n; pid++ {
+		files[fmt.Sprintf("%d/stat", pid)] = fmt.Sprintf("%d (sh) S 1 1 1 0 -1", pid)
+		files[fmt.Sprintf("%d/cmdline", pid)] = "sh\x00\xff" + strings.Repeat("a", 2*maxCommandLen)
+	}
+	fakeProc(t, files)
+	s := &Service{procs: map[string]*process{}}
+	resp, err := s.Processes(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(resp.Processes) + int(resp.Omitted); got != n || resp.Omitted == 0 {
+		t.Errorf("%d listed and %d omitted, want %d in all, some omitted", len(resp.Processes), resp.Omitted, n)
+	}
+	if size := proto.Size(resp); size > maxProcessesSize+8 {
+		t.Errorf("reply of %d bytes, bound %d", size, maxProcessesSize)
+	}
+	for _, p := range resp.Processes {
+		if !p.CommandTruncated || len(p.Command) > maxCommandLen {
+			t.Fatalf("process %d: command of %d bytes, truncated %v", p.Pid, len(p.Command), p.CommandTruncated)
+		}
+	}
+	if _, err := proto.Marshal(resp); err != nil {
+		t.Errorf("marshal the reply: %v", err)
 	}
 }

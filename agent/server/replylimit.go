@@ -47,7 +47,8 @@ func sendableError(err error) error {
 	}
 	msg := strings.ToValidUTF8(st.Message(), "\uFFFD")
 	if len(msg) > maxErrorLen {
-		msg = fmt.Sprintf("%s... (%d bytes cut)", cutUTF8(msg, maxErrorLen), len(msg)-maxErrorLen)
+		kept := cutUTF8(msg, maxErrorLen)
+		msg = fmt.Sprintf("%s... (%d bytes cut)", kept, len(msg)-len(kept))
 	}
 	if msg == st.Message() {
 		return err

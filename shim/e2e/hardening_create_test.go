@@ -34,12 +34,12 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
-// newSpecTask creates container id running `true` with opts applied to its
-// spec, and its task.
-func newSpecTask(ctx context.Context, t *testing.T, c *ctrdtest.Containerd, id string, opts ...oci.SpecOpts) (client.Task, error) {
+// newSpecTask creates container id of image ref running `true` with opts
+// applied to its spec, and its task.
+func newSpecTask(ctx context.Context, t *testing.T, c *ctrdtest.Containerd, ref, id string, opts ...oci.SpecOpts) (client.Task, error) {
 	t.Helper()
 	cl := c.Client()
-	img, err := cl.GetImage(ctx, imageRef)
+	img, err := cl.GetImage(ctx, ref)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,14 +95,15 @@ func noLeftovers(t *testing.T, c *ctrdtest.Containerd) {
 // the create with an error naming what and why — not the "service
 // containerd.task.v2.Task" containerd printed when it took an Unimplemented
 // answer for "task API v3 not served" — and leaves no task server, socket,
-// QEMU or run dir behind.
+// QEMU or run dir behind. The image is an ordinary one: a snapshot image's
+// guest keeps its own root and takes no spec mounts.
 func TestCreateRefusals(t *testing.T) {
-	c := stack(t, "")
+	c, _ := ordinaryStack(t, imageRef)
 	fifo := filepath.Join(t.TempDir(), "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name string
 		opt  oci.SpecOpts
 		want string
@@ -115,10 +116,11 @@ func TestCreateRefusals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			_, err := newSpecTask(ctx, t, c, "refused", tc.opt)
+			_, err := newSpecTask(ctx, t, c, ordinaryRef, fmt.Sprintf("refused-%d", i), tc.opt)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "task.v2") {
 				t.Fatalf("create: %v, want an error naming %q", err, tc.want)
 			}
+			t.Logf("create refused: %v", err)
 			noLeftovers(t, c)
 		})
 	}
@@ -134,7 +136,7 @@ func TestPoststopHookDeadline(t *testing.T) {
 	defer cancel()
 	pidFile := filepath.Join(t.TempDir(), "hook.pid")
 	hook := specs.Hook{Path: "/bin/sh", Args: []string{"sh", "-c", `echo $$ > "$0"; exec sleep 1000`, pidFile}}
-	task, err := newSpecTask(ctx, t, c, "poststop", withHooks(&specs.Hooks{Poststop: []specs.Hook{hook}}))
+	task, err := newSpecTask(ctx, t, c, imageRef, "poststop", withHooks(&specs.Hooks{Poststop: []specs.Hook{hook}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,6 +153,7 @@ func TestPoststopHookDeadline(t *testing.T) {
 		t.Fatalf("delete: %v", err)
 	}
 	took := time.Since(began)
+	t.Logf("delete took %v with a poststop hook killed at %v", took, deadline)
 	if took < deadline || took > deadline+time.Minute {
 		t.Fatalf("delete took %v, want it to wait for the poststop hook's deadline %v, and not much longer", took, deadline)
 	}

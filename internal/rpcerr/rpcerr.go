@@ -8,11 +8,8 @@
 package rpcerr
 
 import (
-	"context"
-
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
-	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -42,12 +39,6 @@ func Flatten(err error) error {
 // ToGRPC is Flatten, then the gRPC status of the class.
 func ToGRPC(err error) error {
 	return errgrpc.ToGRPC(Flatten(err))
-}
-
-// UnaryServerInterceptor converts every error a ttrpc service returns.
-func UnaryServerInterceptor(ctx context.Context, unmarshal ttrpc.Unmarshaler, _ *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
-	resp, err := method(ctx, unmarshal)
-	return resp, ToGRPC(err)
 }
 
 // Refusal is ToGRPC for a call whose Unimplemented answer means "this API

@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// bindFlag is ctr's --mount of host dir src at dst in the container.
+func bindFlag(src, dst, mode string) []string {
+	return []string{"--mount", "type=bind,src=" + src + ",dst=" + dst + ",options=rbind:" + mode}
+}
+
+// mkdirs makes each directory (with its parents) mode perm, whatever the
+// umask.
+func mkdirs(t *testing.T, perm os.FileMode, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, perm); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, perm); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// symlinks makes links, name -> target in pairs.
+func symlinks(t *testing.T, pairs ...string) {
+	t.Helper()
+	for i := 0; i < len(pairs); i += 2 {
+		if err := os.Symlink(pairs[i+1], pairs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// openedIn reports the names of the files in dir opened since it was
+// called.
+func openedIn(t *testing.T, dir string) func() []string {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN|unix.IN_ACCESS); err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		var names []string
+		buf := make([]byte, 64<<10)
+		n, _ := unix.Read(fd, buf)
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if name != "" {
+				names = append(names, name)
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+		return names
+	}
+}
+
+// TestBindLinksOut: a bind-mounted directory holding links to a 0600 host
+// file outside it (absolute and "../.."), and to /dev/tty0, beside a
+// Kubernetes configmap's ..data layout: the container starts, the
+// configmap's key reads through its links, the links out point inside the
+// copy (and find nothing there), and the host file is never opened.
+func TestBindLinksOut(t *testing.T) {
+	c, _ := ordinaryStack(t, imageRef)
+	secretDir := t.TempDir()
+	const secret = "host secret 9b7e"
+	if err := os.WriteFile(filepath.Join(secretDir, "secret"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vol := filepath.Join(t.TempDir(), "vol")
+	data := filepath.Join(vol, "..2026_12_01_10_00_00.1")
+	mkdirs(t, 0o755, data)
+	if err := os.WriteFile(filepath.Join(data, "key"), []byte("configmap value\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up, err := filepath.Rel(vol, filepath.Join(secretDir, "secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	symlinks(t,
+		filepath.Join(vol, "..data"), filepath.Base(data),
+		filepath.Join(vol, "key"), "..data/key",
+		filepath.Join(vol, "abs"), filepath.Join(secretDir, "secret"),
+		filepath.Join(vol, "up"), up,
+		filepath.Join(vol, "tty"), "/dev/tty0")
+	opened := openedIn(t, secretDir)
+	out, err := runOrdinary(c, append([]string{"--rm"}, bindFlag(vol, "/mnt/x", "rw")...), "links",
+		"sh", "-c", "cat /mnt/x/key; for f in abs up tty; do echo $f $(readlink /mnt/x/$f); cat /mnt/x/$f 2>&1; done; true")
+	if err != nil {
+		t.Fatalf("run with links out of the bind: %v\n%s", err, out)
+	}
+	t.Logf("the container printed:\n%s", out)
+	if strings.Contains(out, secret) {
+		t.Fatalf("the host's 0600 file reached the container:\n%s", out)
+	}
+	for _, want := range []string{
+		"configmap value",
+		"abs " + strings.TrimPrefix(filepath.Join(secretDir, "secret"), "/"),
+		"up " + filepath.Clean("/" + up)[1:],
+		"tty dev/tty0",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the container printed\n%s\nwant a line with %q", out, want)
+		}
+	}
+	if names := opened(); len(names) > 0 {
+		t.Fatalf("the shim opened %v outside the bind's source", names)
+	}
+}
+
+// TestBindEmptyDirectories: an empty directory (an emptyDir at pod start)
+// and a tree of empty directories mount; read-write they take writes,
+// read-only they refuse them.
+func TestBindEmptyDirectories(t *testing.T) {
+	c, _ := ordinaryStack(t, imageRef)
+	empty := filepath.Join(t.TempDir(), "empty")
+	tree := filepath.Join(t.TempDir(), "tree")
+	mkdirs(t, 0o777, empty)
+	mkdirs(t, 0o755, filepath.Join(tree, "a/b/c"), filepath.Join(tree, "d"))
+	script := "ls -ld /mnt/e | cut -c1-10; find /mnt/t | sort; touch /mnt/e/x 2>&1 && touch /mnt/t/a/b/c/y 2>&1 && ls /mnt/e /mnt/t/a/b/c; true"
+	for _, tc := range []struct {
+		mode string
+		want []string
+	}{
+		{"rw", []string{"drwxrwxrwx", "/mnt/t/a/b/c\n/mnt/t/d", "/mnt/e:\nx", "/mnt/t/a/b/c:\ny"}},
+		{"ro", []string{"drwxrwxrwx", "/mnt/t/a/b/c\n/mnt/t/d", "Read-only file system"}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			flags := append([]string{"--rm"}, bindFlag(empty, "/mnt/e", tc.mode)...)
+			flags = append(flags, bindFlag(tree, "/mnt/t", tc.mode)...)
+			out, err := runOrdinary(c, flags, "empty-"+tc.mode, "sh", "-c", script)
+			if err != nil {
+				t.Fatalf("run with empty directories bound %s: %v\n%s", tc.mode, err, out)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(out, want) {
+					t.Errorf("the container printed\n%s\nwant %q", out, want)
+				}
+			}
+			if tc.mode == "ro" && strings.Contains(out, "/mnt/e:\nx") {
+				t.Errorf("a read-only empty directory took a write:\n%s", out)
+			}
+		})
+	}
+	if entries, err := os.ReadDir(empty); err != nil || len(entries) > 0 {
+		t.Fatalf("the host's directory holds %v (%v): the container's writes are its copy's", entries, err)
+	}
+}

@@ -237,11 +237,11 @@ func TestBindCopyRefusals(t *testing.T) {
 			}
 			opened := watchOpens(t, filepath.Join(src, "sub"))
 			err := (&binds{}).copy(src, "/run/cocoon/binds/0")
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("copy: %v, want invalid argument saying %q", err, tc.want)
-			}
 			if names := opened(); len(names) > 0 {
 				t.Fatalf("copying opened %v", names)
+			}
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("copy: %v, want invalid argument saying %q", err, tc.want)
 			}
 		})
 	}
@@ -269,6 +269,42 @@ func TestBindTranslateRefusals(t *testing.T) {
 			}
 			if names := opened(); len(names) > 0 {
 				t.Fatalf("translate opened %v", names)
+			}
+		})
+	}
+}
+
+// TestIdentityFiles: a snapshot image's resolver and hosts files are read
+// from regular files; a FIFO or a device in their place is refused
+// unopened.
+func TestIdentityFiles(t *testing.T) {
+	out, opened := outside(t)
+	hosts := filepath.Join(out, "hosts")
+	if err := os.WriteFile(hosts, []byte("10.0.0.2 c1\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, source, want string
+	}{
+		{"file", hosts, ""},
+		{"fifo", filepath.Join(out, "fifo"), "fifo is a FIFO, expected a regular file"},
+		{"device", "/dev/zero", "/dev/zero is a character device, expected a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &specs.Spec{Mounts: []specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: tc.source, Options: []string{"rbind", "ro"}}}}
+			files, _, err := guestSetup(spec, nil)
+			if tc.want == "" {
+				if err != nil || len(files) != 1 || string(files[0].Data) != "10.0.0.2 c1\n" || files[0].Mode != 0o640 {
+					t.Fatalf("guestSetup: %+v, %v", files, err)
+				}
+				opened() // the hosts file, read as it should be
+				return
+			}
+			if names := opened(); len(names) > 0 {
+				t.Fatalf("guestSetup opened %v", names)
+			}
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("guestSetup: %v, want invalid argument saying %q", err, tc.want)
 			}
 		})
 	}

@@ -22,10 +22,10 @@ type InitRequest struct {
 	Time     time.Time // the guest's wall clock; zero leaves it
 	Entropy  []byte    // mixed into the guest's pool, then the CRNG is reseeded
 	Hostname string    // empty leaves it
-	// Files are written in the guest before the network and the rootfs:
+	// Files are made in the guest before the network and the rootfs:
 	// /etc/resolv.conf, /etc/hosts, /etc/hostname without a rootfs, the
-	// sources of its bind mounts with one. At most api.MaxFiles files of
-	// api.MaxFileSize bytes, api.MaxFilesSize in all.
+	// copies of its bind mounts' sources with one. At most api.MaxFiles
+	// entries; files of api.MaxFileSize bytes, api.MaxFilesSize in all.
 	Files []File
 	// Network configures the guest's NIC; nil sets it down with no
 	// addresses or routes.

@@ -3,8 +3,9 @@ package api
 // Bounds of an InitRequest, checked by the host before sending and by the
 // guest on receipt; the whole request stays well under ttrpc's 4 MiB limit.
 const (
-	// MaxFiles bounds InitRequest.files.
-	MaxFiles = 64
+	// MaxFiles bounds InitRequest.files: files, directories and links (a
+	// Kubernetes volume takes two per key, its file and the key's link).
+	MaxFiles = 128
 	// MaxFileSize bounds one File's data.
 	MaxFileSize = 256 << 10
 	// MaxFilesSize bounds the data of all files together.

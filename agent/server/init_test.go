@@ -99,7 +99,7 @@ func TestInitRejectsBadInput(t *testing.T) {
 		{"big file", func(r *api.InitRequest) { r.Files[0].Data = make([]byte, api.MaxFileSize+1) }, "expected at most"},
 		{"too many files", func(r *api.InitRequest) {
 			r.Files = slices.Repeat(r.Files, api.MaxFiles+1)
-		}, "files, expected at most 64"},
+		}, "files, expected at most 128"},
 		{"regular file type bits", func(r *api.InitRequest) { r.Files[0].Mode = 0o100644 }, "expected a file, a directory (040000) or a link (0120000)"},
 		{"device", func(r *api.InitRequest) { r.Files[0].Mode = unix.S_IFCHR | 0o666 }, "expected a file, a directory"},
 		{"other mode bits", func(r *api.InitRequest) { r.Files[0].Mode = unix.S_ISUID | 0o755 }, "expected a type and permission bits only"},

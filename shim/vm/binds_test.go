@@ -225,7 +225,7 @@ func TestBindCopyRefusals(t *testing.T) {
 	}{
 		{"fifo", []string{"sub/", "sub/fifo|"}, false, "sub/fifo is a FIFO"},
 		{"device", []string{"sub/"}, true, "sub/tty is a character device"},
-		{"too many", append(many, "sub/"), false, "more than 64 files, directories and links"},
+		{"too many", append(many, "sub/"), false, "more than 128 files, directories and links"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := tree(t, tc.entries...)

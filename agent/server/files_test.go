@@ -74,3 +74,50 @@ func TestWriteFilesRefusals(t *testing.T) {
 		}
 	}
 }
+
+// FuzzWriteFiles: whatever tree of files, directories and links Init asks
+// for under a root, once checkFiles accepts it, writeFiles changes nothing
+// outside that root (a link it makes is never written through).
+func FuzzWriteFiles(f *testing.F) {
+	f.Add("d a\nl a/b ../../outside\nf a/b/c x")
+	f.Add("l a ../outside\nf a/x secret\nd a/y")
+	f.Add("l a /\nl a/etc x\nd b\nl b/c ../../outside/canary\nf b/c over")
+	f.Add("d ..data\nl key ..data/key\nf ..data/key v")
+	f.Fuzz(func(t *testing.T, spec string) {
+		base := t.TempDir()
+		root, canary := filepath.Join(base, "root"), filepath.Join(base, "outside", "canary")
+		if err := os.MkdirAll(filepath.Dir(canary), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(canary, []byte("canary"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var files []*api.File
+		for _, line := range strings.Split(spec, "\n") {
+			kind, rest, _ := strings.Cut(line, " ")
+			name, data, _ := strings.Cut(rest, " ")
+			file := &api.File{Path: filepath.Join(root, name), Data: []byte(data)}
+			switch kind {
+			case "d":
+				file.Mode, file.Data = unix.S_IFDIR|0o755, nil
+			case "l":
+				file.Mode = unix.S_IFLNK | 0o777
+			}
+			if !strings.HasPrefix(file.Path, root+"/") {
+				return
+			}
+			files = append(files, file)
+		}
+		if _, err := checkFiles(files); err != nil {
+			return
+		}
+		_ = writeFiles(files)
+		entries, err := os.ReadDir(filepath.Dir(canary))
+		if b, rerr := os.ReadFile(canary); err != nil || len(entries) != 1 || rerr != nil || string(b) != "canary" {
+			t.Fatalf("writing %q changed what is outside its root: %v entries, canary %q", spec, entries, b)
+		}
+		if entries, _ := os.ReadDir(base); len(entries) > 2 {
+			t.Fatalf("writing %q made %v beside its root", spec, entries)
+		}
+	})
+}

@@ -48,7 +48,7 @@ func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
 		src := path.Join(bindSources, fmt.Sprint(b.n))
 		b.n++
 		if err := b.copy(m.Source, src); err != nil {
-			return specs.Mount{}, fmt.Errorf("bind source %s: %w", m.Source, err)
+			return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)
 		}
 		m.Source, m.Type = src, "bind"
 		return m, nil
@@ -85,12 +85,17 @@ type walk struct {
 	rootFD int
 }
 
+// hostPath names the entry at rel under the root in messages.
+func (w walk) hostPath(rel string) string {
+	return filepath.Join(w.root, rel)
+}
+
 // add adds the entry open (O_PATH) as fd, at rel under the root, to the
 // guest at dst.
 func (w walk) add(fd int, rel, dst string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("stat %s: %w", rel, err)
+		return fmt.Errorf("stat %s: %w", w.hostPath(rel), err)
 	}
 	if len(w.files) >= api.MaxFiles {
 		return fmt.Errorf("more than %d files, directories and links: too many to copy into a VM: %w", api.MaxFiles, errdefs.ErrInvalidArgument)
@@ -98,7 +103,7 @@ func (w walk) add(fd int, rel, dst string) error {
 	perm := fs.FileMode(st.Mode) & fs.ModePerm
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		data, err := readOpened(fd, rel)
+		data, err := readOpened(fd, w.hostPath(rel))
 		if err != nil {
 			return err
 		}
@@ -116,7 +121,7 @@ func (w walk) add(fd int, rel, dst string) error {
 		}
 		w.files = append(w.files, agent.File{Path: dst, Data: []byte(target), Mode: fs.ModeSymlink | fs.ModePerm})
 	default:
-		return fmt.Errorf("%s is a %s: a cocoon VM takes copies of regular files, directories and symbolic links only: %w", rel, typeName(modeType(st.Mode)), errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s is a %s: a cocoon VM takes copies of regular files, directories and symbolic links only: %w", w.hostPath(rel), typeName(modeType(st.Mode)), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -126,21 +131,21 @@ func (w walk) add(fd int, rel, dst string) error {
 func (w walk) children(dir int, rel, dst string) error {
 	lfd, err := unix.Openat(dir, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("open directory %s: %w", rel, err)
+		return fmt.Errorf("open directory %s: %w", w.hostPath(rel), err)
 	}
-	d := os.NewFile(uintptr(lfd), rel)
+	d := os.NewFile(uintptr(lfd), w.hostPath(rel))
 	// One more than may be copied tells a directory too large to copy
 	// without listing all of it.
 	names, err := d.Readdirnames(api.MaxFiles + 1)
 	d.Close()
 	if err != nil && err != io.EOF {
-		return fmt.Errorf("list directory %s: %w", rel, err)
+		return fmt.Errorf("list directory %s: %w", w.hostPath(rel), err)
 	}
 	slices.Sort(names)
 	for _, name := range names {
 		fd, err := unix.Openat(dir, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("open %s: %w", path.Join(rel, name), err)
+			return fmt.Errorf("open %s: %w", w.hostPath(path.Join(rel, name)), err)
 		}
 		err = w.add(fd, path.Join(rel, name), path.Join(dst, name))
 		unix.Close(fd)
@@ -161,10 +166,10 @@ func (w walk) linkTarget(fd int, rel string) (string, error) {
 	buf := make([]byte, unix.PathMax)
 	n, err := unix.Readlinkat(fd, "", buf)
 	if err != nil {
-		return "", fmt.Errorf("read link %s: %w", rel, err)
+		return "", fmt.Errorf("read link %s: %w", w.hostPath(rel), err)
 	}
 	if n == len(buf) {
-		return "", fmt.Errorf("link %s: target longer than %d bytes: %w", rel, unix.PathMax-1, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("link %s: target longer than %d bytes: %w", w.hostPath(rel), unix.PathMax-1, errdefs.ErrInvalidArgument)
 	}
 	target := string(buf[:n])
 	inside, err := unix.Openat2(w.rootFD, rel, &unix.OpenHow{
@@ -177,7 +182,7 @@ func (w walk) linkTarget(fd int, rel string) (string, error) {
 	}
 	resolved, err := securejoin.SecureJoin(w.root, rel)
 	if err != nil {
-		return "", fmt.Errorf("link %s -> %s: resolve inside the bind source: %w", rel, target, err)
+		return "", fmt.Errorf("link %s -> %s: resolve inside the bind source: %w: %w", w.hostPath(rel), target, err, errdefs.ErrInvalidArgument)
 	}
 	return filepath.Rel(filepath.Join(w.root, path.Dir(rel)), resolved)
 }

@@ -225,6 +225,7 @@ func TestBindCopyRefusals(t *testing.T) {
 	}{
 		{"fifo", []string{"sub/", "sub/fifo|"}, false, "sub/fifo is a FIFO"},
 		{"device", []string{"sub/"}, true, "sub/tty is a character device"},
+		{"link loop", []string{"sub/", "sub/a>b", "sub/b>a"}, false, "sub/a -> b: resolve inside the bind source"},
 		{"too many", append(many, "sub/"), false, "more than 128 files, directories and links"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -158,3 +158,34 @@ func TestBindEmptyDirectories(t *testing.T) {
 		t.Fatalf("the host's directory holds %v (%v): the container's writes are its copy's", entries, err)
 	}
 }
+
+// TestBindRefusals: a bind of a FIFO or a device, and a mount of a type
+// the VM cannot make, fail the create naming the mount and why (an invalid
+// argument: NotImplemented would make containerd retry the create on task
+// API v2 and hide it), and nothing of the task stays.
+func TestBindRefusals(t *testing.T) {
+	c, _ := ordinaryStack(t, imageRef)
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		mount string
+		want  string
+	}{
+		{"fifo", "type=bind,src=" + fifo + ",dst=/mnt/f,options=rbind:ro", "mount at /mnt/f: bind source " + fifo + " is a FIFO"},
+		{"device", "type=bind,src=/dev/zero,dst=/mnt/z,options=rbind:ro", "mount at /mnt/z: bind source /dev/zero is a character device"},
+		{"nfs", "type=nfs,src=srv:/export,dst=/mnt/n,options=ro", `mount at /mnt/n: mount of type "nfs" from "srv:/export"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := runOrdinary(c, []string{"--rm", "--mount", tc.mount}, "refused-"+tc.name, "true")
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("run with %s: %v\n%s\nwant an error saying %q", tc.mount, err, out, tc.want)
+			}
+			if pids := c.InUse(); len(pids) > 0 {
+				t.Fatalf("processes still use the stack: %v", pids)
+			}
+		})
+	}
+}

@@ -105,7 +105,7 @@ func (l LinuxMounts) loadVirtioBlk() error {
 	path := filepath.Join(l.modules(), "virtio_blk.ko")
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("the virtio_blk driver is not loaded in the guest and %s is missing: %w", path, errdefs.ErrNotImplemented)
+		return fmt.Errorf("the virtio_blk driver is not loaded in the guest and %s is missing: %w", path, errdefs.ErrFailedPrecondition)
 	} else if err != nil {
 		return fmt.Errorf("open module: %w", err)
 	}

@@ -132,7 +132,7 @@ func (s *Service) configureNetwork(cfg *NetConfig) error {
 		if cfg == nil {
 			return nil
 		}
-		return fmt.Errorf("this agent manages no NIC: %w", errdefs.ErrNotImplemented)
+		return fmt.Errorf("this agent manages no NIC: %w", errdefs.ErrFailedPrecondition)
 	}
 	if cfg == nil && s.nicDown.Load() {
 		return nil

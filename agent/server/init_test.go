@@ -229,11 +229,11 @@ func TestInitWithoutNetwork(t *testing.T) {
 		t.Errorf("Init without a network on an agent managing no NIC: %v", err)
 	}
 	_, err := bare.Init(context.Background(), &api.InitRequest{Network: &api.Network{}})
-	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "init network: this agent manages no NIC") {
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "init network: this agent manages no NIC") {
 		t.Errorf("Init with a network on an agent managing no NIC: %v", err)
 	}
 	_, err = bare.Init(context.Background(), &api.InitRequest{Rootfs: &api.Rootfs{Fstype: "ext4", Serial: "s"}})
-	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "init rootfs: this agent mounts no rootfs") {
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "init rootfs: this agent mounts no rootfs") {
 		t.Errorf("Init with a rootfs on an agent mounting none: %v", err)
 	}
 }

@@ -93,7 +93,7 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
 		return err
 	}
 	if s.mnt == nil {
-		return fmt.Errorf("this agent mounts no rootfs: %w", errdefs.ErrNotImplemented)
+		return fmt.Errorf("this agent mounts no rootfs: %w", errdefs.ErrFailedPrecondition)
 	}
 	ctx, cancel := context.WithTimeout(ctx, diskWait)
 	defer cancel()

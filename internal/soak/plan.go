@@ -3,6 +3,7 @@ package soak
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -85,6 +86,8 @@ type Plan struct {
 	SelfExit bool
 	// Kill, when set, is the deliberate kill; the restore may then fail.
 	Kill *Kill
+	// Hostile, when set, is a hostile input the restore is given.
+	Hostile Hostile
 }
 
 // exitCode is what a self-exiting init exits with.
@@ -95,6 +98,9 @@ func (p Plan) String() string {
 	if p.Kill != nil {
 		s += fmt.Sprintf(", kill %s %s +%s", p.Kill.Kind, p.Kill.Point, p.Kill.Delay)
 	}
+	if p.Hostile != "" {
+		s += ", hostile " + string(p.Hostile)
+	}
 	return s + ")"
 }
 
@@ -102,8 +108,10 @@ func (p Plan) String() string {
 // without a network namespace and the rest split between a veth pair and a
 // new namespace, ordinaryShare of them use the ordinary image, and
 // round(n*killRate) of them are killed, cycling through every kind and
-// point. Each property is shuffled on its own, so the mixes cross.
-func makePlans(prefix string, n int, killRate, ordinaryShare float64, seed uint64) []Plan {
+// point, and round(n*hostileShare) of the others get a hostile input,
+// cycling through the kinds. Each property is shuffled on its own, so the
+// mixes cross.
+func makePlans(prefix string, n int, killRate, ordinaryShare, hostileShare float64, seed uint64) []Plan {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	plans := make([]Plan, n)
 	modes := spread(rng, n, []hypervisor.Mode{hypervisor.ModeCopy, hypervisor.ModeMmap})
@@ -139,7 +147,31 @@ func makePlans(prefix string, n int, killRate, ordinaryShare float64, seed uint6
 			plans[i].Exec, plans[i].SelfExit = true, false
 		}
 	}
+	addHostile(plans, killed[kills:], int(float64(n)*hostileShare+0.5))
 	return plans
+}
+
+// addHostile gives count of the plans, taken in order, a hostile input
+// each, cycling through the kinds; one needing mounts goes to a plan of the
+// ordinary image, and a kind no plan is left for is dropped from the cycle.
+func addHostile(plans []Plan, order []int, count int) {
+	kinds := slices.Clone(hostileKinds)
+	for k := 0; count > 0 && len(kinds) > 0; k++ {
+		h := kinds[k%len(kinds)]
+		at := slices.IndexFunc(order, func(i int) bool {
+			return plans[i].Hostile == "" && (!h.needsMounts() || plans[i].Image == ImageOrdinary)
+		})
+		if at < 0 {
+			kinds = slices.DeleteFunc(kinds, func(x Hostile) bool { return x == h })
+			continue
+		}
+		i := order[at]
+		plans[i].Hostile = h
+		// A refused create runs nothing; the others' init prints what it
+		// found, which an exec beside it would not change.
+		plans[i].Exec = false
+		count--
+	}
 }
 
 // spread returns n values cycling through vals, shuffled.

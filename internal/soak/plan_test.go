@@ -7,11 +7,13 @@ import (
 )
 
 // TestMakePlans: the mix is exact (modes, networks, ordinary share, kills
-// cycling through every kind and point), ids are unique, an exec never
-// goes with a self-exiting init, and a seed lays out the same plans.
+// cycling through every kind and point, hostile inputs through theirs),
+// ids are unique, an exec never goes with a self-exiting init nor with a
+// hostile input, a hostile input needing mounts goes to the ordinary image
+// and never to a killed restore, and a seed lays out the same plans.
 func TestMakePlans(t *testing.T) {
 	const n = 1000
-	plans := makePlans("r", n, 0.1, 0.25, 42)
+	plans := makePlans("r", n, 0.1, 0.25, 0.05, 42)
 	counts := map[string]int{}
 	ids := map[string]bool{}
 	for _, p := range plans {
@@ -24,6 +26,12 @@ func TestMakePlans(t *testing.T) {
 		ids[p.ID] = true
 		if p.Exec && p.SelfExit {
 			t.Fatalf("plan %s execs beside an init that exits on its own", p)
+		}
+		if h := p.Hostile; h != "" {
+			counts["hostile "+string(h)]++
+			if p.Kill != nil || p.Exec || (h.needsMounts() && p.Image != ImageOrdinary) {
+				t.Fatalf("plan %s: a hostile input with a kill, an exec or mounts on a snapshot image", p)
+			}
 		}
 		if k := p.Kill; k != nil {
 			counts["kill "+string(k.Kind)+" "+string(k.Point)]++
@@ -40,6 +48,9 @@ func TestMakePlans(t *testing.T) {
 		"net host": 500, "net new": 250, "net veth": 250,
 		"image ordinary": 250, "image chain": 750,
 	}
+	for _, h := range hostileKinds {
+		want["hostile "+string(h)] = 10
+	}
 	for _, k := range killKinds {
 		for _, p := range killPoints {
 			// 100 kills over 9 combinations: 11 or 12 each.
@@ -53,10 +64,28 @@ func TestMakePlans(t *testing.T) {
 			t.Errorf("%d plans %s, want %d", counts[k], k, v)
 		}
 	}
-	again := makePlans("r", n, 0.1, 0.25, 42)
+	again := makePlans("r", n, 0.1, 0.25, 0.05, 42)
 	for i := range plans {
 		if plans[i].String() != again[i].String() || plans[i].Exec != again[i].Exec {
 			t.Fatalf("seed 42 laid out %s, then %s", plans[i], again[i])
 		}
+	}
+}
+
+// TestMakePlansHostileWithoutOrdinary: with no ordinary image, the hostile
+// share goes to the one kind a snapshot image takes.
+func TestMakePlansHostileWithoutOrdinary(t *testing.T) {
+	n := 0
+	for _, p := range makePlans("r", 100, 0, 0, 0.1, 7) {
+		switch p.Hostile {
+		case "":
+		case HostileFIFONetns:
+			n++
+		default:
+			t.Fatalf("plan %s: a hostile input needing mounts without an ordinary image", p)
+		}
+	}
+	if n != 10 {
+		t.Fatalf("%d plans with a FIFO as their namespace, want 10", n)
 	}
 }

@@ -89,6 +89,9 @@ func (r *Result) mix() string {
 		if p.Exec {
 			counts["exec"]++
 		}
+		if p.Hostile != "" {
+			counts["hostile "+string(p.Hostile)]++
+		}
 	}
 	part := func(label string, keys ...string) string {
 		var parts []string
@@ -105,7 +108,16 @@ func (r *Result) mix() string {
 		part("network", "net "+string(NetHost), "net "+string(NetNew), "net "+string(NetPair)) +
 			" (host: none; new: ctr's default, a namespace the shim makes; veth: a namespace the soak made with a veth to a peer namespace, which the guest pings)",
 		fmt.Sprintf("%d with an exec", counts["exec"]),
+		part("hostile", hostileKeys()...) + " (fifo-bind, nfs, fifo-netns: refused at create, naming the input; links: a bind whose links point out of it, nothing outside reaches the guest; empty-dir: mounted and written)",
 	}, "; ")
+}
+
+func hostileKeys() []string {
+	keys := make([]string, len(hostileKinds))
+	for i, h := range hostileKinds {
+		keys[i] = "hostile " + string(h)
+	}
+	return keys
 }
 
 // tally counts restores that completed, that were killed and that failed.
@@ -159,7 +171,7 @@ func (r *Result) killTable() string {
 func (r *Result) percentiles() (p50, p95 time.Duration) {
 	var ds []time.Duration
 	for _, o := range r.Outcomes {
-		if o.Plan.Kill == nil && o.Err == nil {
+		if o.Plan.Kill == nil && !o.Plan.Hostile.refused() && o.Err == nil {
 			ds = append(ds, o.Took)
 		}
 	}

@@ -96,7 +96,12 @@ func (r *run) lifecycle(ctx context.Context) error {
 		return err
 	}
 	r.step("container")
-	if err := r.createTask(ctx); err != nil {
+	err := r.createTask(ctx)
+	if h := r.plan.Hostile; h.refused() {
+		r.step("refused")
+		return r.s.hostile.checkRefusal(h, err)
+	}
+	if err != nil {
 		return err
 	}
 	r.step("create")
@@ -141,6 +146,8 @@ func (r *run) createContainer(ctx context.Context) error {
 		}
 		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: r.pair.task.Path()}))
 	}
+	// After the network's, so a hostile namespace path takes its place.
+	opts = append(opts, r.s.hostile.specOpt(r.plan.Hostile))
 	c, err := r.s.client.NewContainer(ctx, r.plan.ID,
 		client.WithImage(img),
 		client.WithSnapshotter(devstack.Snapshotter),
@@ -161,6 +168,7 @@ func (r *run) script() string {
 	if r.plan.Image == ImageOrdinary {
 		lines = append(lines, "cat "+testimage.RandomFile)
 	}
+	lines = append(lines, r.plan.Hostile.script()...)
 	if r.plan.Net == NetPair {
 		lines = append(lines, fmt.Sprintf("ping -c 1 -W 10 %s >/dev/null && echo %s || echo net-failed", peerAddr.IP, netOK))
 	}
@@ -299,6 +307,12 @@ func (r *run) checkOutput() error {
 	}
 	if r.plan.Net == NetPair {
 		want = append(want, netOK)
+	}
+	if p := r.plan.Hostile.printed(); p != "" {
+		want = append(want, p)
+	}
+	if err := checkLeak(out, r.stderr.String()); err != nil {
+		return err
 	}
 	for _, w := range want {
 		if !strings.Contains(out, w+"\n") {

@@ -17,13 +17,17 @@ const busyboxRef = "localhost/cocoon-soak/busybox:1"
 
 // setup connects to containerd and the snapshotter and imports the images
 // into the cocoon snapshotter: the snapshot image and, when the soak runs
-// ordinary images, a two-layer busybox image it builds.
+// ordinary images, a two-layer busybox image it builds. It lays out the
+// files the hostile inputs name.
 func (s *soak) setup(ctx context.Context) error {
 	var err error
 	if s.client, err = s.stack.Client(); err != nil {
 		return err
 	}
 	if s.snConn, err = dialSnapshotter(s.stack.SnapshotterAddress); err != nil {
+		return err
+	}
+	if s.hostile, err = newHostileFixture(); err != nil {
 		return err
 	}
 	s.images = map[ImageKind]client.Image{}

@@ -53,6 +53,10 @@ type Options struct {
 	// OrdinaryShare is the share of restores of the busybox image on the
 	// base snapshot; 0 runs none.
 	OrdinaryShare float64
+	// HostileShare is the share of restores given a hostile input (a
+	// FIFO or an nfs mount to refuse, links out of a bind, ...); those
+	// needing mounts go to ordinary-image restores only.
+	HostileShare float64
 	// Seed lays out the plans; a random one when 0.
 	Seed uint64
 	// Progress, when set, gets a line now and then.
@@ -78,9 +82,10 @@ func (o *Options) check() error {
 		return errors.New("soak: no snapshot image: want its archive and reference")
 	case o.Restores < 1:
 		return fmt.Errorf("soak: %d restores: want at least 1", o.Restores)
-	case o.Parallel < 0, o.KillRate < 0 || o.KillRate > 1, o.OrdinaryShare < 0 || o.OrdinaryShare > 1:
-		return fmt.Errorf("soak: parallel %d, kill rate %g, ordinary share %g: want parallel >= 0 and shares in [0, 1]",
-			o.Parallel, o.KillRate, o.OrdinaryShare)
+	case o.Parallel < 0, o.KillRate < 0 || o.KillRate > 1, o.OrdinaryShare < 0 || o.OrdinaryShare > 1,
+		o.HostileShare < 0 || o.HostileShare > 1:
+		return fmt.Errorf("soak: parallel %d, kill rate %g, ordinary share %g, hostile share %g: want parallel >= 0 and shares in [0, 1]",
+			o.Parallel, o.KillRate, o.OrdinaryShare, o.HostileShare)
 	}
 	if o.Parallel == 0 {
 		o.Parallel = 8
@@ -108,6 +113,7 @@ type soak struct {
 	snConn   *grpc.ClientConn
 	images   map[ImageKind]client.Image
 	pairs    pairs
+	hostile  *hostileFixture
 	tapNames map[string]struct{}
 	// randomContent is the busybox image's testimage.RandomFile.
 	randomContent string
@@ -147,7 +153,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if err := s.setup(ctx); err != nil {
 		return nil, err
 	}
-	plans := makePlans(runID, opts.Restores, opts.KillRate, opts.OrdinaryShare, opts.Seed)
+	plans := makePlans(runID, opts.Restores, opts.KillRate, opts.OrdinaryShare, opts.HostileShare, opts.Seed)
 	for _, p := range append(plans, s.warmups(runID)...) {
 		s.tapNames[network.TapName(p.ID)] = struct{}{}
 	}
@@ -175,7 +181,8 @@ func (s *soak) close() error {
 	if s.snConn != nil {
 		errs = append(errs, s.snConn.Close())
 	}
-	return errors.Join(append(errs, s.stack.Close())...)
+	errs = append(errs, s.stack.Close())
+	return errors.Join(append(errs, s.hostile.close())...)
 }
 
 // run warms up, counts, restores, settles and counts again.

@@ -31,7 +31,7 @@ func TestSoak(t *testing.T) {
 	defer cancel()
 	logs := filepath.Join(t.TempDir(), "daemons.log")
 	res, err := Run(ctx, Options{
-		BinDir: bin, Image: img, Restores: shortRestores, Parallel: 8, KillRate: 0.1, OrdinaryShare: 0.25,
+		BinDir: bin, Image: img, Restores: shortRestores, Parallel: 8, KillRate: 0.1, OrdinaryShare: 0.25, HostileShare: 0.1,
 		Progress: testWriter{t}, Logs: logs,
 	})
 	if err != nil {

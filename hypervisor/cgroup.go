@@ -23,3 +23,12 @@ func (r RestoreRequest) Charge(fill func() error) error {
 	}
 	return r.Cgroup.Charge(fill)
 }
+
+// BornIn is the hook that forks the hypervisor in r.Cgroup (see
+// Cgroup.Start); nil without one.
+func (r RestoreRequest) BornIn() func(attr *syscall.SysProcAttr, start func() error) error {
+	if r.Cgroup == nil {
+		return nil
+	}
+	return r.Cgroup.Start
+}

@@ -38,12 +38,16 @@ func TestRestoreFlow(t *testing.T) {
 			d, record := newDriver(t, tt.spec, "probe")
 			staged, run := stageChain(t), drivertest.RunDir(t)
 			phases := map[string]bool{}
-			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode,
+			var cg drivertest.Cgroup
+			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode, Cgroup: &cg,
 				OnPhase: func(p string, _ time.Duration) { phases[p] = true }})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer v.Close()
+			if cg.Starts.Load() != 1 {
+				t.Errorf("%d VMMs started in the VM's cgroup, want 1", cg.Starts.Load())
+			}
 			if !phases["spawn"] || !phases["load"] {
 				t.Errorf("phases reported %v, want spawn and load", phases)
 			}

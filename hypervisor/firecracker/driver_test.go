@@ -42,11 +42,17 @@ func TestRestoreFlow(t *testing.T) {
 			defer cancel()
 			d, record := newDriver(t, apifake.Fake{})
 			staged, run := stageChain(t), drivertest.RunDir(t)
-			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode})
+			var cg drivertest.Cgroup
+			v, err := d.Restore(ctx, hypervisor.RestoreRequest{StagedDir: staged, RunDir: run, Mode: tt.mode, Cgroup: &cg})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer v.Close()
+			// The VMM is born in the VM's cgroup, and a copy's pages are
+			// made in it.
+			if charges := map[bool]int32{true: 1}[tt.mode == hypervisor.ModeCopy]; cg.Starts.Load() != 1 || cg.Charges.Load() != charges {
+				t.Errorf("%d starts and %d fills in the VM's cgroup, want 1 and %d", cg.Starts.Load(), cg.Charges.Load(), charges)
+			}
 			want := map[string]any{
 				"snapshot_path":     filepath.Join(staged, vmstateFile),
 				"mem_backend":       tt.backend(staged, run),

@@ -94,7 +94,8 @@ func (v *vm) memoryBackend(ctx context.Context, req hypervisor.RestoreRequest) (
 	case hypervisor.ModeCopy:
 		dst := filepath.Join(v.RunDir, memCopy)
 		begin := time.Now()
-		if err := copyMemory(v.staged.MemoryPath(), dst); err != nil {
+		// The copy's pages are the guest's memory: charged to the VM.
+		if err := req.Charge(func() error { return copyMemory(v.staged.MemoryPath(), dst) }); err != nil {
 			return memBackend{}, err
 		}
 		req.Phase("copy", time.Since(begin))
@@ -130,7 +131,7 @@ func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreReq
 		return err
 	}
 	begin := time.Now()
-	spec := vmmproc.Spec{Binary: binary, Args: []string{"--api-sock", sock}, Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS}
+	spec := vmmproc.Spec{Binary: binary, Args: []string{"--api-sock", sock}, Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS, BornIn: req.BornIn()}
 	if err := v.Instance.Start(ctx, spec); err != nil {
 		return err
 	}

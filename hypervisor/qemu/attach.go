@@ -35,10 +35,7 @@ func attachFor(req hypervisor.RestoreRequest) (a attach, disk string, err error)
 			return attach{}, "", err
 		}
 	}
-	a = attach{netns: req.NetNS}
-	if req.Cgroup != nil {
-		a.bornIn = req.Cgroup.Start
-	}
+	a = attach{netns: req.NetNS, bornIn: req.BornIn()}
 	if req.NIC != nil {
 		if req.NIC.TapFile == nil {
 			return attach{}, "", fmt.Errorf("nic %q has no tap file: QEMU takes the tap as an open fd", req.NIC.TapName)

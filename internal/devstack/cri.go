@@ -51,6 +51,12 @@ type CRI struct {
 	SandboxSnapshotters []string
 	// Handlers are runtime handlers added to RuncHandler and CocoonHandler.
 	Handlers []Handler
+	// RegistryConfigPath, when set, is the CRI plugin's registry
+	// config_path: a dir of HOST/hosts.toml files (mirrors for pulls).
+	RegistryConfigPath string
+	// NRISocket, when set, enables containerd's NRI plugin listening on
+	// it (plugins connect there); NRI is disabled otherwise.
+	NRISocket string
 }
 
 // Handler is a CRI runtime handler: what a Kubernetes RuntimeClass names.
@@ -102,6 +108,19 @@ const criConfigTemplate = `
   snapshotter = "{{.Overlayfs}}"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = {{quote .CRI.SandboxImage}}
+{{- if .CRI.RegistryConfigPath}}
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = {{quote .CRI.RegistryConfigPath}}
+{{- end}}
+{{- if .CRI.NRISocket}}
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = {{quote .CRI.NRISocket}}
+  # No pre-installed plugins: only those that connect to the socket.
+  plugin_path = {{quote .NRIDir}}
+  plugin_config_path = {{quote .NRIDir}}
+{{- end}}
 
 [plugins."io.containerd.cri.v1.runtime"]
   # Pod network namespaces are mounted under the state dir, not /var/run/netns.
@@ -136,10 +155,10 @@ func (s *Stack) criConfig() (string, error) {
 	funcs := template.FuncMap{"quote": tomlString, "options": tomlOptions}
 	var b strings.Builder
 	data := struct {
-		CRI                *CRI
-		Handlers           []Handler
-		Overlayfs, Default string
-	}{s.cri, s.handlers(), Overlayfs, RuncHandler}
+		CRI                        *CRI
+		Handlers                   []Handler
+		Overlayfs, Default, NRIDir string
+	}{s.cri, s.handlers(), Overlayfs, RuncHandler, filepath.Join(s.Dir, "nri")}
 	if err := template.Must(template.New("cri").Funcs(funcs).Parse(criConfigTemplate)).Execute(&b, data); err != nil {
 		return "", fmt.Errorf("render cri config: %w", err)
 	}

@@ -97,3 +97,62 @@ func TestStartRejectsIncompleteCRI(t *testing.T) {
 		})
 	}
 }
+
+// TestContainerdConfigCRIOptional renders the CRI plugin's optional parts:
+// a registry config dir and NRI on a socket of the stack's, and checks
+// that without them NRI stays disabled and no registry dir is set.
+func TestContainerdConfigCRIOptional(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		registry, nri  string
+		wantDisabled   string
+		wantConfigPath any
+		wantNRISocket  any
+	}{
+		{name: "none", wantDisabled: "io.containerd.nri.v1.nri"},
+		{name: "both", registry: "/hosts", nri: "/n/nri.sock", wantConfigPath: "/hosts", wantNRISocket: "/n/nri.sock"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := newStack(dir, Options{BinDir: dir, CRI: &CRI{
+				NetNS: "/var/run/netns/x", CNIBinDir: "/cni/bin", CNIConfDir: "/cni/net.d",
+				SandboxArchive: "/a.tar", SandboxImage: "localhost/p/pause:1",
+				RegistryConfigPath: tc.registry, NRISocket: tc.nri,
+			}})
+			path, err := s.containerdConfig("", "info")
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg struct {
+				Disabled []string `toml:"disabled_plugins"`
+				Plugins  struct {
+					Images struct {
+						Registry struct {
+							ConfigPath any `toml:"config_path"`
+						} `toml:"registry"`
+					} `toml:"io.containerd.cri.v1.images"`
+					NRI struct {
+						Disable    bool `toml:"disable"`
+						SocketPath any  `toml:"socket_path"`
+					} `toml:"io.containerd.nri.v1.nri"`
+				} `toml:"plugins"`
+			}
+			if err := toml.Unmarshal(data, &cfg); err != nil {
+				t.Fatalf("config does not parse: %v\n%s", err, data)
+			}
+			if got := strings.Join(cfg.Disabled, ","); got != tc.wantDisabled {
+				t.Errorf("disabled plugins %q, want %q", got, tc.wantDisabled)
+			}
+			if got := cfg.Plugins.Images.Registry.ConfigPath; got != tc.wantConfigPath {
+				t.Errorf("registry config_path %v, want %v", got, tc.wantConfigPath)
+			}
+			if got := cfg.Plugins.NRI.SocketPath; got != tc.wantNRISocket {
+				t.Errorf("nri socket_path %v, want %v", got, tc.wantNRISocket)
+			}
+		})
+	}
+}

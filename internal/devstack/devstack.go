@@ -311,7 +311,9 @@ func changes(have, def map[string]any) map[string]any {
 const containerdConfigTemplate = `version = 3
 root = "{{.Root}}"
 state = "{{.State}}"
-{{- if .CRIEnabled}}
+{{- if .NRIEnabled}}
+disabled_plugins = []
+{{- else if .CRIEnabled}}
 disabled_plugins = ["io.containerd.nri.v1.nri"]
 {{- else}}
 disabled_plugins = [
@@ -363,8 +365,8 @@ func (s *Stack) containerdConfig(extra, level string) (string, error) {
 	data := struct {
 		*Stack
 		Level, Snapshotter, Overlayfs string
-		CRIEnabled                    bool
-	}{s, level, Snapshotter, Overlayfs, s.cri != nil}
+		CRIEnabled, NRIEnabled        bool
+	}{s, level, Snapshotter, Overlayfs, s.cri != nil, s.cri != nil && s.cri.NRISocket != ""}
 	if err := template.Must(template.New("config").Parse(containerdConfigTemplate)).Execute(&b, data); err != nil {
 		return "", fmt.Errorf("render containerd config: %w", err)
 	}

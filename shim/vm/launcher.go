@@ -71,7 +71,7 @@ var _ task.Launcher = (*Launcher)(nil)
 // Launch restores r's staged chain into a running VM with a ready agent.
 func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
 	clock := newPhaseClock()
-	cfg, err := loadConfig(r)
+	cfg, err := config.LoadTask(r.ConfigPath, r.ConfigBody)
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -218,19 +218,6 @@ func (s source) record() *state.Base {
 		return nil
 	}
 	return s.base.Record()
-}
-
-// loadConfig is the task's config: the runtime options' inline body, or
-// the file they name, else the default file.
-func loadConfig(r task.LaunchRequest) (config.Config, error) {
-	if r.ConfigBody != "" {
-		c, err := config.Parse([]byte(r.ConfigBody))
-		if err != nil {
-			return config.Config{}, fmt.Errorf("runtime options: %w", err)
-		}
-		return c, nil
-	}
-	return config.Load(r.ConfigPath)
 }
 
 // resourcesOf is the spec's Linux resources, nil when it has none.

@@ -12,6 +12,7 @@ package api
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	emptypb "google.golang.org/protobuf/types/known/emptypb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -1514,11 +1515,688 @@ func (x *StatsResponse) GetUptimeNs() uint64 {
 	return 0
 }
 
+type CreateContainerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id names the container (containerd's rules for ids).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// spec is the OCI runtime spec (config.json) as containerd gave the
+	// shim, its paths translated for the guest. Its network namespace is
+	// dropped (a pod's containers share the VM's); one with a path is
+	// refused. Bounded: MaxSpecSize.
+	Spec []byte `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// rootfs is the container's root directory in the guest.
+	Rootfs string `protobuf:"bytes,3,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	// stdin gives the process a stdin; a terminal (spec.process.terminal)
+	// always has one.
+	Stdin         bool `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContainerRequest) Reset() {
+	*x = CreateContainerRequest{}
+	mi := &file_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContainerRequest) ProtoMessage() {}
+
+func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
+func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CreateContainerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CreateContainerRequest) GetSpec() []byte {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetRootfs() string {
+	if x != nil {
+		return x.Rootfs
+	}
+	return ""
+}
+
+func (x *CreateContainerRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+// ContainerRequest names a container, or with exec_id one of its execs.
+type ContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerRequest) Reset() {
+	*x = ContainerRequest{}
+	mi := &file_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerRequest) ProtoMessage() {}
+
+func (x *ContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerRequest.ProtoReflect.Descriptor instead.
+func (*ContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ContainerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ContainerRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+type ContainerProcessResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pid is the process's pid in the guest's PID namespace.
+	Pid           uint32 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerProcessResponse) Reset() {
+	*x = ContainerProcessResponse{}
+	mi := &file_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerProcessResponse) ProtoMessage() {}
+
+func (x *ContainerProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerProcessResponse.ProtoReflect.Descriptor instead.
+func (*ContainerProcessResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ContainerProcessResponse) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+type UpdateContainerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// resources is an OCI LinuxResources as JSON, as `runc update` takes it.
+	Resources     []byte `protobuf:"bytes,2,opt,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateContainerRequest) Reset() {
+	*x = UpdateContainerRequest{}
+	mi := &file_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateContainerRequest) ProtoMessage() {}
+
+func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
+func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *UpdateContainerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateContainerRequest) GetResources() []byte {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+type ContainerStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// metrics is the container cgroup's usage as containerd's cgroups v2
+	// Metrics (io.containerd.cgroups.v2.Metrics).
+	Metrics       *anypb.Any `protobuf:"bytes,1,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatsResponse) Reset() {
+	*x = ContainerStatsResponse{}
+	mi := &file_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatsResponse) ProtoMessage() {}
+
+func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
+func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ContainerStatsResponse) GetMetrics() *anypb.Any {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+type ExecContainerRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// process is an OCI process as JSON, as containerd gives the shim.
+	Process       []byte `protobuf:"bytes,3,opt,name=process,proto3" json:"process,omitempty"`
+	Stdin         bool   `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecContainerRequest) Reset() {
+	*x = ExecContainerRequest{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecContainerRequest) ProtoMessage() {}
+
+func (x *ExecContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecContainerRequest.ProtoReflect.Descriptor instead.
+func (*ExecContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ExecContainerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ExecContainerRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ExecContainerRequest) GetProcess() []byte {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *ExecContainerRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+type SignalContainerRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Signal uint32                 `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	// all signals every process of the container (runc kill --all).
+	All           bool `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalContainerRequest) Reset() {
+	*x = SignalContainerRequest{}
+	mi := &file_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalContainerRequest) ProtoMessage() {}
+
+func (x *SignalContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalContainerRequest.ProtoReflect.Descriptor instead.
+func (*SignalContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SignalContainerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SignalContainerRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *SignalContainerRequest) GetSignal() uint32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *SignalContainerRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+type ContainerExit struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ExitCode int32                  `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal   int32                  `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	ExitedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	// oom_killed says the OOM killer killed in the container's cgroup
+	// (the container's process only, never an exec).
+	OomKilled     bool `protobuf:"varint,4,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerExit) Reset() {
+	*x = ContainerExit{}
+	mi := &file_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerExit) ProtoMessage() {}
+
+func (x *ContainerExit) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerExit.ProtoReflect.Descriptor instead.
+func (*ContainerExit) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ContainerExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ContainerExit) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *ContainerExit) GetExitedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExitedAt
+	}
+	return nil
+}
+
+func (x *ContainerExit) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
+}
+
+type ReadContainerOutputRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Stream        Stream                 `protobuf:"varint,3,opt,name=stream,proto3,enum=cocoon.agent.v1.Stream" json:"stream,omitempty"`
+	MaxBytes      uint32                 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadContainerOutputRequest) Reset() {
+	*x = ReadContainerOutputRequest{}
+	mi := &file_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadContainerOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadContainerOutputRequest) ProtoMessage() {}
+
+func (x *ReadContainerOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadContainerOutputRequest.ProtoReflect.Descriptor instead.
+func (*ReadContainerOutputRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ReadContainerOutputRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReadContainerOutputRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ReadContainerOutputRequest) GetStream() Stream {
+	if x != nil {
+		return x.Stream
+	}
+	return Stream_STDOUT
+}
+
+func (x *ReadContainerOutputRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type WriteContainerStdinRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteContainerStdinRequest) Reset() {
+	*x = WriteContainerStdinRequest{}
+	mi := &file_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteContainerStdinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteContainerStdinRequest) ProtoMessage() {}
+
+func (x *WriteContainerStdinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteContainerStdinRequest.ProtoReflect.Descriptor instead.
+func (*WriteContainerStdinRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WriteContainerStdinRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *WriteContainerStdinRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *WriteContainerStdinRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ResizeContainerPtyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Width         uint32                 `protobuf:"varint,3,opt,name=width,proto3" json:"width,omitempty"`
+	Height        uint32                 `protobuf:"varint,4,opt,name=height,proto3" json:"height,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeContainerPtyRequest) Reset() {
+	*x = ResizeContainerPtyRequest{}
+	mi := &file_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeContainerPtyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeContainerPtyRequest) ProtoMessage() {}
+
+func (x *ResizeContainerPtyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeContainerPtyRequest.ProtoReflect.Descriptor instead.
+func (*ResizeContainerPtyRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ResizeContainerPtyRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ResizeContainerPtyRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ResizeContainerPtyRequest) GetWidth() uint32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *ResizeContainerPtyRequest) GetHeight() uint32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x0fcocoon.agent.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
+	"\vagent.proto\x12\x0fcocoon.agent.v1\x1a\x19google/protobuf/any.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
 	"\fPingResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
 	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\xbd\x02\n" +
@@ -1623,12 +2301,57 @@ const file_agent_proto_rawDesc = "" +
 	"\x06load15\x18\t \x01(\x01R\x06load15\x12\x1c\n" +
 	"\tprocesses\x18\n" +
 	" \x01(\rR\tprocesses\x12\x1b\n" +
-	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs* \n" +
+	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs\"j\n" +
+	"\x16CreateContainerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x16\n" +
+	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12\x14\n" +
+	"\x05stdin\x18\x04 \x01(\bR\x05stdin\";\n" +
+	"\x10ContainerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\",\n" +
+	"\x18ContainerProcessResponse\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\"F\n" +
+	"\x16UpdateContainerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\tresources\x18\x02 \x01(\fR\tresources\"H\n" +
+	"\x16ContainerStatsResponse\x12.\n" +
+	"\ametrics\x18\x01 \x01(\v2\x14.google.protobuf.AnyR\ametrics\"o\n" +
+	"\x14ExecContainerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x18\n" +
+	"\aprocess\x18\x03 \x01(\fR\aprocess\x12\x14\n" +
+	"\x05stdin\x18\x04 \x01(\bR\x05stdin\"k\n" +
+	"\x16SignalContainerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\rR\x06signal\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\"\x9c\x01\n" +
+	"\rContainerExit\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\x05R\x06signal\x127\n" +
+	"\texited_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x04 \x01(\bR\toomKilled\"\x93\x01\n" +
+	"\x1aReadContainerOutputRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12/\n" +
+	"\x06stream\x18\x03 \x01(\x0e2\x17.cocoon.agent.v1.StreamR\x06stream\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\"Y\n" +
+	"\x1aWriteContainerStdinRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"r\n" +
+	"\x19ResizeContainerPtyRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x14\n" +
+	"\x05width\x18\x03 \x01(\rR\x05width\x12\x16\n" +
+	"\x06height\x18\x04 \x01(\rR\x06height* \n" +
 	"\x06Stream\x12\n" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\xdc\a\n" +
+	"\x06STDERR\x10\x012\x9f\x10\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Ping\x12\x16.google.protobuf.Empty\x1a\x1d.cocoon.agent.v1.PingResponse\x12C\n" +
 	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x1d.cocoon.agent.v1.InitResponse\x12C\n" +
@@ -1646,7 +2369,19 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Delete\x12\x1f.cocoon.agent.v1.ProcessRequest\x1a\x16.google.protobuf.Empty\x12G\n" +
 	"\tProcesses\x12\x16.google.protobuf.Empty\x1a\".cocoon.agent.v1.ProcessesResponse\x12?\n" +
 	"\x05Stats\x12\x16.google.protobuf.Empty\x1a\x1e.cocoon.agent.v1.StatsResponse\x12:\n" +
-	"\bShutdown\x12\x16.google.protobuf.Empty\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
+	"\bShutdown\x12\x16.google.protobuf.Empty\x1a\x16.google.protobuf.Empty\x12e\n" +
+	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a).cocoon.agent.v1.ContainerProcessResponse\x12^\n" +
+	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a).cocoon.agent.v1.ContainerProcessResponse\x12L\n" +
+	"\x0fDeleteContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.google.protobuf.Empty\x12R\n" +
+	"\x0fUpdateContainer\x12'.cocoon.agent.v1.UpdateContainerRequest\x1a\x16.google.protobuf.Empty\x12\\\n" +
+	"\x0eContainerStats\x12!.cocoon.agent.v1.ContainerRequest\x1a'.cocoon.agent.v1.ContainerStatsResponse\x12a\n" +
+	"\rExecContainer\x12%.cocoon.agent.v1.ExecContainerRequest\x1a).cocoon.agent.v1.ContainerProcessResponse\x12R\n" +
+	"\x0fSignalContainer\x12'.cocoon.agent.v1.SignalContainerRequest\x1a\x16.google.protobuf.Empty\x12R\n" +
+	"\rWaitContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x1e.cocoon.agent.v1.ContainerExit\x12g\n" +
+	"\x13ReadContainerOutput\x12+.cocoon.agent.v1.ReadContainerOutputRequest\x1a#.cocoon.agent.v1.ReadOutputResponse\x12Z\n" +
+	"\x13WriteContainerStdin\x12+.cocoon.agent.v1.WriteContainerStdinRequest\x1a\x16.google.protobuf.Empty\x12P\n" +
+	"\x13CloseContainerStdin\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.google.protobuf.Empty\x12X\n" +
+	"\x12ResizeContainerPty\x12*.cocoon.agent.v1.ResizeContainerPtyRequest\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -1661,35 +2396,47 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_agent_proto_goTypes = []any{
-	(Stream)(0),                   // 0: cocoon.agent.v1.Stream
-	(*PingResponse)(nil),          // 1: cocoon.agent.v1.PingResponse
-	(*InitRequest)(nil),           // 2: cocoon.agent.v1.InitRequest
-	(*InitResponse)(nil),          // 3: cocoon.agent.v1.InitResponse
-	(*File)(nil),                  // 4: cocoon.agent.v1.File
-	(*Network)(nil),               // 5: cocoon.agent.v1.Network
-	(*Route)(nil),                 // 6: cocoon.agent.v1.Route
-	(*Rootfs)(nil),                // 7: cocoon.agent.v1.Rootfs
-	(*Mount)(nil),                 // 8: cocoon.agent.v1.Mount
-	(*ExecRequest)(nil),           // 9: cocoon.agent.v1.ExecRequest
-	(*Rlimit)(nil),                // 10: cocoon.agent.v1.Rlimit
-	(*ExecResponse)(nil),          // 11: cocoon.agent.v1.ExecResponse
-	(*ReadOutputRequest)(nil),     // 12: cocoon.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),    // 13: cocoon.agent.v1.ReadOutputResponse
-	(*WriteStdinRequest)(nil),     // 14: cocoon.agent.v1.WriteStdinRequest
-	(*ProcessRequest)(nil),        // 15: cocoon.agent.v1.ProcessRequest
-	(*WaitResponse)(nil),          // 16: cocoon.agent.v1.WaitResponse
-	(*SignalRequest)(nil),         // 17: cocoon.agent.v1.SignalRequest
-	(*ResizePtyRequest)(nil),      // 18: cocoon.agent.v1.ResizePtyRequest
-	(*ProcessInfo)(nil),           // 19: cocoon.agent.v1.ProcessInfo
-	(*ProcessesResponse)(nil),     // 20: cocoon.agent.v1.ProcessesResponse
-	(*StatsResponse)(nil),         // 21: cocoon.agent.v1.StatsResponse
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 23: google.protobuf.Empty
+	(Stream)(0),                        // 0: cocoon.agent.v1.Stream
+	(*PingResponse)(nil),               // 1: cocoon.agent.v1.PingResponse
+	(*InitRequest)(nil),                // 2: cocoon.agent.v1.InitRequest
+	(*InitResponse)(nil),               // 3: cocoon.agent.v1.InitResponse
+	(*File)(nil),                       // 4: cocoon.agent.v1.File
+	(*Network)(nil),                    // 5: cocoon.agent.v1.Network
+	(*Route)(nil),                      // 6: cocoon.agent.v1.Route
+	(*Rootfs)(nil),                     // 7: cocoon.agent.v1.Rootfs
+	(*Mount)(nil),                      // 8: cocoon.agent.v1.Mount
+	(*ExecRequest)(nil),                // 9: cocoon.agent.v1.ExecRequest
+	(*Rlimit)(nil),                     // 10: cocoon.agent.v1.Rlimit
+	(*ExecResponse)(nil),               // 11: cocoon.agent.v1.ExecResponse
+	(*ReadOutputRequest)(nil),          // 12: cocoon.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),         // 13: cocoon.agent.v1.ReadOutputResponse
+	(*WriteStdinRequest)(nil),          // 14: cocoon.agent.v1.WriteStdinRequest
+	(*ProcessRequest)(nil),             // 15: cocoon.agent.v1.ProcessRequest
+	(*WaitResponse)(nil),               // 16: cocoon.agent.v1.WaitResponse
+	(*SignalRequest)(nil),              // 17: cocoon.agent.v1.SignalRequest
+	(*ResizePtyRequest)(nil),           // 18: cocoon.agent.v1.ResizePtyRequest
+	(*ProcessInfo)(nil),                // 19: cocoon.agent.v1.ProcessInfo
+	(*ProcessesResponse)(nil),          // 20: cocoon.agent.v1.ProcessesResponse
+	(*StatsResponse)(nil),              // 21: cocoon.agent.v1.StatsResponse
+	(*CreateContainerRequest)(nil),     // 22: cocoon.agent.v1.CreateContainerRequest
+	(*ContainerRequest)(nil),           // 23: cocoon.agent.v1.ContainerRequest
+	(*ContainerProcessResponse)(nil),   // 24: cocoon.agent.v1.ContainerProcessResponse
+	(*UpdateContainerRequest)(nil),     // 25: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil),     // 26: cocoon.agent.v1.ContainerStatsResponse
+	(*ExecContainerRequest)(nil),       // 27: cocoon.agent.v1.ExecContainerRequest
+	(*SignalContainerRequest)(nil),     // 28: cocoon.agent.v1.SignalContainerRequest
+	(*ContainerExit)(nil),              // 29: cocoon.agent.v1.ContainerExit
+	(*ReadContainerOutputRequest)(nil), // 30: cocoon.agent.v1.ReadContainerOutputRequest
+	(*WriteContainerStdinRequest)(nil), // 31: cocoon.agent.v1.WriteContainerStdinRequest
+	(*ResizeContainerPtyRequest)(nil),  // 32: cocoon.agent.v1.ResizeContainerPtyRequest
+	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                  // 34: google.protobuf.Any
+	(*emptypb.Empty)(nil),              // 35: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	22, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	33, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
 	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
@@ -1698,41 +2445,68 @@ var file_agent_proto_depIdxs = []int32{
 	8,  // 6: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
 	10, // 7: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
 	0,  // 8: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	22, // 9: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	33, // 9: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	19, // 10: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	23, // 11: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 12: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	9,  // 13: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	15, // 14: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
-	12, // 15: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	14, // 16: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	15, // 17: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	15, // 18: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	17, // 19: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	18, // 20: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	15, // 21: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	23, // 22: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	23, // 23: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	23, // 24: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	1,  // 25: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 26: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	11, // 27: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	11, // 28: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	13, // 29: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	23, // 30: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	23, // 31: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	16, // 32: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	23, // 33: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	23, // 34: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	23, // 35: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	20, // 36: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	21, // 37: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	23, // 38: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	25, // [25:39] is the sub-list for method output_type
-	11, // [11:25] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	34, // 11: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	33, // 12: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	0,  // 13: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	35, // 14: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 15: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 16: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	15, // 17: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	12, // 18: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	14, // 19: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	15, // 20: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	15, // 21: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	17, // 22: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	18, // 23: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	15, // 24: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	35, // 25: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	35, // 26: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	35, // 27: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	22, // 28: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	23, // 29: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	23, // 30: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	25, // 31: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	23, // 32: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	27, // 33: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
+	28, // 34: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
+	23, // 35: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	30, // 36: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
+	31, // 37: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
+	23, // 38: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
+	32, // 39: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
+	1,  // 40: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 41: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	11, // 42: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	11, // 43: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	13, // 44: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	35, // 45: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	35, // 46: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	16, // 47: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	35, // 48: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	35, // 49: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	35, // 50: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	20, // 51: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	21, // 52: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	35, // 53: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	24, // 54: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	24, // 55: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	35, // 56: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	35, // 57: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	26, // 58: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	24, // 59: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	35, // 60: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	29, // 61: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	13, // 62: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	35, // 63: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	35, // 64: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	35, // 65: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	40, // [40:66] is the sub-list for method output_type
+	14, // [14:40] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1747,7 +2521,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

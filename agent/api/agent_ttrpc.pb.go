@@ -23,6 +23,18 @@ type AgentService interface {
 	Processes(context.Context, *emptypb.Empty) (*ProcessesResponse, error)
 	Stats(context.Context, *emptypb.Empty) (*StatsResponse, error)
 	Shutdown(context.Context, *emptypb.Empty) (*emptypb.Empty, error)
+	CreateContainer(context.Context, *CreateContainerRequest) (*ContainerProcessResponse, error)
+	StartContainer(context.Context, *ContainerRequest) (*ContainerProcessResponse, error)
+	DeleteContainer(context.Context, *ContainerRequest) (*emptypb.Empty, error)
+	UpdateContainer(context.Context, *UpdateContainerRequest) (*emptypb.Empty, error)
+	ContainerStats(context.Context, *ContainerRequest) (*ContainerStatsResponse, error)
+	ExecContainer(context.Context, *ExecContainerRequest) (*ContainerProcessResponse, error)
+	SignalContainer(context.Context, *SignalContainerRequest) (*emptypb.Empty, error)
+	WaitContainer(context.Context, *ContainerRequest) (*ContainerExit, error)
+	ReadContainerOutput(context.Context, *ReadContainerOutputRequest) (*ReadOutputResponse, error)
+	WriteContainerStdin(context.Context, *WriteContainerStdinRequest) (*emptypb.Empty, error)
+	CloseContainerStdin(context.Context, *ContainerRequest) (*emptypb.Empty, error)
+	ResizeContainerPty(context.Context, *ResizeContainerPtyRequest) (*emptypb.Empty, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -125,6 +137,90 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.Shutdown(ctx, &req)
+			},
+			"CreateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req CreateContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CreateContainer(ctx, &req)
+			},
+			"StartContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.StartContainer(ctx, &req)
+			},
+			"DeleteContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.DeleteContainer(ctx, &req)
+			},
+			"UpdateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateContainer(ctx, &req)
+			},
+			"ContainerStats": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ContainerStats(ctx, &req)
+			},
+			"ExecContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ExecContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ExecContainer(ctx, &req)
+			},
+			"SignalContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SignalContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SignalContainer(ctx, &req)
+			},
+			"WaitContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WaitContainer(ctx, &req)
+			},
+			"ReadContainerOutput": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ReadContainerOutputRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ReadContainerOutput(ctx, &req)
+			},
+			"WriteContainerStdin": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WriteContainerStdinRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WriteContainerStdin(ctx, &req)
+			},
+			"CloseContainerStdin": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CloseContainerStdin(ctx, &req)
+			},
+			"ResizeContainerPty": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ResizeContainerPtyRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ResizeContainerPty(ctx, &req)
 			},
 		},
 	})
@@ -247,6 +343,102 @@ func (c *agentClient) Stats(ctx context.Context, req *emptypb.Empty) (*StatsResp
 func (c *agentClient) Shutdown(ctx context.Context, req *emptypb.Empty) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "Shutdown", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) CreateContainer(ctx context.Context, req *CreateContainerRequest) (*ContainerProcessResponse, error) {
+	var resp ContainerProcessResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "CreateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) StartContainer(ctx context.Context, req *ContainerRequest) (*ContainerProcessResponse, error) {
+	var resp ContainerProcessResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "StartContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) DeleteContainer(ctx context.Context, req *ContainerRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "DeleteContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) UpdateContainer(ctx context.Context, req *UpdateContainerRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "UpdateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ContainerStats(ctx context.Context, req *ContainerRequest) (*ContainerStatsResponse, error) {
+	var resp ContainerStatsResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ContainerStats", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ExecContainer(ctx context.Context, req *ExecContainerRequest) (*ContainerProcessResponse, error) {
+	var resp ContainerProcessResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ExecContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) SignalContainer(ctx context.Context, req *SignalContainerRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "SignalContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) WaitContainer(ctx context.Context, req *ContainerRequest) (*ContainerExit, error) {
+	var resp ContainerExit
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "WaitContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ReadContainerOutput(ctx context.Context, req *ReadContainerOutputRequest) (*ReadOutputResponse, error) {
+	var resp ReadOutputResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ReadContainerOutput", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) WriteContainerStdin(ctx context.Context, req *WriteContainerStdinRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "WriteContainerStdin", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) CloseContainerStdin(ctx context.Context, req *ContainerRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "CloseContainerStdin", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ResizeContainerPty(ctx context.Context, req *ResizeContainerPtyRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ResizeContainerPty", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

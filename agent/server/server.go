@@ -14,13 +14,15 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/container"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/rpcerr"
 )
 
 // Version is reported by Ping and Init. 2: Init carries files, network
 // and rootfs; Exec carries rlimits, umask and no_new_privileges. 3: Init
-// prepares a process that Start starts, and answers with the version.
-const Version = "3"
+// prepares a process that Start starts, and answers with the version. 4:
+// the container calls (runc in the guest).
+const Version = "4"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond
@@ -31,6 +33,8 @@ const DefaultStateDir = "/run/cocoon"
 
 // Service implements api.AgentService.
 type Service struct {
+	*container.RPC // the container calls
+
 	sys      System
 	net      Network // nil: the agent manages no NIC
 	mnt      Mounter // nil: the agent mounts no rootfs
@@ -82,7 +86,10 @@ func WithStateDir(dir string) Option { return func(s *Service) { s.stateDir = di
 // New returns a service that changes the machine through sys and the
 // seams opts add; tests pass fakes, cocoon-agent the real ones.
 func New(sys System, opts ...Option) *Service {
-	s := &Service{sys: sys, stateDir: DefaultStateDir, procs: map[string]*process{}}
+	s := &Service{
+		RPC: container.NewRPC(container.New(container.DefaultConfig)),
+		sys: sys, stateDir: DefaultStateDir, procs: map[string]*process{},
+	}
 	for _, o := range opts {
 		o(s)
 	}

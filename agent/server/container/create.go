@@ -1,0 +1,164 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	runc "github.com/containerd/go-runc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Container is one container: runc's, with its init process.
+type Container struct {
+	ID     string
+	bundle string
+	cgroup string // its cgroup, relative to the hierarchy's root
+	rt     *runc.Runc
+	init   *proc
+
+	startMu sync.Mutex
+	started bool
+
+	execs procs
+}
+
+// CreateOptions are a container's inputs besides its id.
+type CreateOptions struct {
+	// Spec is the OCI runtime spec as JSON, translated for the guest.
+	Spec []byte
+	// Rootfs is the container's root directory in the guest.
+	Rootfs string
+	// Stdin gives the process a stdin pipe (a terminal always has one).
+	Stdin bool
+}
+
+// Create writes the container's bundle and has runc create it: its init
+// waits for Start.
+func (m *Manager) Create(ctx context.Context, id string, o CreateOptions) (*Container, error) {
+	if err := m.reserve(id); err != nil {
+		return nil, err
+	}
+	c, err := m.create(ctx, id, o)
+	m.release(id, c)
+	return c, err
+}
+
+func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Container, error) {
+	spec, err := guestSpec(id, o.Spec, o.Rootfs, m.cfg.CgroupParent)
+	if err != nil {
+		return nil, err
+	}
+	if err := subreaper(); err != nil {
+		return nil, err
+	}
+	bundle := filepath.Join(m.cfg.StateDir, id)
+	if err := writeBundle(bundle, spec); err != nil {
+		return nil, fmt.Errorf("container %q: %w", id, err)
+	}
+	c := &Container{ID: id, bundle: bundle, cgroup: spec.Linux.CgroupsPath, rt: m.runc(bundle), execs: procs{m: map[string]*proc{}}}
+	pid, io, err := c.runcCreate(ctx, spec.Process, o.Stdin)
+	if err != nil {
+		_ = os.RemoveAll(bundle)
+		return nil, err
+	}
+	if c.init, err = watch(id, pid, io, c.oomOnExit(ctx)); err != nil {
+		_ = c.rt.Delete(context.WithoutCancel(ctx), id, &runc.DeleteOpts{Force: true})
+		io.close()
+		_ = os.RemoveAll(bundle)
+		return nil, err
+	}
+	logger(ctx, id).WithField("pid", pid).Debug("container created")
+	return c, nil
+}
+
+// writeBundle makes the bundle dir with the spec as its config.json.
+func writeBundle(dir string, spec *specs.Spec) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return fmt.Errorf("make bundle: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("make bundle: %w", err)
+	}
+	data, err := json.Marshal(spec)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600)
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return fmt.Errorf("write config.json: %w", err)
+	}
+	return nil
+}
+
+// runcCreate runs `runc create` with the process's stdio: pipes passed
+// through, or a terminal runc sends back on a console socket.
+func (c *Container) runcCreate(ctx context.Context, p *specs.Process, withStdin bool) (int, *stdio, error) {
+	setup, err := newIOSetup(p, withStdin)
+	if err != nil {
+		return 0, nil, fmt.Errorf("container %q: %w", c.ID, err)
+	}
+	pidFile := filepath.Join(c.bundle, "init.pid")
+	opts := &runc.CreateOpts{PidFile: pidFile, IO: setup.io}
+	if setup.sock != nil {
+		opts.ConsoleSocket = setup.sock
+	}
+	if err := c.rt.Create(ctx, c.ID, c.bundle, opts); err != nil {
+		setup.done(false)
+		return 0, nil, fmt.Errorf("create container %q: %w: %w", c.ID, runcError(c.bundle, err), errdefs.ErrFailedPrecondition)
+	}
+	io, err := setup.done(true)
+	if err == nil {
+		var pid int
+		if pid, err = readPid(pidFile); err == nil {
+			return pid, io, nil
+		}
+		io.close()
+	}
+	_ = c.rt.Delete(context.WithoutCancel(ctx), c.ID, &runc.DeleteOpts{Force: true})
+	return 0, nil, fmt.Errorf("container %q: %w", c.ID, err)
+}
+
+// ioSetup is a process's stdio on its way to runc: pipes, or for a
+// terminal a console socket on which runc sends the terminal back.
+type ioSetup struct {
+	pipes *stdio
+	io    runc.IO
+	sock  *runc.Socket
+}
+
+func newIOSetup(p *specs.Process, withStdin bool) (*ioSetup, error) {
+	if p.Terminal {
+		sock, err := runc.NewTempConsoleSocket()
+		if err != nil {
+			return nil, fmt.Errorf("make console socket: %w", err)
+		}
+		return &ioSetup{sock: sock}, nil
+	}
+	pio, pipes, err := newPipes(int(p.User.UID), int(p.User.GID), withStdin)
+	if err != nil {
+		return nil, err
+	}
+	return &ioSetup{pipes: pipes, io: pio}, nil
+}
+
+// done, once runc ran, returns the agent's side of the stdio (ok) or
+// releases everything (!ok).
+func (s *ioSetup) done(ok bool) (*stdio, error) {
+	if s.sock != nil {
+		defer s.sock.Close()
+		if ok {
+			return newTerminal(s.sock)
+		}
+		return nil, nil
+	}
+	if !ok {
+		s.pipes.close()
+		return nil, nil
+	}
+	return s.pipes, nil
+}

@@ -237,3 +237,21 @@ type LiveCheckpointer interface {
 	Checkpointer
 	SnapshotLive(ctx context.Context, dir string, kind SnapshotKind) error
 }
+
+// DiskAttacher is a VM whose snapshot has spare disk slots (a microVM
+// cannot hotplug devices): each is a read-only disk, empty until a
+// filesystem image backs it, whose backend can be replaced while the VM
+// runs, for a container joining it. The caller allocates the slots.
+type DiskAttacher interface {
+	// DiskSlots is how many spare slots the VM has, numbered from 0.
+	DiskSlots() int
+	// AttachDisk backs slot with the read-only image at path in place of
+	// what backed it, and returns the serial by which the guest finds the
+	// disk. The guest sees the new image once it probes the device again
+	// (rebinds its driver): a disk it probed before keeps its old size
+	// and cached blocks.
+	AttachDisk(ctx context.Context, slot int, path string) (serial string, err error)
+	// DetachDisk leaves slot empty (a 0-byte disk); the hypervisor no
+	// longer holds the image. The guest must have stopped using the disk.
+	DetachDisk(ctx context.Context, slot int) error
+}

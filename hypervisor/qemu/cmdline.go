@@ -90,6 +90,7 @@ func (l launch) args() []string {
 	}
 	a = append(a, l.nicArgs()...)
 	a = append(a, l.rootfsArgs()...)
+	a = append(a, diskSlotArgs(s.DiskSlots)...)
 	if l.Kernel != "" {
 		a = append(a, "-kernel", l.Kernel, "-append", s.Cmdline)
 		if l.Initrd != "" {
@@ -132,6 +133,25 @@ func (l launch) rootfsArgs() []string {
 		"-blockdev", string(b),
 		"-device", "virtio-blk-device,id=" + rootfsID + ",drive=" + rootfsID + ",serial=" + rootfsSerial,
 	}
+}
+
+// diskSlotArgs are the spare disk slots, each empty: a read-only raw node
+// over a 0-byte null-co child, so that AttachDisk can swap the child for
+// an image while the VM runs (a raw node's file child is reopenable; the
+// device's own node is not replaceable). The child is inline, so QEMU
+// frees it once a swap drops it.
+func diskSlotArgs(slots int) []string {
+	var a []string
+	for i := range slots {
+		node := map[string]any{
+			"driver": "raw", "node-name": diskID(i), "read-only": true,
+			"file": emptyDisk(childNode(i, 0)),
+		}
+		b, _ := json.Marshal(node)
+		a = append(a, "-blockdev", string(b),
+			"-device", "virtio-blk-device,id="+diskID(i)+",drive="+diskID(i)+",serial="+diskSerial(i))
+	}
+	return a
 }
 
 // chardevEscape doubles commas, QEMU's escape inside option values.

@@ -115,6 +115,12 @@ func TestShapeValidate(t *testing.T) {
 		{"no cpu", func(s *Shape) { s.CPU = "" }, "cpu and accel"},
 		{"other devices", func(s *Shape) { s.Devices = []string{"virtio-serial-device"} }, "devices"},
 		{"version 1 devices", func(s *Shape) { s.Devices = devices[:2] }, "devices"},
+		{"disk slots", func(s *Shape) { s.DiskSlots, s.Devices = 8, machineDevices(8) }, ""},
+		{"most disk slots", func(s *Shape) { s.DiskSlots, s.Devices = MaxDiskSlots, machineDevices(MaxDiskSlots) }, ""},
+		{"too many disk slots", func(s *Shape) { s.DiskSlots, s.Devices = MaxDiskSlots+1, machineDevices(MaxDiskSlots+1) }, "diskSlots 17: want 0 to 16"},
+		{"negative disk slots", func(s *Shape) { s.DiskSlots = -1 }, "diskSlots -1"},
+		{"disk slots without their devices", func(s *Shape) { s.DiskSlots = 2 }, "for 2 disk slots"},
+		{"slot devices without the count", func(s *Shape) { s.Devices = machineDevices(2) }, "for 0 disk slots"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,6 +145,14 @@ func TestShapeRoundTrip(t *testing.T) {
 	}
 	if !slices.Equal(got.Devices, devices) || got.MemoryBytes != 512<<20 || got.Cmdline != "console=ttyS0" {
 		t.Fatalf("read back %+v", got)
+	}
+	slots := testShape()
+	slots.DiskSlots, slots.Devices = 3, machineDevices(3)
+	if err := WriteShape(dir, slots); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadShape(filepath.Join(dir, ShapeFile)); err != nil || got.DiskSlots != 3 {
+		t.Fatalf("read back %+v, %v; want 3 disk slots", got, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, ShapeFile), []byte(`{"version":1,"machine":"pc"}`), 0o644); err != nil {
 		t.Fatal(err)

@@ -89,6 +89,10 @@ type BootSpec struct {
 	Kernel, Initrd, Cmdline string
 	MemoryBytes             int64
 	VCPUs                   int
+	// DiskSlots is how many spare disk slots the VM gets, empty, for
+	// AttachDisk (0 to MaxDiskSlots). Its snapshots and their restores
+	// have them too.
+	DiskSlots int
 	// RunDir is created for the VM and removed by Close or on failure.
 	RunDir string
 	// MemPath is the guest RAM file (created, mapped shared); empty puts
@@ -104,7 +108,8 @@ func (d *Driver) Accel() (accel, reason string, err error) {
 
 // Boot cold-boots a VM with its RAM in a shared file, running. It is the
 // source a snapshot is baked from: its NIC has no backend and its rootfs
-// slot is empty, so every restore chooses both.
+// and spare disk slots are empty, so every restore chooses the first two
+// and AttachDisk fills the others.
 func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
 	// QEMU runs in its run directory: every path it is given is absolute.
 	for _, p := range []*string{&spec.Kernel, &spec.Initrd, &spec.RunDir, &spec.MemPath} {
@@ -128,7 +133,7 @@ func (d *Driver) Boot(ctx context.Context, spec BootSpec) (*VM, error) {
 	shape := Shape{
 		Version: shapeVersion, Machine: machineType, Accel: accel,
 		CPU: cpu, VCPUs: spec.VCPUs, MemoryBytes: spec.MemoryBytes,
-		Devices: devices, Cmdline: spec.Cmdline,
+		Devices: machineDevices(spec.DiskSlots), DiskSlots: spec.DiskSlots, Cmdline: spec.Cmdline,
 	}
 	if err := shape.Validate(); err != nil {
 		return nil, fmt.Errorf("boot spec: %w", err)

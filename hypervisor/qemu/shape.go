@@ -36,6 +36,16 @@ var devices = []string{
 	"virtio-net-device:" + nicID, "virtio-blk-device:" + rootfsID,
 }
 
+// machineDevices is the device set of a VM with slots spare disk slots:
+// every VM's, then the slots in order.
+func machineDevices(slots int) []string {
+	d := slices.Clone(devices)
+	for i := range slots {
+		d = append(d, "virtio-blk-device:"+diskID(i))
+	}
+	return d
+}
+
 // Shape is qemu.json: everything a restore needs to rebuild the command
 // line of the VM a snapshot came from. JSON keys are lowerCamel. Accel and
 // CPU say what the snapshot was baked with; a restore runs the host's own
@@ -48,6 +58,9 @@ type Shape struct {
 	VCPUs       int      `json:"vcpus"`
 	MemoryBytes int64    `json:"memoryBytes"`
 	Devices     []string `json:"devices"`
+	// DiskSlots is how many spare disk slots the VM has after its rootfs
+	// slot; a snapshot made before they existed has none.
+	DiskSlots int `json:"diskSlots,omitempty"`
 	// Cmdline is the guest kernel command line at cold boot; kept for
 	// inspection, a restore does not use it.
 	Cmdline string `json:"cmdline"`
@@ -68,8 +81,10 @@ func (s Shape) Validate() error {
 		return fmt.Errorf("qemu.json memoryBytes %d: want a positive multiple of 1 MiB", s.MemoryBytes)
 	case s.CPU == "" || s.Accel == "":
 		return fmt.Errorf("qemu.json: cpu and accel must be set")
-	case !slices.Equal(s.Devices, devices):
-		return fmt.Errorf("qemu.json devices %v: this driver builds %v", s.Devices, devices)
+	case s.DiskSlots < 0 || s.DiskSlots > MaxDiskSlots:
+		return fmt.Errorf("qemu.json diskSlots %d: want 0 to %d", s.DiskSlots, MaxDiskSlots)
+	case !slices.Equal(s.Devices, machineDevices(s.DiskSlots)):
+		return fmt.Errorf("qemu.json devices %v: this driver builds %v for %d disk slots", s.Devices, machineDevices(s.DiskSlots), s.DiskSlots)
 	}
 	return nil
 }

@@ -50,8 +50,10 @@ type VM struct {
 	// written are the hashes of the pages the restore wrote from staged
 	// deltas over the staged memory file.
 	written *pageHashes
-	once    sync.Once
-	err     error
+	// disks are the backends of the spare disk slots.
+	disks diskSlots
+	once  sync.Once
+	err   error
 }
 
 // PID is the QEMU process id.

@@ -30,6 +30,9 @@ type LinuxMounts struct {
 	Modules string // the guest's kernel modules; empty means /lib/modules
 	// LoadModule loads the kernel module in f; nil means finit_module(2).
 	LoadModule func(f *os.File) error
+	// Held says whether something holds the block device node (mounts
+	// it); nil means an exclusive open fails with EBUSY.
+	Held func(node string) (bool, error)
 }
 
 func (l LinuxMounts) sys() string     { return orDefault(l.Sys, "/sys") }
@@ -45,9 +48,14 @@ func orDefault(s, def string) string {
 
 // Disk binds the unbound virtio-blk devices and returns the node of the
 // disk whose serial is serial, looking again with a growing pause until
-// ctx ends.
+// ctx ends. A disk the driver probed before this call, and that nothing
+// holds (mounts it), is probed again first: the host may have put another
+// image behind its slot since (a spare slot for a container joining the
+// VM), and the guest learns a disk's size, and forgets the blocks it
+// cached, only when the driver probes it.
 func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
-	if err := l.bindVirtioBlk(); err != nil {
+	fresh, err := l.bindVirtioBlk()
+	if err != nil {
 		return "", err
 	}
 	for pause := time.Millisecond; ; pause = min(2*pause, diskPoll) {
@@ -58,7 +66,16 @@ func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
 		if name != "" {
 			node := filepath.Join(l.dev(), name)
 			if _, err := os.Stat(node); err == nil {
-				return node, nil
+				// A disk whose virtio device cannot be named is used as found.
+				dev, err := l.virtioDevice(name)
+				if err != nil || fresh.has(dev) {
+					return node, nil
+				}
+				if again, err := l.reprobe(dev, node); err != nil || !again {
+					return node, err
+				}
+				fresh.add(dev)
+				continue
 			}
 		}
 		t := time.NewTimer(pause)
@@ -71,19 +88,79 @@ func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
 	}
 }
 
-// bindVirtioBlk binds every virtio block device without a driver. The
-// guest loads virtio_blk only on demand (guest/modules): without it, it
-// loads the module, which probes, and so binds, every slot.
-func (l LinuxMounts) bindVirtioBlk() error {
+// probed is the virtio devices the driver probed during one Disk call;
+// all when it loaded the driver.
+type probed struct {
+	all  bool
+	devs map[string]bool
+}
+
+func (p *probed) has(dev string) bool { return p.all || p.devs[dev] }
+
+func (p *probed) add(dev string) {
+	if p.devs == nil {
+		p.devs = map[string]bool{}
+	}
+	p.devs[dev] = true
+}
+
+// virtioDevice names the virtio device (virtioN) of block device name.
+func (l LinuxMounts) virtioDevice(name string) (string, error) {
+	dev, err := os.Readlink(filepath.Join(l.sys(), "block", name, "device"))
+	if err != nil {
+		return "", fmt.Errorf("find the virtio device of %s: %w", name, err)
+	}
+	return filepath.Base(dev), nil
+}
+
+// reprobe unbinds virtio device dev from virtio_blk and binds it again,
+// unless its disk's node is held: a mounted disk is never pulled from
+// under its users. It reports whether it probed.
+func (l LinuxMounts) reprobe(dev, node string) (bool, error) {
+	held, err := l.held(node)
+	if err != nil || held {
+		return false, err
+	}
+	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
+	for _, op := range []string{"unbind", "bind"} {
+		if err := os.WriteFile(filepath.Join(driver, op), []byte(dev), 0); err != nil {
+			return false, fmt.Errorf("probe %s again: %s: %w", dev, op, err)
+		}
+	}
+	return true, nil
+}
+
+// held says whether something holds block device node: it cannot be
+// opened exclusively (EBUSY) while mounted or claimed.
+func (l LinuxMounts) held(node string) (bool, error) {
+	if l.Held != nil {
+		return l.Held(node)
+	}
+	f, err := os.OpenFile(node, os.O_RDONLY|unix.O_EXCL|unix.O_NONBLOCK, 0)
+	if errors.Is(err, unix.EBUSY) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open %s: %w", node, err)
+	}
+	return false, f.Close()
+}
+
+// bindVirtioBlk binds every virtio block device without a driver, and
+// returns those it bound. The guest loads virtio_blk only on demand
+// (guest/modules): without it, it loads the module, which probes, and so
+// binds, every slot.
+func (l LinuxMounts) bindVirtioBlk() (*probed, error) {
 	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
 	if _, err := os.Stat(driver); errors.Is(err, fs.ErrNotExist) {
-		return l.loadVirtioBlk()
+		return &probed{all: true}, l.loadVirtioBlk()
 	}
 	devices := filepath.Join(l.sys(), "bus/virtio/devices")
 	entries, err := os.ReadDir(devices)
 	if err != nil {
-		return fmt.Errorf("list virtio devices: %w", err)
+		return nil, fmt.Errorf("list virtio devices: %w", err)
 	}
+	p := &probed{}
 	for _, e := range entries {
 		dir := filepath.Join(devices, e.Name())
 		id, err := os.ReadFile(filepath.Join(dir, "device"))
@@ -94,10 +171,11 @@ func (l LinuxMounts) bindVirtioBlk() error {
 			continue
 		}
 		if err := os.WriteFile(filepath.Join(driver, "bind"), []byte(e.Name()), 0); err != nil {
-			return fmt.Errorf("bind %s to virtio_blk: %w", e.Name(), err)
+			return nil, fmt.Errorf("bind %s to virtio_blk: %w", e.Name(), err)
 		}
+		p.add(e.Name())
 	}
-	return nil
+	return p, nil
 }
 
 // loadVirtioBlk loads the virtio_blk module the guest carries.

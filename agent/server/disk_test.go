@@ -168,3 +168,67 @@ func TestDiskErrors(t *testing.T) {
 		}
 	})
 }
+
+// diskOn gives block device name a device link to virtio device dev, as
+// the kernel does.
+func (f *fakeSysfs) diskOn(name, serial, dev string) {
+	f.disk(name, serial)
+	if err := os.Symlink("../../../"+dev, filepath.Join(f.sys, "block", name, "device")); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// unbound is what was last written to virtio_blk's unbind.
+func (f *fakeSysfs) unbound() string {
+	b, err := os.ReadFile(filepath.Join(f.sys, "bus/virtio/drivers/virtio_blk/unbind"))
+	if errors.Is(err, os.ErrNotExist) {
+		return ""
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestDiskReprobes: a disk the driver probed before Disk was called is
+// probed again (unbound and bound), since the host may have put another
+// image behind its slot; one bound by this call, or held (mounted), is not.
+func TestDiskReprobes(t *testing.T) {
+	tests := []struct {
+		name            string
+		bound, held     bool
+		unbind, rebound string
+	}{
+		{"probed before", true, false, "virtio6", "virtio6"},
+		{"probed now", false, false, "", "virtio6"},
+		{"probed before and mounted", true, true, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeSysfs(t, true)
+			f.virtio("virtio2", "0x0002", true)
+			f.virtio("virtio6", "0x0002", tt.bound)
+			f.diskOn("vda", "cocoon-rootfs", "virtio2")
+			f.diskOn("vde", "cocoon-disk-3", "virtio6")
+			m := f.mounts()
+			var asked []string
+			m.Held = func(node string) (bool, error) {
+				asked = append(asked, node)
+				return tt.held, nil
+			}
+			dev, err := m.Disk(context.Background(), "cocoon-disk-3")
+			if err != nil || dev != filepath.Join(f.dev, "vde") {
+				t.Fatalf("disk %q %v, want vde", dev, err)
+			}
+			if got := f.unbound(); got != tt.unbind {
+				t.Errorf("unbound %q, want %q", got, tt.unbind)
+			}
+			if got := f.bound(); got != tt.rebound {
+				t.Errorf("bound %q, want %q", got, tt.rebound)
+			}
+			if tt.bound && (len(asked) != 1 || asked[0] != dev) {
+				t.Errorf("asked whether %q are held, want only %s", asked, dev)
+			}
+		})
+	}
+}

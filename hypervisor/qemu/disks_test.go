@@ -92,7 +92,9 @@ func addFile(t *testing.T, node, path string) string {
 	return "blockdev-add " + jsonArgs(t, imageDisk(node, path))
 }
 
-func addEmpty(t *testing.T, node string) string { return "blockdev-add " + jsonArgs(t, emptyDisk(node)) }
+func addEmpty(t *testing.T, node string) string {
+	return "blockdev-add " + jsonArgs(t, emptyDisk(node))
+}
 
 func reopen(slot, file string) string {
 	return `blockdev-reopen {"options":[{"driver":"raw","file":"` + file + `","node-name":"` + slot + `","read-only":true}]}`

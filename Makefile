@@ -12,10 +12,18 @@ GOTEST_FLAGS ?= -count=1 -timeout 20m
 # version and containerd's own dependencies. CNI plugins go to bin/cni, the
 # CRI plugin's bin_dirs and cnitest's.
 CRI_TOOLS_VERSION := v1.37.0
+CRANE_VERSION := v0.22.1
 CNI_PLUGINS_VERSION := v1.10.0
 CNI_PLUGINS := main/bridge ipam/host-local main/loopback
 
-.PHONY: all build containerd tools deps guest test unit lint generate clean demo bench fuzz soak
+# runc for the guest, which runs each container of a pod's VM with it (issues
+# 21/22): built from the module proxy at a pinned version in its own module
+# graph, with seccomp (cgo against Debian's libseccomp.a) and linked static,
+# since the guest has no C library. The netgo and osusergo tags keep glibc's
+# NSS, which cannot link static, out of it.
+RUNC_VERSION := v1.5.3
+
+.PHONY: all build containerd tools runc-guest deps guest test unit lint generate clean demo bench fuzz soak
 
 all: build
 
@@ -34,20 +42,32 @@ containerd:
 	$(GO) build -o $(BIN)/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
 		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 
-## tools: crictl and the CNI plugins bridge, host-local and loopback (bin/cni) for the CRI tier
+## tools: crictl, critest (a ginkgo test binary, built with go test -c in cri-tools' own module
+## dir), crane (its registry serves critest's images) and the CNI plugins bridge, host-local and
+## loopback (bin/cni) for the CRI tier
 tools:
 	@mkdir -p $(BIN)/cni
 	GOBIN=$(BIN) $(GO) install -ldflags '-X sigs.k8s.io/cri-tools/pkg/version.Version=$(CRI_TOOLS_VERSION)' \
 		sigs.k8s.io/cri-tools/cmd/crictl@$(CRI_TOOLS_VERSION)
+	cd "$$($(GO) mod download -json sigs.k8s.io/cri-tools@$(CRI_TOOLS_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')" && \
+		$(GO) test -c -ldflags '-X sigs.k8s.io/cri-tools/pkg/version.Version=$(CRI_TOOLS_VERSION)' -o $(BIN)/critest ./cmd/critest
+	GOBIN=$(BIN) $(GO) install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
 	GOBIN=$(BIN)/cni $(GO) install -ldflags '-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(CNI_PLUGINS_VERSION)' \
 		$(addprefix github.com/containernetworking/plugins/plugins/,$(addsuffix @$(CNI_PLUGINS_VERSION),$(CNI_PLUGINS)))
+
+## runc-guest: bin/guest/runc, the static runc (with seccomp) the guest's initramfs carries
+runc-guest: deps
+	@mkdir -p $(BIN)/guest
+	CGO_ENABLED=1 GOBIN=$(BIN)/guest $(GO) install -trimpath -tags 'seccomp netgo osusergo' \
+		-ldflags '-s -w -extldflags -static -X main.version=$(RUNC_VERSION:v%=%)' \
+		github.com/opencontainers/runc@$(RUNC_VERSION)
 
 ## deps: the Debian packages the guest build and the tests need
 deps:
 	scripts/install-deps.sh
 
 ## guest: build/guest/{vmlinuz,initramfs.cpio.gz,BUILDINFO}
-guest: deps build
+guest: deps build runc-guest
 	guest/build.sh $(GUEST)
 
 ## demo: run a container through cocoon (mmap, then copy restore) in a private containerd;

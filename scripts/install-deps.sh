@@ -2,7 +2,8 @@
 # Installs the Debian packages cocoon's guest build and tests need. Idempotent:
 # does nothing when everything is present.
 set -euo pipefail
-pkgs=(qemu-system-x86 busybox-static cpio protobuf-compiler libprotobuf-dev e2fsprogs erofs-utils runc)
+pkgs=(qemu-system-x86 busybox-static cpio protobuf-compiler libprotobuf-dev e2fsprogs erofs-utils runc
+	gcc libc6-dev pkg-config libseccomp-dev) # the last four: the guest's static runc
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

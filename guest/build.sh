@@ -5,13 +5,15 @@
 #
 # The kernel is the package linux-image-cloud-amd64 depends on, downloaded
 # (never installed on the host) into a cache; its virtio/vsock modules,
-# busybox-static and the static cocoon-agent go into the initramfs. The same
+# busybox-static, the static cocoon-agent and the static runc the agent runs
+# containers with go into the initramfs. The same
 # inputs give a byte-identical initramfs: fixed mtimes, a sorted file list,
 # `cpio --reproducible`, `gzip -n`.
 #
 # Environment:
 #   COCOON_GUEST_CACHE  package cache directory (default build/cache)
 #   COCOON_AGENT        agent binary (default bin/cocoon-agent, built if missing)
+#   COCOON_RUNC         static runc with seccomp (default bin/guest/runc: make runc-guest)
 #   SOURCE_DATE_EPOCH   mtime of every file in the initramfs (default 0)
 set -euo pipefail
 
@@ -24,6 +26,7 @@ mkdir -p "$1"
 out=$(cd "$1" && pwd)
 cache=${COCOON_GUEST_CACHE:-$repo/build/cache}
 agent=${COCOON_AGENT:-$repo/bin/cocoon-agent}
+runc=${COCOON_RUNC:-$repo/bin/guest/runc}
 epoch=${SOURCE_DATE_EPOCH:-0}
 export LC_ALL=C TZ=UTC
 
@@ -93,7 +96,8 @@ install_modules() {
 	install -m 0644 "$guest/modules" "$root/etc/modules"
 }
 
-# install_busybox DEB ROOT installs busybox and a symlink for every applet.
+# install_busybox DEB ROOT installs busybox and a symlink for every applet
+# (/init is guest/rootfs/init, which starts busybox init).
 install_busybox() {
 	local x=$work/busybox applet
 	dpkg-deb -x "$1" "$x"
@@ -101,7 +105,6 @@ install_busybox() {
 	for applet in $("$x/bin/busybox" --list-full | sort); do
 		[ -e "$2/$applet" ] || ln -s /bin/busybox "$2/$applet"
 	done
-	ln -s /bin/busybox "$2/init"
 }
 
 # install_rootfs ROOT lays out the directories and guest/rootfs templates.
@@ -111,7 +114,7 @@ install_rootfs() {
 	(cd "$guest/rootfs" && find . -type f) | sort | while read -r f; do
 		install -D -m 0644 "$guest/rootfs/$f" "$root/$f"
 	done
-	chmod 0755 "$root/etc/init.d/rcS"
+	chmod 0755 "$root/init" "$root/etc/init.d/rcS"
 	chmod 0700 "$root/root"
 	chmod 1777 "$root/tmp"
 }
@@ -129,6 +132,12 @@ fi
 if command -v file >/dev/null && ! file -b "$agent" | grep -q 'statically linked'; then
 	die "$agent is not statically linked (build it with CGO_ENABLED=0)"
 fi
+[ -x "$runc" ] || die "$runc is missing (make runc-guest builds it)"
+if command -v file >/dev/null && ! file -b "$runc" | grep -q 'statically linked'; then
+	die "$runc is not statically linked (make runc-guest builds it so)"
+fi
+# The guest has no seccomp without it: runc would start containers unconfined.
+"$runc" --version | grep -q '^libseccomp: ' || die "$runc is built without seccomp (make runc-guest)"
 
 mkdir -p "$cache"
 work=$(mktemp -d "$out/.build.XXXXXX")
@@ -146,6 +155,7 @@ install_rootfs "$root"
 install_busybox "$bdeb" "$root"
 install_modules "$work/kernel" "$release" "$root"
 install -m 0755 "$agent" "$root/sbin/cocoon-agent"
+install -m 0755 "$runc" "$root/usr/bin/runc"
 pack "$root" "$work/initramfs.cpio.gz"
 install -m 0644 "$work/kernel/boot/vmlinuz-$release" "$work/vmlinuz"
 
@@ -158,6 +168,9 @@ install -m 0644 "$work/kernel/boot/vmlinuz-$release" "$work/vmlinuz"
 	echo "busybox.version=$(dpkg-deb -f "$bdeb" Version)"
 	echo "busybox.deb.sha256=$(sha256sum "$bdeb" | cut -d' ' -f1)"
 	echo "agent.sha256=$(sha256sum "$agent" | cut -d' ' -f1)"
+	echo "runc.version=$("$runc" --version | sed -n 's/^runc version //p')"
+	echo "runc.libseccomp=$("$runc" --version | sed -n 's/^libseccomp: //p')"
+	echo "runc.sha256=$(sha256sum "$runc" | cut -d' ' -f1)"
 	echo "modules=$(grep -v '^#' "$guest/modules" | tr ' ' ':' | paste -sd, -)"
 	echo "source_date_epoch=$epoch"
 	echo "vmlinuz.sha256=$(sha256sum "$work/vmlinuz" | cut -d' ' -f1)"

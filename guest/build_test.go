@@ -17,11 +17,12 @@ func TestBuildReproducible(t *testing.T) {
 		testenv.LookPath(t, tool)
 	}
 	agent := testenv.Bin(t, "cocoon-agent")
+	runc := testenv.Bin(t, "guest/runc")
 	var builds [2]string
 	for i := range builds {
 		builds[i] = filepath.Join(t.TempDir(), "guest")
 		cmd := exec.Command("./build.sh", builds[i])
-		cmd.Env = append(os.Environ(), "COCOON_AGENT="+agent)
+		cmd.Env = append(os.Environ(), "COCOON_AGENT="+agent, "COCOON_RUNC="+runc)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("build.sh: %v\n%s", err, out)
 		}

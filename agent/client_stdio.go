@@ -58,17 +58,23 @@ func (p *Process) Stdio() (stdin io.WriteCloser, stdout, stderr io.ReadCloser) {
 // outputReader pulls one output stream with ReadOutput calls, so the guest
 // sends only what the reader asks for.
 type outputReader struct {
-	c      *Client
 	id     string
 	stream api.Stream
+	pull   func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) // one read call
 	ctx    context.Context
 	cancel context.CancelFunc
 	eof    bool
 }
 
 func newOutputReader(c *Client, id string, stream api.Stream) *outputReader {
+	return newPuller(id, stream, func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) {
+		return c.api.ReadOutput(ctx, &api.ReadOutputRequest{Id: id, Stream: stream, MaxBytes: max})
+	})
+}
+
+func newPuller(id string, stream api.Stream, pull func(context.Context, uint32) (*api.ReadOutputResponse, error)) *outputReader {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &outputReader{c: c, id: id, stream: stream, ctx: ctx, cancel: cancel}
+	return &outputReader{id: id, stream: stream, pull: pull, ctx: ctx, cancel: cancel}
 }
 
 func (r *outputReader) Read(p []byte) (int, error) {
@@ -87,7 +93,7 @@ func (r *outputReader) Read(p []byte) (int, error) {
 			return 0, os.ErrClosed
 		}
 		want := min(len(p), stdioChunk)
-		resp, err := r.c.api.ReadOutput(r.ctx, &api.ReadOutputRequest{Id: r.id, Stream: r.stream, MaxBytes: uint32(want)})
+		resp, err := r.pull(r.ctx, uint32(want))
 		if err != nil {
 			if r.ctx.Err() != nil {
 				return 0, os.ErrClosed
@@ -130,23 +136,31 @@ func (r *outputReader) Close() error {
 // a write in progress: an agent that does not answer (a paused VM) cannot
 // hold the writer, or the caller closing it, for ever.
 type stdinWriter struct {
-	c      *Client
 	id     string
+	push   func(ctx context.Context, data []byte) error // one write call
+	end    func(ctx context.Context) error              // the close call
 	ctx    context.Context
 	cancel context.CancelFunc
 	once   sync.Once
 }
 
 func newStdinWriter(c *Client, id string) *stdinWriter {
+	return newPusher(id, func(ctx context.Context, data []byte) error {
+		_, err := c.api.WriteStdin(ctx, &api.WriteStdinRequest{Id: id, Data: data})
+		return err
+	}, func(ctx context.Context) error { return c.CloseStdin(ctx, id) })
+}
+
+func newPusher(id string, push func(context.Context, []byte) error, end func(context.Context) error) *stdinWriter {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &stdinWriter{c: c, id: id, ctx: ctx, cancel: cancel}
+	return &stdinWriter{id: id, push: push, end: end, ctx: ctx, cancel: cancel}
 }
 
 func (w *stdinWriter) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
 		chunk := p[:min(len(p), stdioChunk)]
-		if _, err := w.c.api.WriteStdin(w.ctx, &api.WriteStdinRequest{Id: w.id, Data: chunk}); err != nil {
+		if err := w.push(w.ctx, chunk); err != nil {
 			if w.ctx.Err() != nil {
 				return n, os.ErrClosed
 			}
@@ -166,7 +180,7 @@ func (w *stdinWriter) Close() error {
 		w.cancel()
 		ctx, cancel := context.WithTimeout(context.Background(), stdinCloseTimeout)
 		defer cancel()
-		err = w.c.CloseStdin(ctx, w.id)
+		err = w.end(ctx)
 	})
 	return err
 }

@@ -11,3 +11,8 @@ const (
 	// MaxFilesSize bounds the data of all files together.
 	MaxFilesSize = 1 << 20
 )
+
+// MaxContainerSpec bounds a container's OCI spec, an exec's OCI process and
+// a resources update, as JSON: a spec is a few KiB, its seccomp profile
+// some tens.
+const MaxContainerSpec = 1 << 20

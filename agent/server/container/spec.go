@@ -8,11 +8,12 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// MaxSpecSize bounds a container's spec and an exec's process: a spec is
-// a few KiB, its seccomp profile some tens.
-const MaxSpecSize = 1 << 20
+// MaxSpecSize bounds a container's spec, an exec's process and resources.
+const MaxSpecSize = api.MaxContainerSpec
 
 // guestSpec reads the host's spec for the guest: the container's root is
 // rootfs, its cgroup is under parent, and its network is the VM's, which

@@ -1,0 +1,207 @@
+package agent_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/internal/vmtest"
+)
+
+// containerRoot is the busybox root the guest's containers share, in the
+// guest's /tmp (a tmpfs).
+const containerRoot = "/tmp/container-rootfs"
+
+// containerTimeout bounds a container call: runc under TCG takes seconds.
+const containerTimeout = 2 * time.Minute
+
+// TestVMContainers boots the real guest and runs containers in it through
+// the agent's container calls and the guest's runc: confined as their
+// specs ask, an exec, stats and an update, one OOM-killed alone beside a
+// running one, bad input refused, and nothing left once deleted.
+func TestVMContainers(t *testing.T) {
+	vm := vmtest.Boot(t)
+	c := vm.Client(t)
+	t.Cleanup(func() { _ = c.Close() })
+	guestSh(t, c, "mkdir -p "+containerRoot+"/bin "+containerRoot+"/etc && cd "+containerRoot+
+		" && cp /bin/busybox bin/ && for a in $(busybox --list); do ln -s busybox bin/$a; done && echo s3cret >etc/secret", "")
+	t.Run("Confined", func(t *testing.T) { testContainerConfined(t, c) })
+	t.Run("Running", func(t *testing.T) { testContainerRunning(t, c) })
+	t.Run("Refused", func(t *testing.T) { testContainerRefused(t, c) })
+	left := guestSh(t, c, "runc --root /run/runc list -q; ls /run/cocoon/containers; find /sys/fs/cgroup/cocoon -mindepth 1 -type d", "")
+	if left != "" {
+		t.Errorf("left in the guest after every container's delete (runc's containers, bundles, cgroups):\n%s", left)
+	}
+}
+
+// guestSpec is containerd's default spec, as ctr run gives the shim.
+func guestSpec(t *testing.T, id string, opts ...oci.SpecOpts) *specs.Spec {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), "cocoon-test")
+	s, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: id}, append([]oci.SpecOpts{oci.WithDefaultPathEnv}, opts...)...)
+	if err != nil {
+		t.Fatalf("generate spec: %v", err)
+	}
+	return s
+}
+
+// containerCtx is a context for one container call.
+func containerCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), containerTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// createStarted creates and starts a container.
+func createStarted(t *testing.T, c *agent.Client, id string, opts ...oci.SpecOpts) *agent.ContainerProcess {
+	t.Helper()
+	p, err := c.CreateContainer(containerCtx(t), id, guestSpec(t, id, opts...), containerRoot, false)
+	if err != nil {
+		t.Fatalf("create %s: %v", id, err)
+	}
+	if _, err := c.StartContainer(containerCtx(t), id); err != nil {
+		t.Fatalf("start %s: %v", id, err)
+	}
+	return p
+}
+
+// drainContainer reads p's output to its end and waits for it.
+func drainContainer(t *testing.T, p *agent.ContainerProcess) (string, string, agent.ContainerExit) {
+	t.Helper()
+	_, out, errOut := p.Stdio()
+	var stdout, stderr string
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); stdout = readAll(t, out) }()
+	go func() { defer wg.Done(); stderr = readAll(t, errOut) }()
+	wg.Wait()
+	e, err := p.Wait(containerCtx(t))
+	if err != nil {
+		t.Fatalf("wait for %s: %v", p, err)
+	}
+	return stdout, stderr, e
+}
+
+// testContainerConfined: the "restricted" profile holds in the guest.
+func testContainerConfined(t *testing.T, c *agent.Client) {
+	agentPid := strings.TrimSpace(guestSh(t, c, "pidof cocoon-agent", ""))
+	script := "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; echo pid=$$; touch /x 2>/dev/null || echo root-ro; " +
+		"cat /etc/secret; kill -0 " + agentPid + " 2>/dev/null || echo agent-unreachable; ls /proc | grep -c '^[0-9]'"
+	p := createStarted(t, c, "confined", oci.WithProcessArgs("sh", "-c", script), oci.WithCapabilities(nil),
+		oci.WithNoNewPrivileges, seccomp.WithDefaultProfile(), oci.WithRootFSReadonly(), oci.WithMaskedPaths([]string{"/etc/secret"}))
+	stdout, stderr, e := drainContainer(t, p)
+	t.Logf("the container printed:\n%s", stdout)
+	if e.Code != 0 || e.OOMKilled {
+		t.Errorf("exit %+v, stderr %q", e, stderr)
+	}
+	for _, want := range []string{"CapEff:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2", "pid=1", "root-ro", "agent-unreachable", "3"} {
+		// 3 processes in /proc: sh, ls and grep; nothing of the guest's.
+		if !strings.Contains(stdout, want+"\n") {
+			t.Errorf("stdout lacks %q", want)
+		}
+	}
+	if strings.Contains(stdout, "s3cret") {
+		t.Errorf("the masked /etc/secret was read")
+	}
+	if err := c.DeleteContainer(containerCtx(t), "confined", ""); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+}
+
+// testContainerRunning: exec, stats and update in a running container; a
+// container over its memory limit OOM-killed alone beside it.
+func testContainerRunning(t *testing.T, c *agent.Client) {
+	const limit = 32 << 20
+	app := createStarted(t, c, "app", oci.WithProcessArgs("sleep", "1000"), oci.WithMemoryLimit(64<<20))
+	hog := createStarted(t, c, "hog", oci.WithProcessArgs("dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"),
+		oci.WithMemoryLimit(limit), oci.WithMemorySwap(limit))
+	_, stderr, e := drainContainer(t, hog)
+	if e.Code != 137 || e.Signal != int(syscall.SIGKILL) || !e.OOMKilled {
+		t.Errorf("hog's exit %+v (stderr %q), want 137 by SIGKILL, OOM-killed", e, stderr)
+	}
+	if err := c.DeleteContainer(containerCtx(t), "hog", ""); err != nil {
+		t.Fatalf("delete hog: %v", err)
+	}
+	ex, err := c.ExecContainer(containerCtx(t), "app", "hello", &specs.Process{Args: []string{"echo", "alive"}, Env: []string{"PATH=/bin"}, Cwd: "/"}, false)
+	if err != nil {
+		t.Fatalf("exec in app after hog's OOM: %v", err)
+	}
+	if out, _, e := drainContainer(t, ex); out != "alive\n" || e.Code != 0 {
+		t.Errorf("exec printed %q, exit %+v", out, e)
+	}
+	testContainerStats(t, c)
+	if err := app.Signal(containerCtx(t), syscall.SIGKILL, false); err != nil {
+		t.Fatalf("kill app: %v", err)
+	}
+	if e, err := app.Wait(containerCtx(t)); err != nil || e.Code != 137 || e.OOMKilled {
+		t.Errorf("app's exit %+v, %v; want 137, not OOM-killed", e, err)
+	}
+	if err := c.DeleteContainer(containerCtx(t), "app", ""); err != nil {
+		t.Fatalf("delete app: %v", err)
+	}
+}
+
+// testContainerStats: app's stats show its own memory and limit, and an
+// update changes the limit.
+func testContainerStats(t *testing.T, c *agent.Client) {
+	m, err := c.ContainerStats(containerCtx(t), "app")
+	if err != nil {
+		t.Fatalf("stats: %v", err)
+	}
+	if m.Memory.Usage == 0 || m.Memory.UsageLimit != 64<<20 || m.CPU.UsageUsec == 0 || m.Pids.Current == 0 {
+		t.Errorf("stats memory %+v, cpu %+v, pids %+v", m.Memory, m.CPU, m.Pids)
+	}
+	limit := int64(48 << 20)
+	if err := c.UpdateContainer(containerCtx(t), "app", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	if m, err = c.ContainerStats(containerCtx(t), "app"); err != nil || m.Memory.UsageLimit != uint64(limit) {
+		t.Errorf("limit after update: %+v, %v; want %d", m.GetMemory(), err, limit)
+	}
+}
+
+// testContainerRefused: bad input is refused naming what was wrong.
+func testContainerRefused(t *testing.T, c *agent.Client) {
+	netns := guestSpec(t, "netns", oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: "/proc/1/ns/net"}))
+	for _, tc := range []struct {
+		name   string
+		call   func() error
+		class  func(error) bool
+		errHas string
+	}{
+		{"netns-path", func() error {
+			_, err := c.CreateContainer(containerCtx(t), "netns", netns, containerRoot, false)
+			return err
+		}, errdefs.IsInvalidArgument, "/proc/1/ns/net"},
+		{"no-rootfs", func() error {
+			_, err := c.CreateContainer(containerCtx(t), "nort", guestSpec(t, "nort"), "/tmp/none", false)
+			return err
+		}, errdefs.IsFailedPrecondition, "/tmp/none"},
+		{"bad-id", func() error {
+			_, err := c.CreateContainer(containerCtx(t), "a/b", guestSpec(t, "x"), containerRoot, false)
+			return err
+		}, errdefs.IsInvalidArgument, "a/b"},
+		{"start-unknown", func() error {
+			_, err := c.StartContainer(containerCtx(t), "nothing")
+			return err
+		}, errdefs.IsNotFound, "nothing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if !tc.class(err) || !strings.Contains(err.Error(), tc.errHas) {
+				t.Errorf("error %v, want one of the right class naming %q", err, tc.errHas)
+			}
+		})
+	}
+}

@@ -66,13 +66,17 @@ func containerCtx(t *testing.T) context.Context {
 // createStarted creates and starts a container.
 func createStarted(t *testing.T, c *agent.Client, id string, opts ...oci.SpecOpts) *agent.ContainerProcess {
 	t.Helper()
-	p, err := c.CreateContainer(containerCtx(t), id, guestSpec(t, id, opts...), containerRoot, false)
+	spec := guestSpec(t, id, opts...)
+	began := time.Now()
+	p, err := c.CreateContainer(containerCtx(t), id, spec, containerRoot, false)
 	if err != nil {
 		t.Fatalf("create %s: %v", id, err)
 	}
+	created := time.Now()
 	if _, err := c.StartContainer(containerCtx(t), id); err != nil {
 		t.Fatalf("start %s: %v", id, err)
 	}
+	t.Logf("%s: create %v, start %v (TCG)", id, created.Sub(began).Round(time.Millisecond), time.Since(created).Round(time.Millisecond))
 	return p
 }
 

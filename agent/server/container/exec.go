@@ -95,7 +95,7 @@ func (c *Container) exec(ctx context.Context, execID string, spec *specs.Process
 
 // DeleteExec forgets an exited exec and closes its stdio.
 func (c *Container) DeleteExec(execID string) error {
-	p, err := c.Process(execID)
+	p, err := c.process(execID)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,9 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
+// managers numbers the tests' managers, each with a cgroup parent of its own.
+var managers atomic.Int64
+
 // testManager is a manager on the host's runc (Debian's, cgroup v1 here),
 // with its state, runc's and the containers' cgroups the test's own, all
 // removed at the end.
@@ -31,7 +35,7 @@ func testManager(t *testing.T) *Manager {
 		Runc:         testenv.LookPath(t, "runc"),
 		RuncRoot:     t.TempDir(),
 		StateDir:     filepath.Join(t.TempDir(), "containers"),
-		CgroupParent: fmt.Sprintf("/cocoon-container-test-%d", os.Getpid()),
+		CgroupParent: fmt.Sprintf("/cocoon-container-test-%d-%d", os.Getpid(), managers.Add(1)),
 	}
 	m := New(cfg)
 	t.Cleanup(func() {
@@ -45,6 +49,11 @@ func testManager(t *testing.T) *Manager {
 			c, err := m.Get(id)
 			if err == nil && !c.init.exited() {
 				_ = c.Signal(context.Background(), "", unix.SIGKILL, true)
+				select {
+				case <-c.init.done:
+				case <-time.After(time.Minute):
+					t.Errorf("cleanup: %s outlived SIGKILL", id)
+				}
 			}
 			if err := m.Delete(context.Background(), id); err != nil {
 				t.Errorf("cleanup: delete %s: %v", id, err)

@@ -3,7 +3,6 @@ package container
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -44,8 +43,8 @@ func (c *Container) Start(ctx context.Context) (int, error) {
 	return c.init.pid, nil
 }
 
-// Process returns the container's init (execID "") or one of its execs.
-func (c *Container) Process(execID string) (*proc, error) {
+// process returns the container's init (execID "") or one of its execs.
+func (c *Container) process(execID string) (*proc, error) {
 	if execID == "" {
 		return c.init, nil
 	}
@@ -60,7 +59,7 @@ func (c *Container) Process(execID string) (*proc, error) {
 // Signal signals the init (through runc, all of the container's processes
 // with all) or an exec.
 func (c *Container) Signal(ctx context.Context, execID string, sig syscall.Signal, all bool) error {
-	p, err := c.Process(execID)
+	p, err := c.process(execID)
 	if err != nil {
 		return err
 	}
@@ -81,7 +80,7 @@ func (c *Container) Signal(ctx context.Context, execID string, sig syscall.Signa
 
 // Wait waits for the init or an exec to exit.
 func (c *Container) Wait(ctx context.Context, execID string) (Exit, error) {
-	p, err := c.Process(execID)
+	p, err := c.process(execID)
 	if err != nil {
 		return Exit{}, err
 	}
@@ -120,7 +119,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if c.started && !c.init.exited() {
 		return fmt.Errorf("container %q is running: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	if err := c.rt.Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := c.rt.Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil {
 		return fmt.Errorf("delete container %q: %w", id, runcError(c.bundle, err))
 	}
 	<-c.init.done

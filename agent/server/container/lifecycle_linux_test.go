@@ -62,7 +62,7 @@ func TestExec(t *testing.T) {
 			if _, err := c.Exec(ctx, tc.name, ExecOptions{Process: execProcess(t, tc.terminal, tc.args...)}); err != nil {
 				t.Fatalf("exec: %v", err)
 			}
-			p, _ := c.Process(tc.name)
+			p, _ := c.process(tc.name)
 			out := readAll(t, p.io.stdout)
 			if e := waitExit(t, c, tc.name); e.Code != tc.code {
 				t.Errorf("exit %+v, want code %d (output %q)", e, tc.code, out)
@@ -118,7 +118,7 @@ func TestOOMKill(t *testing.T) {
 	if _, err := other.Exec(ctx, "alive", ExecOptions{Process: execProcess(t, false, "echo", "alive")}); err != nil {
 		t.Fatalf("exec in the bystander: %v", err)
 	}
-	p, _ := other.Process("alive")
+	p, _ := other.process("alive")
 	if out := readAll(t, p.io.stdout); out != "alive\n" {
 		t.Errorf("bystander's exec said %q", out)
 	}

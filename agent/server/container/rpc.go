@@ -125,7 +125,7 @@ func (r *RPC) process(id, execID string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.Process(execID)
+	return c.process(execID)
 }
 
 // ReadContainerOutput returns the next bytes of a process's stdout or stderr.

@@ -41,7 +41,7 @@ const outputDrain = 2 * time.Second
 
 type bakeOptions struct {
 	guest, memory, run, out, image, archive, config, cmdline, runDir string
-	vcpus                                                            int
+	vcpus, diskSlots                                                 int
 	timeout                                                          time.Duration
 }
 
@@ -50,6 +50,7 @@ func bakeFlags(fs *flag.FlagSet) action {
 	fs.StringVar(&o.guest, "guest", "build/guest", "guest build `dir`ectory holding vmlinuz and initramfs.cpio.gz")
 	fs.StringVar(&o.memory, "memory", "512M", "guest memory `size`")
 	fs.IntVar(&o.vcpus, "vcpus", 1, "guest vCPUs")
+	fs.IntVar(&o.diskSlots, "disk-slots", 0, fmt.Sprintf("spare disk slots, empty, for containers joining a restored VM (0 to %d; each adds QEMU start-up to every restore)", qemu.MaxDiskSlots))
 	fs.StringVar(&o.run, "run", "", "warm-up `command` run in the guest with /bin/sh -c before the snapshot")
 	fs.StringVar(&o.out, "out", "", "link `dir`ectory to write (required, must not exist)")
 	fs.StringVar(&o.image, "image", "", "image `ref` for --archive")
@@ -81,6 +82,8 @@ func (o bakeOptions) resolve() (bakeSpec, error) {
 		return bakeSpec{}, errors.New("--image and --archive go together: the archive needs an image ref")
 	case o.vcpus < 1:
 		return bakeSpec{}, fmt.Errorf("--vcpus %d: want at least 1", o.vcpus)
+	case o.diskSlots < 0 || o.diskSlots > qemu.MaxDiskSlots:
+		return bakeSpec{}, fmt.Errorf("--disk-slots %d: want 0 to %d", o.diskSlots, qemu.MaxDiskSlots)
 	}
 	if _, err := os.Stat(o.out); err == nil {
 		return bakeSpec{}, fmt.Errorf("--out %s already exists: bake writes a new link directory", o.out)
@@ -100,7 +103,7 @@ func (o bakeOptions) resolve() (bakeSpec, error) {
 		return bakeSpec{}, err
 	}
 	return bakeSpec{
-		boot: qemu.BootSpec{Kernel: kernel, Initrd: initrd, Cmdline: o.cmdline, MemoryBytes: mem, VCPUs: o.vcpus},
+		boot: qemu.BootSpec{Kernel: kernel, Initrd: initrd, Cmdline: o.cmdline, MemoryBytes: mem, VCPUs: o.vcpus, DiskSlots: o.diskSlots},
 		cfg:  cfg.QEMU,
 		opts: o,
 	}, nil

@@ -38,6 +38,8 @@ func TestBakeRejectsBadFlags(t *testing.T) {
 		{"archive without image", func(o *bakeOptions) { o.archive = "x.tar" }, "--image and --archive"},
 		{"image without archive", func(o *bakeOptions) { o.image = "x:1" }, "--image and --archive"},
 		{"no vcpus", func(o *bakeOptions) { o.vcpus = 0 }, "--vcpus 0"},
+		{"negative disk slots", func(o *bakeOptions) { o.diskSlots = -1 }, "--disk-slots -1: want 0 to 16"},
+		{"too many disk slots", func(o *bakeOptions) { o.diskSlots = 17 }, "--disk-slots 17: want 0 to 16"},
 		{"bad memory", func(o *bakeOptions) { o.memory = "lots" }, `--memory "lots"`},
 		{"tiny memory", func(o *bakeOptions) { o.memory = "1M" }, `--memory "1M"`},
 		{"no guest", func(o *bakeOptions) { o.guest = t.TempDir() }, "make guest"},
@@ -54,6 +56,11 @@ func TestBakeRejectsBadFlags(t *testing.T) {
 	}
 	if _, err := ok.resolve(); err != nil {
 		t.Fatalf("valid options rejected: %v", err)
+	}
+	slots := ok
+	slots.diskSlots = 8
+	if spec, err := slots.resolve(); err != nil || spec.boot.DiskSlots != 8 {
+		t.Fatalf("--disk-slots 8 resolved to %+v, %v; want 8 slots", spec.boot, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"io"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,10 +39,12 @@ func TestVMContainers(t *testing.T) {
 		" && cp /bin/busybox bin/ && for a in $(busybox --list); do ln -s busybox bin/$a; done && echo s3cret >etc/secret", "")
 	t.Run("Confined", func(t *testing.T) { testContainerConfined(t, c) })
 	t.Run("Running", func(t *testing.T) { testContainerRunning(t, c) })
+	t.Run("Stdio", func(t *testing.T) { testContainerStdio(t, c) })
 	t.Run("Refused", func(t *testing.T) { testContainerRefused(t, c) })
-	left := guestSh(t, c, "runc --root /run/runc list -q; ls /run/cocoon/containers; find /sys/fs/cgroup/cocoon -mindepth 1 -type d", "")
+	left := guestSh(t, c, "runc --root /run/runc list -q; ls /run/cocoon/containers; find /sys/fs/cgroup/cocoon -mindepth 1 -type d; "+
+		"grep -sl '^State:.Z' /proc/[0-9]*/status || true", "")
 	if left != "" {
-		t.Errorf("left in the guest after every container's delete (runc's containers, bundles, cgroups):\n%s", left)
+		t.Errorf("left in the guest after every container's delete (runc's containers, bundles, cgroups, zombies):\n%s", left)
 	}
 }
 
@@ -172,6 +175,55 @@ func testContainerStats(t *testing.T, c *agent.Client) {
 	}
 	if m, err = c.ContainerStats(containerCtx(t), "app"); err != nil || m.Memory.UsageLimit != uint64(limit) {
 		t.Errorf("limit after update: %+v, %v; want %d", m.GetMemory(), err, limit)
+	}
+}
+
+// testContainerStdio: a container's stdin through the agent, and a
+// terminal with its size set from the host.
+func testContainerStdio(t *testing.T, c *agent.Client) {
+	for _, tc := range []struct {
+		name, input, want string
+		terminal          bool
+		args              []string
+	}{
+		{name: "pipe", input: "hello\n", want: "hello\n", args: []string{"cat"}},
+		{name: "terminal", input: "go\n", want: "40 100\r\ngot=go\r\n", terminal: true, args: []string{"sh", "-c", "read x; stty size; echo got=$x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := guestSpec(t, tc.name, oci.WithProcessArgs(tc.args...))
+			spec.Process.Terminal = tc.terminal
+			p, err := c.CreateContainer(containerCtx(t), tc.name, spec, containerRoot, true)
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			if _, err := c.StartContainer(containerCtx(t), tc.name); err != nil {
+				t.Fatalf("start: %v", err)
+			}
+			if tc.terminal {
+				if err := p.ResizePty(containerCtx(t), 100, 40); err != nil {
+					t.Fatalf("resize: %v", err)
+				}
+			}
+			in, out, errOut := p.Stdio()
+			if _, err := io.WriteString(in, tc.input); err != nil {
+				t.Fatalf("write stdin: %v", err)
+			}
+			if err := in.Close(); err != nil {
+				t.Fatalf("close stdin: %v", err)
+			}
+			if got := readAll(t, out); !strings.HasSuffix(got, tc.want) {
+				t.Errorf("output %q, want it to end with %q", got, tc.want)
+			}
+			if tc.terminal != (errOut == nil) {
+				t.Errorf("stderr %v with terminal %v", errOut, tc.terminal)
+			}
+			if e, err := p.Wait(containerCtx(t)); err != nil || e.Code != 0 {
+				t.Errorf("exit %+v, %v", e, err)
+			}
+			if err := c.DeleteContainer(containerCtx(t), tc.name, ""); err != nil {
+				t.Fatalf("delete: %v", err)
+			}
+		})
 	}
 }
 

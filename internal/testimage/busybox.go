@@ -47,6 +47,10 @@ type BusyboxOptions struct {
 	Layers int
 	// Binary is the static busybox to copy in; DefaultBusybox when empty.
 	Binary string
+	// HardLinks links the applets to busybox by hard link, as the
+	// busybox images of registries do, instead of by symlink (masking a
+	// symlinked applet masks busybox itself).
+	HardLinks bool
 }
 
 // BusyboxImage is the image and what a test checks inside it.
@@ -70,7 +74,7 @@ func Busybox(opts BusyboxOptions) (*BusyboxImage, error) {
 	if bin == "" {
 		bin = DefaultBusybox
 	}
-	base, err := busyboxBase(bin)
+	base, err := busyboxBase(bin, opts.HardLinks)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +97,7 @@ func Busybox(opts BusyboxOptions) (*BusyboxImage, error) {
 }
 
 // busyboxBase is the lowest layer: busybox, its applets, users, mount points.
-func busyboxBase(bin string) (Layer, error) {
+func busyboxBase(bin string, hardLinks bool) (Layer, error) {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return nil, fmt.Errorf("busybox image: %w (install busybox-static)", err)
@@ -115,7 +119,11 @@ func busyboxBase(bin string) (Layer, error) {
 		Dir("proc", 0o555), Dir("sys", 0o555), Dir("dev", 0o755), Dir("run", 0o755),
 	}
 	for _, a := range strings.Fields(string(applets)) {
-		if a != "busybox" {
+		switch {
+		case a == "busybox":
+		case hardLinks:
+			l = append(l, Hardlink("bin/"+a, "bin/busybox"))
+		default:
 			l = append(l, Symlink("bin/"+a, "busybox"))
 		}
 	}

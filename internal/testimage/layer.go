@@ -3,6 +3,7 @@ package testimage
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"fmt"
 	"io/fs"
 	"path"
@@ -11,8 +12,8 @@ import (
 	"time"
 )
 
-// Entry is one file system entry of a layer: a regular file, a directory
-// or a symlink.
+// Entry is one file system entry of a layer: a regular file, a directory,
+// a symlink or a hard link.
 type Entry struct {
 	// Path inside the image, e.g. "bin/sh"; a leading slash is ignored.
 	Path string
@@ -22,7 +23,9 @@ type Entry struct {
 	// Data is a regular file's content.
 	Data []byte
 	// Target is a symlink's target.
-	Target   string
+	Target string
+	// Link is a hard link's target: another regular file of the layer.
+	Link     string
 	UID, GID int
 }
 
@@ -40,6 +43,12 @@ func Dir(p string, perm fs.FileMode) Entry {
 // Symlink is a symlink at p pointing to target.
 func Symlink(p, target string) Entry {
 	return Entry{Path: p, Mode: fs.ModeSymlink | 0o777, Target: target}
+}
+
+// Hardlink is a hard link at p to target, a regular file of the same
+// layer (as the busybox image links its applets).
+func Hardlink(p, target string) Entry {
+	return Entry{Path: p, Link: strings.TrimPrefix(target, "/")}
 }
 
 // Whiteout removes p, and everything below it, inherited from the layers
@@ -63,7 +72,8 @@ type Layer []Entry
 var epoch = time.Unix(0, 0).UTC()
 
 // Tar returns the layer as an uncompressed tar, entries sorted by path so
-// parents come before their children.
+// parents come before their children, hard links last so their targets
+// come before them.
 func (l Layer) Tar() ([]byte, error) {
 	entries, err := l.complete()
 	if err != nil {
@@ -106,14 +116,31 @@ func (l Layer) complete() ([]Entry, error) {
 	}
 	entries := make([]Entry, 0, len(byPath))
 	for _, e := range byPath {
+		if e.Link != "" {
+			if t, ok := byPath[e.Link]; !ok || !t.Mode.IsRegular() || t.Link != "" {
+				return nil, fmt.Errorf("hard link %s: target %q: want a regular file of the layer", e.Path, e.Link)
+			}
+			entries = append(entries, e)
+			continue
+		}
 		if e.Mode.IsDir() || e.Mode&fs.ModeSymlink != 0 || e.Mode.IsRegular() {
 			entries = append(entries, e)
 			continue
 		}
 		return nil, fmt.Errorf("entry %s: mode %s: want a regular file, a directory or a symlink", e.Path, e.Mode)
 	}
-	slices.SortFunc(entries, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+	slices.SortFunc(entries, func(a, b Entry) int {
+		return cmp.Or(cmp.Compare(linkRank(a), linkRank(b)), strings.Compare(a.Path, b.Path))
+	})
 	return entries, nil
+}
+
+// linkRank sorts hard links after every other entry.
+func linkRank(e Entry) int {
+	if e.Link != "" {
+		return 1
+	}
+	return 0
 }
 
 func writeEntry(tw *tar.Writer, e Entry) error {
@@ -122,6 +149,8 @@ func writeEntry(tw *tar.Writer, e Entry) error {
 		ModTime: epoch, Format: tar.FormatPAX,
 	}
 	switch {
+	case e.Link != "":
+		hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeLink, e.Link, 0
 	case e.Mode.IsDir():
 		hdr.Typeflag, hdr.Name = tar.TypeDir, e.Path+"/"
 	case e.Mode&fs.ModeSymlink != 0:

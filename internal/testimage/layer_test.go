@@ -45,6 +45,10 @@ func TestLayerTar(t *testing.T) {
 		layer: Layer{Dir("tmp", 0o777|fs.ModeSticky), Dir("home/app", 0o700).Owned(1000, 1000)},
 		want:  []string{"home/ 5 755 0:0", "home/app/ 5 700 1000:1000", "tmp/ 5 1777 0:0"},
 	}, {
+		name:  "hard links after their targets",
+		layer: Layer{Hardlink("bin/[", "/bin/busybox"), File("bin/busybox", 0o755, []byte("b"))},
+		want:  []string{"bin/ 5 755 0:0", "bin/busybox 0 755 0:0", "bin/[ 1 0 0:0 bin/busybox"},
+	}, {
 		name:  "whiteout",
 		layer: Layer{Whiteout("/etc/gone")},
 		want:  []string{"etc/ 5 755 0:0", "etc/.wh.gone 0 0 0:0"},
@@ -74,6 +78,8 @@ func TestLayerTarRejects(t *testing.T) {
 		{"duplicate", Layer{File("a", 0o644, nil), File("/a", 0o644, nil)}, "given twice"},
 		{"escape", Layer{File("../a", 0o644, nil)}, "inside the image"},
 		{"root", Layer{Dir("/", 0o755)}, "inside the image"},
+		{"link to nothing", Layer{Hardlink("a", "b")}, "want a regular file of the layer"},
+		{"link to a dir", Layer{Hardlink("a", "b"), Dir("b", 0o755)}, "want a regular file of the layer"},
 		{"device", Layer{{Path: "dev/null", Mode: fs.ModeDevice | 0o666}}, "want a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,17 +15,23 @@ import (
 // returns its path. It needs the go command on PATH, which `go test` gives
 // its test binaries.
 func BuildPause(ctx context.Context, dir string) (string, error) {
+	return buildProgram(ctx, dir, "pause")
+}
+
+// buildProgram builds the program in this package's dir name static into
+// dir and returns its path.
+func buildProgram(ctx context.Context, dir, name string) (string, error) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		return "", fmt.Errorf("build pause: %w: want the go command on PATH", err)
+		return "", fmt.Errorf("build %s: %w: want the go command on PATH", name, err)
 	}
 	_, file, _, _ := runtime.Caller(0)
-	out := filepath.Join(dir, "pause")
+	out := filepath.Join(dir, name)
 	cmd := exec.CommandContext(ctx, goTool, "build", "-trimpath", "-ldflags=-s -w", "-o", out, ".")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "pause")
+	cmd.Dir = filepath.Join(filepath.Dir(file), name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build pause: %w: %s", err, msg)
+		return "", fmt.Errorf("build %s: %w: %s", name, err, msg)
 	}
 	return out, nil
 }

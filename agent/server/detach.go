@@ -2,6 +2,8 @@ package server
 
 import (
 	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/procio"
 )
 
 // detachAll forgets every process the agent tracks: Init runs once per
@@ -23,9 +25,9 @@ func (s *Service) detachAll() {
 		if err := p.closeStdin(); err != nil {
 			log.L.WithError(err).WithField("id", id).Warn("close stdin of a detached process")
 		}
-		for _, out := range []*outputStream{p.stdout, p.stderr} {
+		for _, out := range []*procio.Output{p.stdout, p.stderr} {
 			if out != nil {
-				go out.drain()
+				go out.Drain()
 			}
 		}
 		log.L.WithField("id", id).WithField("pid", p.pid()).Info("process from the snapshot detached")

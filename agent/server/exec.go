@@ -118,7 +118,7 @@ func (s *Service) ReadOutput(ctx context.Context, r *api.ReadOutputRequest) (*ap
 		}
 		out = p.stderr
 	}
-	data, eof, err := out.read(ctx, int(r.MaxBytes))
+	data, eof, err := out.Read(ctx, int(r.MaxBytes))
 	if err != nil {
 		return nil, fmt.Errorf("read %s of %q: %w", r.Stream, r.Id, err)
 	}

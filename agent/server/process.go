@@ -11,6 +11,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/procio"
 )
 
 // process is one process the agent started, or prepared to start.
@@ -18,8 +20,8 @@ type process struct {
 	id       string
 	terminal bool
 	pty      *os.File // master side; stdin and stdout of a terminal process
-	stdout   *outputStream
-	stderr   *outputStream
+	stdout   *procio.Output
+	stderr   *procio.Output
 
 	stdinMu sync.Mutex
 	stdin   *os.File // nil after CloseStdin, or when there is none
@@ -125,14 +127,14 @@ func (p *process) attachPipes(withStdin bool) ([3]*os.File, error) {
 		}
 		p.stdin = w
 	}
-	for i, out := range []**outputStream{&p.stdout, &p.stderr} {
+	for i, out := range []**procio.Output{&p.stdout, &p.stderr} {
 		r, w, err := os.Pipe()
 		if err != nil {
 			closeAll(child[:])
 			p.closeParentEnds()
 			return child, fmt.Errorf("create output pipe: %w", err)
 		}
-		*out = &outputStream{f: r}
+		*out = procio.NewOutput(r, false)
 		child[1+i] = w
 	}
 	return child, nil
@@ -157,7 +159,7 @@ func (p *process) attachPty() ([3]*os.File, error) {
 		return child, fmt.Errorf("open pty slave: %w", err)
 	}
 	p.pty, p.stdin = master, master
-	p.stdout = &outputStream{f: master, pty: true}
+	p.stdout = procio.NewOutput(master, true)
 	return [3]*os.File{slave, slave, slave}, nil
 }
 
@@ -238,17 +240,8 @@ func (p *process) resize(width, height uint32) error {
 	if p.pty == nil {
 		return fmt.Errorf("process %q has no terminal: %w", p.id, errdefs.ErrFailedPrecondition)
 	}
-	rc, err := p.pty.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("resize pty of %q: %w", p.id, err)
-	}
-	ws := &unix.Winsize{Col: uint16(width), Row: uint16(height)}
-	var ioErr error
-	if err := rc.Control(func(fd uintptr) { ioErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, ws) }); err != nil {
-		ioErr = err
-	}
-	if ioErr != nil {
-		return fmt.Errorf("resize pty of %q: %w", p.id, ioErr)
+	if err := procio.Resize(p.pty, width, height); err != nil {
+		return fmt.Errorf("process %q: %w", p.id, err)
 	}
 	return nil
 }
@@ -261,9 +254,9 @@ func (p *process) closeParentEnds() {
 	}
 	p.stdin = nil
 	p.stdinMu.Unlock()
-	for _, s := range []*outputStream{p.stdout, p.stderr} {
+	for _, s := range []*procio.Output{p.stdout, p.stderr} {
 		if s != nil {
-			s.f.Close()
+			s.Close()
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/procio"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -136,13 +137,13 @@ func specJSON(t *testing.T, id string, opts ...oci.SpecOpts) []byte {
 }
 
 // readAll reads a process's stream to its end.
-func readAll(t *testing.T, s *stream) string {
+func readAll(t *testing.T, s *procio.Output) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var b strings.Builder
 	for {
-		data, eof, err := s.read(ctx, 0)
+		data, eof, err := s.Read(ctx, 0)
 		if err != nil {
 			t.Fatalf("read output: %v (so far %q)", err, b.String())
 		}

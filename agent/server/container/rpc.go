@@ -140,7 +140,7 @@ func (r *RPC) ReadContainerOutput(ctx context.Context, req *api.ReadContainerOut
 			return nil, fmt.Errorf("process %q has a terminal, its output is all on stdout: %w", p.id, errdefs.ErrFailedPrecondition)
 		}
 	}
-	data, eof, err := s.read(ctx, int(req.MaxBytes))
+	data, eof, err := s.Read(ctx, int(req.MaxBytes))
 	if err != nil {
 		return nil, fmt.Errorf("read %s of %q: %w", req.Stream, p.id, err)
 	}

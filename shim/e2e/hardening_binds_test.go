@@ -5,9 +5,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // bindFlag is ctr's --mount of host dir src at dst in the container.
@@ -39,34 +40,6 @@ func symlinks(t *testing.T, pairs ...string) {
 	}
 }
 
-// openedIn reports the names of the files in dir opened since it was
-// called.
-func openedIn(t *testing.T, dir string) func() []string {
-	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN|unix.IN_ACCESS); err != nil {
-		t.Fatal(err)
-	}
-	return func() []string {
-		var names []string
-		buf := make([]byte, 64<<10)
-		n, _ := unix.Read(fd, buf)
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
-			if name != "" {
-				names = append(names, name)
-			}
-			off += unix.SizeofInotifyEvent + int(ev.Len)
-		}
-		return names
-	}
-}
-
 // TestBindLinksOut: a bind-mounted directory holding links to a 0600 host
 // file outside it (absolute and "../.."), and to /dev/tty0, beside a
 // Kubernetes configmap's ..data layout: the container starts, the
@@ -95,7 +68,7 @@ func TestBindLinksOut(t *testing.T) {
 		filepath.Join(vol, "abs"), filepath.Join(secretDir, "secret"),
 		filepath.Join(vol, "up"), up,
 		filepath.Join(vol, "tty"), "/dev/tty0")
-	opened := openedIn(t, secretDir)
+	opened := testenv.WatchOpens(t, secretDir)
 	out, err := runOrdinary(c, append([]string{"--rm"}, bindFlag(vol, "/mnt/x", "rw")...), "links",
 		"sh", "-c", "cat /mnt/x/key; for f in abs up tty; do echo $f $(readlink /mnt/x/$f); cat /mnt/x/$f 2>&1; done; true")
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -34,35 +33,7 @@ func outside(t *testing.T) (string, func() []string) {
 	if err := unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return dir, watchOpens(t, dir)
-}
-
-// watchOpens reports the names of the files in dir opened or read since
-// it was called (the directory itself is not one).
-func watchOpens(t *testing.T, dir string) func() []string {
-	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_OPEN|unix.IN_ACCESS); err != nil {
-		t.Fatal(err)
-	}
-	return func() []string {
-		var names []string
-		buf := make([]byte, 64<<10)
-		n, _ := unix.Read(fd, buf)
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
-			if name != "" {
-				names = append(names, name)
-			}
-			off += unix.SizeofInotifyEvent + int(ev.Len)
-		}
-		return names
-	}
+	return dir, testenv.WatchOpens(t, dir)
 }
 
 // tree makes entries under a new directory; see mkTree.
@@ -236,7 +207,7 @@ func TestBindCopyRefusals(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			opened := watchOpens(t, filepath.Join(src, "sub"))
+			opened := testenv.WatchOpens(t, filepath.Join(src, "sub"))
 			err := (&binds{}).copy(src, "/run/cocoon/binds/0")
 			if names := opened(); len(names) > 0 {
 				t.Fatalf("copying opened %v", names)

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -10,13 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
 )
 
 // recordingHook is a hook script that appends its argument (the hook's
@@ -33,26 +28,6 @@ func withHooks(h *specs.Hooks) oci.SpecOpts {
 	}
 }
 
-// newHookedTask creates container id whose spec has hooks and its task.
-func newHookedTask(ctx context.Context, t *testing.T, c *ctrdtest.Containerd, id string, h *specs.Hooks) (client.Task, error) {
-	t.Helper()
-	cl := c.Client()
-	img, err := cl.GetImage(ctx, imageRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	container, err := cl.NewContainer(ctx, id,
-		client.WithSnapshotter(ctrdtest.Snapshotter),
-		client.WithNewSnapshot(id, img),
-		client.WithRuntime(runtimeName, nil),
-		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("true"), withHooks(h)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = container.Delete(context.Background(), client.WithSnapshotCleanup) })
-	return container.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &bytes.Buffer{}, &bytes.Buffer{}), cio.WithFIFODir(c.FifoDir)))
-}
-
 // TestHooks: every hook runs once, on the host, in runc's order, with the
 // state JSON (the hypervisor's pid, the status of its point) on stdin.
 func TestHooks(t *testing.T) {
@@ -65,11 +40,11 @@ func TestHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	hook := func(kind string) []specs.Hook { return []specs.Hook{{Path: script, Args: []string{"hook", kind}}} }
-	task, err := newHookedTask(ctx, t, c, "hooked", &specs.Hooks{
+	task, err := newSpecTask(ctx, t, c, imageRef, "hooked", withHooks(&specs.Hooks{
 		//lint:ignore SA1019 prestart is deprecated, but runc still runs it, and so does cocoon
 		Prestart: hook("prestart"), CreateRuntime: hook("createRuntime"), CreateContainer: hook("createContainer"),
 		Poststart: hook("poststart"), Poststop: hook("poststop"),
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +101,7 @@ func TestFailingHooks(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			_, err := newHookedTask(ctx, t, c, "failing", &specs.Hooks{CreateRuntime: []specs.Hook{tc.hook}})
+			_, err := newSpecTask(ctx, t, c, imageRef, "failing", withHooks(&specs.Hooks{CreateRuntime: []specs.Hook{tc.hook}}))
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "createRuntime") {
 				t.Fatalf("create with a failing hook: %v, want an error naming the createRuntime hook and %q", err, tc.want)
 			}

@@ -1524,11 +1524,21 @@ type CreateContainerRequest struct {
 	// dropped (a pod's containers share the VM's); one with a path is
 	// refused. Bounded: MaxSpecSize.
 	Spec []byte `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
-	// rootfs is the container's root directory in the guest.
+	// rootfs is the container's root directory in the guest; root_disk
+	// is the other way to give it, exactly one of the two is set.
 	Rootfs string `protobuf:"bytes,3,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	// stdin gives the process a stdin; a terminal (spec.process.terminal)
 	// always has one.
-	Stdin         bool `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdin bool `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// root_disk is the disk carrying the container's root (a container
+	// joining a running VM through a disk slot): the agent mounts it
+	// read-only under an overlay with a private writable upper, and
+	// DeleteContainer unmounts both so the host can detach the disk. Its
+	// mounts are unused: runc makes the spec's.
+	RootDisk *Rootfs `protobuf:"bytes,5,opt,name=root_disk,json=rootDisk,proto3" json:"root_disk,omitempty"`
+	// files are the copies of the spec's bind sources, written before
+	// runc runs, as Init writes its files. Bounded as Init's.
+	Files         []*File `protobuf:"bytes,6,rep,name=files,proto3" json:"files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1589,6 +1599,20 @@ func (x *CreateContainerRequest) GetStdin() bool {
 		return x.Stdin
 	}
 	return false
+}
+
+func (x *CreateContainerRequest) GetRootDisk() *Rootfs {
+	if x != nil {
+		return x.RootDisk
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetFiles() []*File {
+	if x != nil {
+		return x.Files
+	}
+	return nil
 }
 
 // ContainerRequest names a container, or with exec_id one of its execs.
@@ -2301,12 +2325,14 @@ const file_agent_proto_rawDesc = "" +
 	"\x06load15\x18\t \x01(\x01R\x06load15\x12\x1c\n" +
 	"\tprocesses\x18\n" +
 	" \x01(\rR\tprocesses\x12\x1b\n" +
-	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs\"j\n" +
+	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs\"\xcd\x01\n" +
 	"\x16CreateContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12\x14\n" +
-	"\x05stdin\x18\x04 \x01(\bR\x05stdin\";\n" +
+	"\x05stdin\x18\x04 \x01(\bR\x05stdin\x124\n" +
+	"\troot_disk\x18\x05 \x01(\v2\x17.cocoon.agent.v1.RootfsR\brootDisk\x12+\n" +
+	"\x05files\x18\x06 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\";\n" +
 	"\x10ContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\",\n" +
@@ -2447,66 +2473,68 @@ var file_agent_proto_depIdxs = []int32{
 	0,  // 8: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
 	33, // 9: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	19, // 10: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	34, // 11: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	33, // 12: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
-	0,  // 13: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	35, // 14: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 15: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	9,  // 16: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	15, // 17: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
-	12, // 18: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	14, // 19: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	15, // 20: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	15, // 21: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	17, // 22: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	18, // 23: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	15, // 24: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	35, // 25: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	35, // 26: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	35, // 27: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	22, // 28: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	23, // 29: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	23, // 30: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	25, // 31: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	23, // 32: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	27, // 33: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
-	28, // 34: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
-	23, // 35: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	30, // 36: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
-	31, // 37: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
-	23, // 38: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
-	32, // 39: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
-	1,  // 40: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 41: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	11, // 42: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	11, // 43: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	13, // 44: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	35, // 45: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	35, // 46: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	16, // 47: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	35, // 48: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	35, // 49: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	35, // 50: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	20, // 51: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	21, // 52: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	35, // 53: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	24, // 54: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	24, // 55: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	35, // 56: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	35, // 57: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	26, // 58: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	24, // 59: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	35, // 60: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	29, // 61: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	13, // 62: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	35, // 63: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	35, // 64: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	35, // 65: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	40, // [40:66] is the sub-list for method output_type
-	14, // [14:40] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	7,  // 11: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
+	4,  // 12: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
+	34, // 13: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	33, // 14: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	0,  // 15: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	35, // 16: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 17: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 18: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	15, // 19: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	12, // 20: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	14, // 21: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	15, // 22: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	15, // 23: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	17, // 24: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	18, // 25: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	15, // 26: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	35, // 27: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	35, // 28: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	35, // 29: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	22, // 30: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	23, // 31: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	23, // 32: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	25, // 33: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	23, // 34: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	27, // 35: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
+	28, // 36: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
+	23, // 37: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	30, // 38: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
+	31, // 39: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
+	23, // 40: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
+	32, // 41: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
+	1,  // 42: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 43: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	11, // 44: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	11, // 45: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	13, // 46: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	35, // 47: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	35, // 48: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	16, // 49: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	35, // 50: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	35, // 51: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	35, // 52: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	20, // 53: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	21, // 54: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	35, // 55: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	24, // 56: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	24, // 57: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	35, // 58: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	35, // 59: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	26, // 60: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	24, // 61: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	35, // 62: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	29, // 63: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	13, // 64: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	35, // 65: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	35, // 66: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	35, // 67: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	42, // [42:68] is the sub-list for method output_type
+	16, // [16:42] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }

@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/guestfile"
 )
 
 // diskWait bounds the wait for the rootfs disk when Init has no deadline.
@@ -68,7 +69,7 @@ func (s *Service) planInit(r *api.InitRequest) (*initPlan, error) {
 		}
 	}
 	var err error
-	if plan.files, err = checkFiles(r.Files); err != nil {
+	if plan.files, err = guestfile.Check(r.Files); err != nil {
 		return nil, fmt.Errorf("init files: %w", err)
 	}
 	if r.Network != nil {
@@ -121,7 +122,7 @@ func (s *Service) writeFiles(files []*api.File) error {
 			}
 		}
 	}
-	return writeFiles(files)
+	return guestfile.Write(files)
 }
 
 // configureNetwork gives the NIC cfg; nil takes the NIC down, which an

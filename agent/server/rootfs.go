@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/guestfile"
 )
 
 // maxSerial is the length of a virtio-blk serial (VIRTIO_BLK_ID_BYTES).
@@ -112,7 +113,7 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
 	}
 	b, err := proto.Marshal(r)
 	if err == nil {
-		err = writeFile(&api.File{Path: l.marker, Data: b, Mode: 0o600})
+		err = guestfile.WriteFile(&api.File{Path: l.marker, Data: b, Mode: 0o600})
 	}
 	if err != nil {
 		return errors.Join(fmt.Errorf("record the rootfs: %w", err), m.undo())

@@ -1,4 +1,7 @@
-package server
+// Package guestfile checks and writes the files the host sends the guest
+// (the copies of bind sources, a container's own files): bounded, clean
+// absolute paths, regular files, directories and links only.
+package guestfile
 
 import (
 	"bytes"
@@ -14,9 +17,10 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// checkFiles bounds Init's files and checks their paths, types and modes:
-// a file, a directory (no data) or a symbolic link (its target as data).
-func checkFiles(files []*api.File) ([]*api.File, error) {
+// Check bounds the files of one request (Init's, a container's) and
+// checks their paths, types and modes: a file, a directory (no data) or
+// a symbolic link (its target as data).
+func Check(files []*api.File) ([]*api.File, error) {
 	if len(files) > api.MaxFiles {
 		return nil, fmt.Errorf("%d files, expected at most %d: %w", len(files), api.MaxFiles, errdefs.ErrInvalidArgument)
 	}
@@ -26,7 +30,7 @@ func checkFiles(files []*api.File) ([]*api.File, error) {
 		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return nil, fmt.Errorf("file %q: expected a clean absolute path to a file: %w", f.Path, errdefs.ErrInvalidArgument)
 		}
-		if err := checkFile(f); err != nil {
+		if err := checkOne(f); err != nil {
 			return nil, fmt.Errorf("file %q: %w", f.Path, err)
 		}
 		if f.Mode&unix.S_IFMT == unix.S_IFLNK {
@@ -40,7 +44,7 @@ func checkFiles(files []*api.File) ([]*api.File, error) {
 	return files, checkUnderLinks(files, links)
 }
 
-func checkFile(f *api.File) error {
+func checkOne(f *api.File) error {
 	kind := f.Mode & unix.S_IFMT
 	switch {
 	case f.Mode&^uint32(unix.S_IFMT|fs.ModePerm) != 0:
@@ -79,9 +83,9 @@ func checkUnderLinks(files []*api.File, links map[string]bool) error {
 	return nil
 }
 
-// writeFiles makes each file, directory and link; missing parent
+// Write makes each file, directory and link; missing parent
 // directories are made 0755.
-func writeFiles(files []*api.File) error {
+func Write(files []*api.File) error {
 	for _, f := range files {
 		var err error
 		switch f.Mode & unix.S_IFMT {
@@ -90,7 +94,7 @@ func writeFiles(files []*api.File) error {
 		case unix.S_IFLNK:
 			err = writeLink(f.Path, string(f.Data))
 		default:
-			err = writeFile(f)
+			err = WriteFile(f)
 		}
 		if err != nil {
 			return fmt.Errorf("write %s: %w", f.Path, err)
@@ -130,9 +134,9 @@ func writeLink(path, target string) error {
 	return os.Symlink(target, path)
 }
 
-// writeFile writes f to a temporary name beside it and renames it into
+// WriteFile writes f to a temporary name beside it and renames it into
 // place, so no reader sees half a file.
-func writeFile(f *api.File) error {
+func WriteFile(f *api.File) error {
 	mode := fs.FileMode(f.Mode)
 	if mode == 0 {
 		mode = 0o644

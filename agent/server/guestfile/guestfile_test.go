@@ -1,4 +1,4 @@
-package server
+package guestfile
 
 import (
 	"io/fs"
@@ -26,13 +26,13 @@ func TestWriteFilesTree(t *testing.T) {
 		{Path: root + "/empty/a/b", Mode: unix.S_IFDIR | 0o700},
 		{Path: root + "/empty/c", Mode: unix.S_IFDIR},
 	}
-	if _, err := checkFiles(files); err != nil {
+	if _, err := Check(files); err != nil {
 		t.Fatal(err)
 	}
 	old := unix.Umask(0o077)
 	t.Cleanup(func() { unix.Umask(old) })
 	for round := range 2 {
-		if err := writeFiles(files); err != nil {
+		if err := Write(files); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		for _, tc := range []struct {
@@ -69,7 +69,7 @@ func TestWriteFilesRefusals(t *testing.T) {
 		{Path: file, Mode: unix.S_IFDIR | 0o755},
 		{Path: filepath.Join(dir, "sub"), Mode: unix.S_IFLNK, Data: []byte("x")},
 	} {
-		if err := writeFiles([]*api.File{f}); err == nil || !strings.Contains(err.Error(), f.Path) {
+		if err := Write([]*api.File{f}); err == nil || !strings.Contains(err.Error(), f.Path) {
 			t.Errorf("write %s (mode %#o) over what is there: %v, want an error naming it", f.Path, f.Mode, err)
 		}
 	}
@@ -108,10 +108,10 @@ func FuzzWriteFiles(f *testing.F) {
 			}
 			files = append(files, file)
 		}
-		if _, err := checkFiles(files); err != nil {
+		if _, err := Check(files); err != nil {
 			return
 		}
-		_ = writeFiles(files)
+		_ = Write(files)
 		entries, err := os.ReadDir(filepath.Dir(canary))
 		if b, rerr := os.ReadFile(canary); err != nil || len(entries) != 1 || rerr != nil || string(b) != "canary" {
 			t.Fatalf("writing %q changed what is outside its root: %v entries, canary %q", spec, entries, b)

@@ -124,19 +124,78 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
 
 // sameRootfs says whether r is already mounted; an error if another one is.
 func sameRootfs(marker string, r *api.Rootfs) (bool, error) {
-	b, err := os.ReadFile(marker)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+	cur, err := mountedRootfs(marker)
+	if cur == nil || err != nil {
+		return false, err
 	}
-	if err != nil {
-		return false, fmt.Errorf("read the mounted rootfs: %w", err)
-	}
-	var cur api.Rootfs
-	if err := proto.Unmarshal(b, &cur); err != nil {
-		return false, fmt.Errorf("read the mounted rootfs: %w", err)
-	}
-	if !proto.Equal(&cur, r) {
+	if !proto.Equal(cur, r) {
 		return false, fmt.Errorf("the guest already has the rootfs of disk %q; another one needs a new VM: %w", cur.Serial, errdefs.ErrFailedPrecondition)
 	}
 	return true, nil
+}
+
+// mountedRootfs is the Rootfs Init mounted, nil if none.
+func mountedRootfs(marker string) (*api.Rootfs, error) {
+	b, err := os.ReadFile(marker)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	var cur api.Rootfs
+	if err == nil {
+		err = proto.Unmarshal(b, &cur)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the mounted rootfs: %w", err)
+	}
+	return &cur, nil
+}
+
+// containerRoots mounts the roots of containers joining the VM on a disk
+// slot, as Init mounts its own: the disk read-only under an overlay whose
+// upper is a tmpfs of the container's.
+type containerRoots struct{ s *Service }
+
+func containerLayout(dir string) rootfsLayout {
+	return rootfsLayout{lower: filepath.Join(dir, "lower"), rw: filepath.Join(dir, "rw"), root: filepath.Join(dir, "rootfs")}
+}
+
+// Mount mounts r's disk for a container whose dir is dir.
+func (c containerRoots) Mount(ctx context.Context, r *api.Rootfs, dir string) (string, error) {
+	if err := checkRootfs(r); err != nil {
+		return "", err
+	}
+	if err := c.notInitRoot(r.Serial); err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, diskWait)
+	defer cancel()
+	dev, err := c.s.mnt.Disk(ctx, r.Serial)
+	if err != nil {
+		return "", err
+	}
+	l := containerLayout(dir)
+	m := &mountStack{mnt: c.s.mnt}
+	if err := m.root(l, dev, r.Fstype); err != nil {
+		return "", errors.Join(err, m.undo())
+	}
+	return l.root, nil
+}
+
+// notInitRoot refuses the disk Init mounted as the VM's container root.
+func (c containerRoots) notInitRoot(serial string) error {
+	cur, err := mountedRootfs(layout(c.s.stateDir).marker)
+	if err != nil {
+		return err
+	}
+	if cur != nil && cur.Serial == serial {
+		return fmt.Errorf("disk %q is the root Init mounted: %w", serial, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// Unmount unmounts what Mount mounted in dir, the overlay first.
+func (c containerRoots) Unmount(dir string) error {
+	l := containerLayout(dir)
+	m := &mountStack{mnt: c.s.mnt, mounted: []string{l.lower, l.rw, l.root}}
+	return m.undo()
 }

@@ -86,13 +86,15 @@ func WithStateDir(dir string) Option { return func(s *Service) { s.stateDir = di
 // New returns a service that changes the machine through sys and the
 // seams opts add; tests pass fakes, cocoon-agent the real ones.
 func New(sys System, opts ...Option) *Service {
-	s := &Service{
-		RPC: container.NewRPC(container.New(container.DefaultConfig)),
-		sys: sys, stateDir: DefaultStateDir, procs: map[string]*process{},
-	}
+	s := &Service{sys: sys, stateDir: DefaultStateDir, procs: map[string]*process{}}
 	for _, o := range opts {
 		o(s)
 	}
+	cfg := container.DefaultConfig
+	if s.mnt != nil {
+		cfg.Roots = containerRoots{s}
+	}
+	s.RPC = container.NewRPC(container.New(cfg))
 	s.findRootfs()
 	return s
 }

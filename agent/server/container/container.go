@@ -29,6 +29,9 @@ type Config struct {
 	RuncRoot     string // runc's --root
 	StateDir     string // bundles, one dir per container
 	CgroupParent string // the containers' cgroups are under it
+	// Roots mounts roots from disks; nil refuses a container whose root
+	// is a disk.
+	Roots Roots
 }
 
 // DefaultConfig is the guest's.
@@ -45,11 +48,12 @@ type Manager struct {
 
 	mu         sync.Mutex
 	containers map[string]*Container // nil value: being created
+	disks      map[string]string     // serial of a root's disk: its container
 }
 
 // New returns a manager; nothing is done until a container is created.
 func New(cfg Config) *Manager {
-	return &Manager{cfg: cfg, containers: map[string]*Container{}}
+	return &Manager{cfg: cfg, containers: map[string]*Container{}, disks: map[string]string{}}
 }
 
 // subreaper makes the agent the parent of the processes runc leaves

@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,9 @@ import (
 	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/guestfile"
 )
 
 // Container is one container: runc's, with its init process.
@@ -20,6 +24,7 @@ type Container struct {
 	cgroup string // its cgroup, relative to the hierarchy's root
 	rt     *runc.Runc
 	init   *proc
+	disk   string // the serial of its root's disk, "" for a directory
 
 	startMu sync.Mutex
 	started bool
@@ -31,8 +36,13 @@ type Container struct {
 type CreateOptions struct {
 	// Spec is the OCI runtime spec as JSON, translated for the guest.
 	Spec []byte
-	// Rootfs is the container's root directory in the guest.
-	Rootfs string
+	// Rootfs is the container's root directory in the guest; RootDisk
+	// the disk its root is on. Exactly one is set.
+	Rootfs   string
+	RootDisk *api.Rootfs
+	// Files are the copies of the spec's bind sources, written before
+	// runc runs.
+	Files []*api.File
 	// Stdin gives the process a stdin pipe (a terminal always has one).
 	Stdin bool
 }
@@ -49,47 +59,96 @@ func (m *Manager) Create(ctx context.Context, id string, o CreateOptions) (*Cont
 }
 
 func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Container, error) {
-	spec, err := guestSpec(id, o.Spec, o.Rootfs, m.cfg.CgroupParent)
+	if err := checkRoot(o); err != nil {
+		return nil, fmt.Errorf("container %q: %w", id, err)
+	}
+	spec, err := guestSpec(id, o.Spec, m.cfg.CgroupParent)
 	if err != nil {
 		return nil, err
+	}
+	files, err := guestfile.Check(o.Files)
+	if err != nil {
+		return nil, fmt.Errorf("files of container %q: %w", id, err)
 	}
 	if err := subreaper(); err != nil {
 		return nil, err
 	}
 	bundle := filepath.Join(m.cfg.StateDir, id)
-	if err := writeBundle(bundle, spec); err != nil {
-		return nil, fmt.Errorf("container %q: %w", id, err)
-	}
 	c := &Container{ID: id, bundle: bundle, cgroup: spec.Linux.CgroupsPath, rt: m.runc(bundle), execs: procs{m: map[string]*proc{}}}
-	pid, io, err := c.runcCreate(ctx, spec.Process, o.Stdin)
-	if err != nil {
-		_ = os.RemoveAll(bundle)
+	if o.RootDisk != nil {
+		c.disk = o.RootDisk.Serial
+	}
+	if err := m.prepare(ctx, c, spec, o, files); err != nil {
 		return nil, err
 	}
-	if c.init, err = watch(id, pid, io, c.oomOnExit(ctx)); err != nil {
-		_ = c.rt.Delete(context.WithoutCancel(ctx), id, &runc.DeleteOpts{Force: true})
-		io.close()
-		_ = os.RemoveAll(bundle)
-		return nil, err
+	pid, io, err := c.runcCreate(ctx, spec.Process, o.Stdin)
+	if err == nil {
+		if c.init, err = watch(id, pid, io, c.oomOnExit(ctx)); err != nil {
+			_ = c.rt.Delete(context.WithoutCancel(ctx), id, &runc.DeleteOpts{Force: true})
+			io.close()
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(err, m.unprepare(c))
 	}
 	logger(ctx, id).WithField("pid", pid).Debug("container created")
 	return c, nil
 }
 
-// writeBundle makes the bundle dir with the spec as its config.json.
-func writeBundle(dir string, spec *specs.Spec) error {
+// prepare makes c's bundle: its dir, its root (a disk mounted in it),
+// its files and its config.json. A failure undoes it all.
+func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o CreateOptions, files []*api.File) error {
+	if err := makeBundle(c.bundle); err != nil {
+		return fmt.Errorf("container %q: %w", c.ID, err)
+	}
+	root, err := m.mountRoot(ctx, c.ID, c.bundle, o)
+	if err != nil {
+		_ = os.RemoveAll(c.bundle)
+		return fmt.Errorf("container %q: %w", c.ID, err)
+	}
+	spec.Root.Path = root
+	if err = guestfile.Write(files); err != nil {
+		err = fmt.Errorf("files of container %q: %w", c.ID, err)
+	} else if err = writeSpec(c.bundle, spec); err != nil {
+		err = fmt.Errorf("container %q: %w", c.ID, err)
+	}
+	if err != nil {
+		return errors.Join(err, m.unprepare(c))
+	}
+	return nil
+}
+
+// unprepare unmounts c's root, if from a disk, and removes its bundle.
+// A bundle with a root still mounted stays: removing it would write into
+// the root.
+func (m *Manager) unprepare(c *Container) error {
+	if err := m.unmountRoot(c); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(c.bundle); err != nil {
+		return fmt.Errorf("remove bundle of container %q: %w", c.ID, err)
+	}
+	return nil
+}
+
+// makeBundle makes the container's bundle dir.
+func makeBundle(dir string) error {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
 		return fmt.Errorf("make bundle: %w", err)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("make bundle: %w", err)
 	}
+	return nil
+}
+
+// writeSpec writes the spec as the bundle's config.json.
+func writeSpec(dir string, spec *specs.Spec) error {
 	data, err := json.Marshal(spec)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600)
 	}
 	if err != nil {
-		_ = os.RemoveAll(dir)
 		return fmt.Errorf("write config.json: %w", err)
 	}
 	return nil

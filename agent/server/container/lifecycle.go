@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"syscall"
 
 	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
-	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -124,13 +122,11 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	}
 	<-c.init.done
 	c.closeAll()
-	if err := os.RemoveAll(c.bundle); err != nil {
-		log.G(ctx).WithError(err).WithField("container", id).Warn("remove bundle")
-	}
+	err = m.unprepare(c)
 	m.mu.Lock()
 	delete(m.containers, id)
 	m.mu.Unlock()
-	return nil
+	return err
 }
 
 // closeAll releases the stdio of the init and of every exec.

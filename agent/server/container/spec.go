@@ -15,10 +15,11 @@ import (
 // MaxSpecSize bounds a container's spec, an exec's process and resources.
 const MaxSpecSize = api.MaxContainerSpec
 
-// guestSpec reads the host's spec for the guest: the container's root is
-// rootfs, its cgroup is under parent, and its network is the VM's, which
-// every container of the pod shares. Everything else stays for runc.
-func guestSpec(id string, data []byte, rootfs, parent string) (*specs.Spec, error) {
+// guestSpec reads the host's spec for the guest: its cgroup is under
+// parent, and its network is the VM's, which every container of the pod
+// shares. Everything else stays for runc; the root's path is set once the
+// root is there.
+func guestSpec(id string, data []byte, parent string) (*specs.Spec, error) {
 	if len(data) > MaxSpecSize {
 		return nil, fmt.Errorf("spec of %q is %d bytes, expected at most %d: %w", id, len(data), MaxSpecSize, errdefs.ErrInvalidArgument)
 	}
@@ -29,8 +30,8 @@ func guestSpec(id string, data []byte, rootfs, parent string) (*specs.Spec, erro
 	if s.Process == nil || s.Linux == nil {
 		return nil, fmt.Errorf("spec of %q: expected a process and a linux section: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if err := checkRootfs(rootfs); err != nil {
-		return nil, fmt.Errorf("container %q: %w", id, err)
+	if err := checkPIDNamespace(s.Linux.Namespaces); err != nil {
+		return nil, fmt.Errorf("spec of %q: %w", id, err)
 	}
 	ns, err := withoutNetwork(s.Linux.Namespaces)
 	if err != nil {
@@ -40,9 +41,21 @@ func guestSpec(id string, data []byte, rootfs, parent string) (*specs.Spec, erro
 	if s.Root == nil {
 		s.Root = &specs.Root{}
 	}
-	s.Root.Path = rootfs
 	s.Linux.CgroupsPath = path.Join(parent, id)
 	return &s, nil
+}
+
+// checkPIDNamespace wants a PID namespace of the container's own, or a
+// path to its pod's (another container's in the guest): without one the
+// container would see the agent and its peers, and its orphans would be
+// the agent's to reap.
+func checkPIDNamespace(in []specs.LinuxNamespace) error {
+	for _, ns := range in {
+		if ns.Type == specs.PIDNamespace {
+			return nil
+		}
+	}
+	return fmt.Errorf("no PID namespace: a container in a cocoon VM needs a PID namespace of its own or its pod's: %w", errdefs.ErrInvalidArgument)
 }
 
 // checkRootfs wants an absolute path to a directory.

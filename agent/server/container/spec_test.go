@@ -3,19 +3,17 @@ package container
 import (
 	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
 func TestGuestSpec(t *testing.T) {
-	rootfs := t.TempDir()
-	file := rootfs + "/file"
-	if err := writeEmpty(file); err != nil {
-		t.Fatal(err)
-	}
 	spec := func(ns ...specs.LinuxNamespace) []byte {
 		data, err := json.Marshal(specs.Spec{
 			Process: &specs.Process{Args: []string{"true"}},
@@ -27,25 +25,27 @@ func TestGuestSpec(t *testing.T) {
 		}
 		return data
 	}
-	own := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.MountNamespace}}
+	pid := specs.LinuxNamespace{Type: specs.PIDNamespace}
+	mnt := specs.LinuxNamespace{Type: specs.MountNamespace}
+	podPID := specs.LinuxNamespace{Type: specs.PIDNamespace, Path: "/proc/42/ns/pid"}
 	for _, tc := range []struct {
 		name    string
 		data    []byte
-		rootfs  string
+		wantNS  []specs.LinuxNamespace
 		wantErr func(error) bool
 		errHas  string
 	}{
-		{name: "ok", data: spec(own...), rootfs: rootfs},
-		{name: "netns-path", data: spec(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: "/var/run/netns/x"}), rootfs: rootfs, wantErr: errdefs.IsInvalidArgument, errHas: "/var/run/netns/x"},
-		{name: "too-large", data: make([]byte, MaxSpecSize+1), rootfs: rootfs, wantErr: errdefs.IsInvalidArgument, errHas: "expected at most"},
-		{name: "not-json", data: []byte("{"), rootfs: rootfs, wantErr: errdefs.IsInvalidArgument, errHas: "runtime-spec JSON"},
-		{name: "no-process", data: []byte(`{"linux":{}}`), rootfs: rootfs, wantErr: errdefs.IsInvalidArgument, errHas: "process"},
-		{name: "relative-rootfs", data: spec(), rootfs: "rootfs", wantErr: errdefs.IsInvalidArgument, errHas: "absolute"},
-		{name: "missing-rootfs", data: spec(), rootfs: rootfs + "/none", wantErr: errdefs.IsFailedPrecondition, errHas: "none"},
-		{name: "file-rootfs", data: spec(), rootfs: file, wantErr: errdefs.IsInvalidArgument, errHas: "not a directory"},
+		{name: "ok", data: spec(pid, specs.LinuxNamespace{Type: specs.NetworkNamespace}, mnt), wantNS: []specs.LinuxNamespace{pid, mnt}},
+		{name: "pod-pid", data: spec(podPID, mnt), wantNS: []specs.LinuxNamespace{podPID, mnt}},
+		{name: "no-pid", data: spec(mnt), wantErr: errdefs.IsInvalidArgument, errHas: "a container in a cocoon VM needs a PID namespace of its own or its pod's"},
+		{name: "no-namespaces", data: spec(), wantErr: errdefs.IsInvalidArgument, errHas: "PID namespace"},
+		{name: "netns-path", data: spec(pid, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: "/var/run/netns/x"}), wantErr: errdefs.IsInvalidArgument, errHas: "/var/run/netns/x"},
+		{name: "too-large", data: make([]byte, MaxSpecSize+1), wantErr: errdefs.IsInvalidArgument, errHas: "expected at most"},
+		{name: "not-json", data: []byte("{"), wantErr: errdefs.IsInvalidArgument, errHas: "runtime-spec JSON"},
+		{name: "no-process", data: []byte(`{"linux":{}}`), wantErr: errdefs.IsInvalidArgument, errHas: "process"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := guestSpec("c1", tc.data, tc.rootfs, "/cocoon")
+			s, err := guestSpec("c1", tc.data, "/cocoon")
 			if tc.wantErr != nil {
 				if !tc.wantErr(err) || !strings.Contains(err.Error(), tc.errHas) {
 					t.Fatalf("error %v, want one naming %q of the right class", err, tc.errHas)
@@ -55,12 +55,49 @@ func TestGuestSpec(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s.Root.Path != rootfs || !s.Root.Readonly || s.Linux.CgroupsPath != "/cocoon/c1" {
+			if !s.Root.Readonly || s.Linux.CgroupsPath != "/cocoon/c1" {
 				t.Errorf("root %+v, cgroups path %q", s.Root, s.Linux.CgroupsPath)
 			}
-			want := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}
-			if len(s.Linux.Namespaces) != len(want) || s.Linux.Namespaces[0] != want[0] || s.Linux.Namespaces[1] != want[1] {
-				t.Errorf("namespaces %+v, want %+v", s.Linux.Namespaces, want)
+			if !slices.Equal(s.Linux.Namespaces, tc.wantNS) {
+				t.Errorf("namespaces %+v, want %+v", s.Linux.Namespaces, tc.wantNS)
+			}
+		})
+	}
+}
+
+// TestCheckRoot: a container's root is a directory or a disk, exactly one.
+func TestCheckRoot(t *testing.T) {
+	rootfs := t.TempDir()
+	file := rootfs + "/file"
+	if err := writeEmpty(file); err != nil {
+		t.Fatal(err)
+	}
+	disk := &api.Rootfs{Fstype: "erofs", Serial: "cocoon-disk-0"}
+	for _, tc := range []struct {
+		name    string
+		o       CreateOptions
+		wantErr func(error) bool
+		errHas  string
+	}{
+		{name: "dir", o: CreateOptions{Rootfs: rootfs}},
+		{name: "disk", o: CreateOptions{RootDisk: disk}},
+		{name: "both", o: CreateOptions{Rootfs: rootfs, RootDisk: disk}, wantErr: errdefs.IsInvalidArgument, errHas: "expected one of them"},
+		{name: "neither", o: CreateOptions{}, wantErr: errdefs.IsInvalidArgument, errHas: "expected a rootfs directory or a root disk"},
+		{name: "disk-mounts", o: CreateOptions{RootDisk: &api.Rootfs{Fstype: "erofs", Serial: "s", Mounts: []*api.Mount{{Destination: "/proc"}}}}, wantErr: errdefs.IsInvalidArgument, errHas: "expected none"},
+		{name: "relative-rootfs", o: CreateOptions{Rootfs: "rootfs"}, wantErr: errdefs.IsInvalidArgument, errHas: "absolute"},
+		{name: "missing-rootfs", o: CreateOptions{Rootfs: rootfs + "/none"}, wantErr: errdefs.IsFailedPrecondition, errHas: "none"},
+		{name: "file-rootfs", o: CreateOptions{Rootfs: file}, wantErr: errdefs.IsInvalidArgument, errHas: "not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkRoot(tc.o)
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !tc.wantErr(err) || !strings.Contains(err.Error(), tc.errHas) {
+				t.Fatalf("error %v, want one naming %q of the right class", err, tc.errHas)
 			}
 		})
 	}

@@ -1,0 +1,88 @@
+package container
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
+
+// Roots mounts the root of a container joining the VM on a disk slot.
+type Roots interface {
+	// Mount finds r's disk (probing its slot again: the host may have
+	// put another image behind it), mounts it read-only under an overlay
+	// whose writable upper is a tmpfs of its own, all under dir, and
+	// returns the overlay's path. A failure leaves nothing mounted.
+	Mount(ctx context.Context, r *api.Rootfs, dir string) (string, error)
+	// Unmount undoes Mount of dir, so the host can detach the disk.
+	Unmount(dir string) error
+}
+
+// checkRoot wants the root as exactly one of a directory or a disk.
+func checkRoot(o CreateOptions) error {
+	switch {
+	case o.Rootfs != "" && o.RootDisk != nil:
+		return fmt.Errorf("root: rootfs %q and root disk %q, expected one of them: %w", o.Rootfs, o.RootDisk.Serial, errdefs.ErrInvalidArgument)
+	case o.RootDisk != nil:
+		if len(o.RootDisk.Mounts) > 0 {
+			return fmt.Errorf("root disk %q: %d mounts, expected none (runc makes the spec's): %w", o.RootDisk.Serial, len(o.RootDisk.Mounts), errdefs.ErrInvalidArgument)
+		}
+		return nil
+	case o.Rootfs == "":
+		return fmt.Errorf("root: expected a rootfs directory or a root disk: %w", errdefs.ErrInvalidArgument)
+	}
+	return checkRootfs(o.Rootfs)
+}
+
+// claimDisk makes disk serial the root of container id alone: a second
+// overlay on one disk would let two containers share it.
+func (m *Manager) claimDisk(id, serial string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if other, ok := m.disks[serial]; ok {
+		return fmt.Errorf("disk %q is the root of container %q already: %w", serial, other, errdefs.ErrFailedPrecondition)
+	}
+	m.disks[serial] = id
+	return nil
+}
+
+func (m *Manager) releaseDisk(serial string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.disks, serial)
+}
+
+// mountRoot mounts o's root disk in bundle and returns the root, or
+// returns o's directory.
+func (m *Manager) mountRoot(ctx context.Context, id, bundle string, o CreateOptions) (string, error) {
+	if o.RootDisk == nil {
+		return o.Rootfs, nil
+	}
+	if m.cfg.Roots == nil {
+		return "", fmt.Errorf("root disk %q: this agent mounts no disks: %w", o.RootDisk.Serial, errdefs.ErrFailedPrecondition)
+	}
+	if err := m.claimDisk(id, o.RootDisk.Serial); err != nil {
+		return "", err
+	}
+	root, err := m.cfg.Roots.Mount(ctx, o.RootDisk, bundle)
+	if err != nil {
+		m.releaseDisk(o.RootDisk.Serial)
+		return "", fmt.Errorf("root disk %q: %w", o.RootDisk.Serial, err)
+	}
+	return root, nil
+}
+
+// unmountRoot unmounts c's root disk, if it has one, and frees the disk.
+// A disk that stays mounted stays claimed.
+func (m *Manager) unmountRoot(c *Container) error {
+	if c.disk == "" {
+		return nil
+	}
+	if err := m.cfg.Roots.Unmount(c.bundle); err != nil {
+		return fmt.Errorf("unmount the root of container %q from disk %q: %w", c.ID, c.disk, err)
+	}
+	m.releaseDisk(c.disk)
+	return nil
+}

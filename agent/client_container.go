@@ -38,19 +38,55 @@ type ContainerExit struct {
 // paths the guest's) over rootfs, a directory in the guest; its process
 // waits for StartContainer.
 func (c *Client) CreateContainer(ctx context.Context, id string, spec *specs.Spec, rootfs string, stdin bool) (*ContainerProcess, error) {
-	data, err := containerJSON(id, spec)
+	return c.CreateContainerFrom(ctx, id, spec, ContainerRoot{Dir: rootfs}, stdin)
+}
+
+// ContainerRoot is where a container's root comes from: a directory in
+// the guest, or a disk the host attached (a container joining a running
+// VM), and the files the guest writes first.
+type ContainerRoot struct {
+	Dir string
+	// Disk is mounted read-only under a private writable overlay; its
+	// Mounts stay empty, runc makes the spec's. The guest unmounts it when
+	// the container is deleted, and the host may then detach it.
+	Disk *Rootfs
+	// Files are the copies of the spec's bind sources, bounded as Init's.
+	Files []File
+}
+
+// CreateContainerFrom has the guest's runc create container id from spec
+// over root; its process waits for StartContainer.
+func (c *Client) CreateContainerFrom(ctx context.Context, id string, spec *specs.Spec, root ContainerRoot, stdin bool) (*ContainerProcess, error) {
+	req, err := createContainerRequest(id, spec, root, stdin)
 	if err != nil {
 		return nil, err
 	}
 	if err := c.requireVersion(ctx, apiVersion4, "a container in the VM"); err != nil {
 		return nil, fmt.Errorf("create container %q in guest: %w", id, err)
 	}
-	resp, err := c.api.CreateContainer(ctx, &api.CreateContainerRequest{Id: id, Spec: data, Rootfs: rootfs, Stdin: stdin})
+	resp, err := c.api.CreateContainer(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("create container %q in guest: %w", id, native(err))
 	}
 	terminal := spec.Process != nil && spec.Process.Terminal
 	return &ContainerProcess{ContainerID: id, Pid: resp.Pid, c: c, terminal: terminal, stdin: stdin || terminal}, nil
+}
+
+func createContainerRequest(id string, spec *specs.Spec, root ContainerRoot, stdin bool) (*api.CreateContainerRequest, error) {
+	data, err := containerJSON(id, spec)
+	if err != nil {
+		return nil, err
+	}
+	req := &api.CreateContainerRequest{Id: id, Spec: data, Rootfs: root.Dir, Stdin: stdin}
+	if req.Files, err = initFiles(root.Files); err != nil {
+		return nil, fmt.Errorf("container %q: %w", id, err)
+	}
+	if root.Disk != nil {
+		if req.RootDisk, err = initRootfs(root.Disk); err != nil {
+			return nil, fmt.Errorf("container %q: %w", id, err)
+		}
+	}
+	return req, nil
 }
 
 // containerJSON marshals v, bounded as the guest bounds it.

@@ -24,9 +24,14 @@ import (
 
 func busybox(t *testing.T, layers int) *BusyboxImage {
 	t.Helper()
+	return busyboxLinked(t, layers, false)
+}
+
+func busyboxLinked(t *testing.T, layers int, hardLinks bool) *BusyboxImage {
+	t.Helper()
 	testenv.LookPath(t, DefaultBusybox)
 	img, err := Busybox(BusyboxOptions{
-		Name: "localhost/testimage/busybox:1", Layers: layers,
+		Name: "localhost/testimage/busybox:1", Layers: layers, HardLinks: hardLinks,
 		Config: ocispec.ImageConfig{Cmd: []string{"sh"}, User: User, WorkingDir: "/home/app", Env: []string{"A=1"}},
 	})
 	if err != nil {
@@ -141,8 +146,12 @@ func TestBusyboxRejects(t *testing.T) {
 func TestBusyboxRootfs(t *testing.T) {
 	testenv.RequireRoot(t)
 	chroot := testenv.LookPath(t, "chroot")
-	for _, layers := range []int{1, 3} {
-		bb := busybox(t, layers)
+	for _, tc := range []struct {
+		layers    int
+		hardLinks bool
+	}{{1, false}, {3, false}, {1, true}} {
+		layers := tc.layers
+		bb := busyboxLinked(t, layers, tc.hardLinks)
 		root := t.TempDir()
 		for i, l := range bb.Layers {
 			data, err := l.Tar()

@@ -117,9 +117,13 @@ func (l Layer) complete() ([]Entry, error) {
 	entries := make([]Entry, 0, len(byPath))
 	for _, e := range byPath {
 		if e.Link != "" {
-			if t, ok := byPath[e.Link]; !ok || !t.Mode.IsRegular() || t.Link != "" {
+			t, ok := byPath[e.Link]
+			if !ok || !t.Mode.IsRegular() || t.Link != "" {
 				return nil, fmt.Errorf("hard link %s: target %q: want a regular file of the layer", e.Path, e.Link)
 			}
+			// An unpacker applies a link's mode and owner to the inode it
+			// shares: they must be the target's.
+			e.Mode, e.UID, e.GID = t.Mode, t.UID, t.GID
 			entries = append(entries, e)
 			continue
 		}
@@ -150,7 +154,7 @@ func writeEntry(tw *tar.Writer, e Entry) error {
 	}
 	switch {
 	case e.Link != "":
-		hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeLink, e.Link, 0
+		hdr.Typeflag, hdr.Linkname = tar.TypeLink, e.Link
 	case e.Mode.IsDir():
 		hdr.Typeflag, hdr.Name = tar.TypeDir, e.Path+"/"
 	case e.Mode&fs.ModeSymlink != 0:

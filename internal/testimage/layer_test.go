@@ -47,7 +47,7 @@ func TestLayerTar(t *testing.T) {
 	}, {
 		name:  "hard links after their targets",
 		layer: Layer{Hardlink("bin/[", "/bin/busybox"), File("bin/busybox", 0o755, []byte("b"))},
-		want:  []string{"bin/ 5 755 0:0", "bin/busybox 0 755 0:0", "bin/[ 1 0 0:0 bin/busybox"},
+		want:  []string{"bin/ 5 755 0:0", "bin/busybox 0 755 0:0", "bin/[ 1 755 0:0 bin/busybox"},
 	}, {
 		name:  "whiteout",
 		layer: Layer{Whiteout("/etc/gone")},

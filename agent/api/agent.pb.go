@@ -1537,7 +1537,9 @@ type CreateContainerRequest struct {
 	// mounts are unused: runc makes the spec's.
 	RootDisk *Rootfs `protobuf:"bytes,5,opt,name=root_disk,json=rootDisk,proto3" json:"root_disk,omitempty"`
 	// files are the copies of the spec's bind sources, written before
-	// runc runs, as Init writes its files. Bounded as Init's.
+	// runc runs, as Init writes its files. Bounded as Init's. Those under
+	// the container's dir, /run/cocoon/containers/<id>/ (binds/ there,
+	// say), go with the container at DeleteContainer.
 	Files         []*File `protobuf:"bytes,6,rep,name=files,proto3" json:"files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

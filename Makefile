@@ -23,7 +23,7 @@ CNI_PLUGINS := main/bridge ipam/host-local main/loopback
 # NSS, which cannot link static, out of it.
 RUNC_VERSION := v1.5.3
 
-.PHONY: all build containerd tools runc-guest deps guest test unit lint generate clean demo bench fuzz soak
+.PHONY: all build containerd tools runc-guest deps guest critest test unit lint generate clean demo bench fuzz soak
 
 all: build
 
@@ -86,6 +86,14 @@ bench: deps build guest
 ## the shim or QEMU killed in 10 %; fails if a restore failed or any count did not come back
 soak: deps build guest
 	$(BIN)/cocoon-bench soak
+
+## critest: the whole of critest v1.37.0 (cri-tools' CRI validation suite) with the runc and the
+## cocoon handler at once, side by side into bench/results/critest-<date>.md; fails when a spec
+## runc passes fails with cocoon and cri/critest/allowed.txt lacks it, or lists a spec cocoon
+## passes (make test runs a subset: README "Kubernetes conformance (critest)")
+critest: deps build guest
+	$(GO) test -count=1 -v -timeout 60m -run '^TestCritest$$' ./cri/critest/ -args -critest.full \
+		-critest.out $(CURDIR)/bench/results/critest-$$(date -u +%F).md
 
 ## test: install what the tests need, then run every tier
 test: deps build guest lint

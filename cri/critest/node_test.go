@@ -1,0 +1,162 @@
+package critest_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/distribution/reference"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/cnitest"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testimage"
+)
+
+// registryAddr is where the node's registry listens, inside the node's
+// network namespace: no other address is reached.
+const registryAddr = "127.0.0.1:5000"
+
+// cocoonConfig runs ordinary images in VMs restored from the chain image.
+const cocoonConfig = `
+[restore]
+base_image = "` + chainRef + `"
+`
+
+// node is a network namespace with a CNI bridge, a registry serving
+// critest's images and mirroring every registry critest pulls from, and a
+// containerd with CRI (runc and cocoon handlers) and NRI, all inside it.
+type node struct {
+	net       *cnitest.Node
+	stack     *devstack.Stack
+	nriSocket string
+}
+
+// startNode starts a node for handler's critest run: the cocoon handler's
+// node also has the chain image in the cocoon snapshotter.
+func startNode(t *testing.T, handler string) *node {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.LookPath(t, "runc")
+	testenv.LookPath(t, "nsenter")
+	bin := filepath.Dir(testenv.Bin(t, "containerd"))
+	for _, name := range []string{"ctr", "crictl", "crane", "critest", "containerd-shim-runc-v2", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server"} {
+		testenv.Bin(t, name)
+	}
+	var chain string
+	if handler == devstack.CocoonHandler {
+		chain = chainImage(t)
+	}
+	images(t)
+	n := &node{net: cnitest.New(t, filepath.Join(bin, "cni"))}
+	dir := t.TempDir()
+	n.nriSocket = filepath.Join(dir, "nri.sock")
+	startRegistry(t, n.net, bin)
+	hosts := writeHosts(t, dir)
+	cfg, err := config.Parse([]byte(cocoonConfig))
+	if err != nil {
+		t.Fatalf("cocoon config: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n.stack, err = devstack.Start(ctx, devstack.Options{
+		BinDir: bin, Config: &cfg, LogLevel: "info",
+		CRI: &devstack.CRI{
+			NetNS: n.net.Path, CNIBinDir: n.net.BinDir, CNIConfDir: n.net.ConfDir,
+			SandboxArchive: built.pauseTar, SandboxImage: pauseRef,
+			RegistryConfigPath: hosts, NRISocket: n.nriSocket,
+		},
+	})
+	if err != nil {
+		t.Fatalf("start containerd with CRI: %v", err)
+	}
+	t.Cleanup(func() { n.close(t) })
+	if chain != "" {
+		if err := n.stack.Import(ctx, chain, devstack.Snapshotter); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+// close tears the node's containerd down and checks it left nothing.
+func (n *node) close(t *testing.T) {
+	dir := n.stack.Dir
+	if err := n.stack.Close(); err != nil {
+		t.Errorf("tear down containerd: %v", err)
+	}
+	if left := devstack.Leftovers(dir); len(left) > 0 {
+		t.Errorf("the node's containerd left:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// startRegistry runs crane's registry in ns, waits until it serves and
+// pushes critest's images into it, each under its reference's path.
+func startRegistry(t *testing.T, ns *cnitest.Node, bin string) {
+	t.Helper()
+	crane := filepath.Join(bin, "crane")
+	cmd := exec.Command("nsenter", "--net="+ns.Path, "--", crane, "registry", "serve", "--address", registryAddr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the registry: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	testenv.Eventually(t, 30*time.Second, "the registry serving on "+registryAddr, func() error {
+		c, err := ns.Dial(context.Background(), "tcp", registryAddr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	for name, layout := range built.layouts {
+		ref, err := mirrored(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		push := exec.Command("nsenter", "--net="+ns.Path, "--", crane, "push", "--insecure", layout, ref)
+		if out, err := push.CombinedOutput(); err != nil {
+			t.Fatalf("push %s as %s: %v: %s", name, ref, err, out)
+		}
+	}
+}
+
+// mirrored is where the registry serves name: its path and tag, at
+// registryAddr, as containerd asks a mirror for it.
+func mirrored(name string) (string, error) {
+	named, err := reference.ParseNormalizedNamed(name)
+	if err != nil {
+		return "", fmt.Errorf("image %q: %w", name, err)
+	}
+	tagged, ok := named.(reference.Tagged)
+	if !ok {
+		return "", fmt.Errorf("image %q: no tag: want one", name)
+	}
+	return registryAddr + "/" + reference.Path(named) + ":" + tagged.Tag(), nil
+}
+
+// writeHosts writes containerd's registry hosts dir under dir: every
+// registry critest pulls from is served by the node's registry.
+func writeHosts(t *testing.T, dir string) string {
+	t.Helper()
+	hosts := filepath.Join(dir, "hosts")
+	for _, reg := range testimage.CritestRegistries {
+		if err := os.MkdirAll(filepath.Join(hosts, reg), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		body := fmt.Sprintf("server = %q\n", "http://"+registryAddr)
+		if err := os.WriteFile(filepath.Join(hosts, reg, "hosts.toml"), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return hosts
+}

@@ -16,18 +16,19 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
-// The real run: critest v1.37.0 (make build puts it in bin/) against
-// containerd 2.4.2's CRI, once with the runc handler and once with the
-// cocoon handler, at the same time, each on a node of its own (host
+// The real run: the whole of critest v1.37.0 (make build puts it in bin/)
+// against containerd 2.4.2's CRI, once with the runc handler and once with
+// the cocoon handler, at the same time, each on a node of its own (host
 // ports, NRI plugins and image removals are node-wide, so two runs on one
-// containerd would see each other's), then the comparison:
+// containerd would see each other's), then the comparison (make test runs
+// it; make critest also writes the result):
 //
-//	go test -count=1 -run TestCritest ./cri/critest/                       # make test's subset
-//	go test -count=1 -v -timeout 60m -run TestCritest ./cri/critest/ -args -critest.full -critest.out r.md
+//	go test -count=1 -v -run TestCritest ./cri/critest/ -args -critest.out r.md
+//	go test -count=1 -v -run TestCritest ./cri/critest/ -args -critest.focus 'Multiple Containers'
 var (
-	full = flag.Bool("critest.full", false, "run the whole critest suite (make critest), not make test's subset")
-	out  = flag.String("critest.out", "", "write the side-by-side result (markdown) to this file")
-	keep = flag.String("critest.keep", "", "keep each handler's ginkgo report and critest output in this dir")
+	focus = flag.String("critest.focus", "", "run only the specs this regexp matches (ginkgo's focus); the whole suite when empty")
+	out   = flag.String("critest.out", "", "write the side-by-side result (markdown) to this file")
+	keep  = flag.String("critest.keep", "", "keep each handler's ginkgo report and critest output in this dir")
 )
 
 // allowedList is the repo's list of specs cocoon may fail while runc
@@ -72,9 +73,9 @@ func TestCritest(t *testing.T) {
 	if len(runs) != 2 {
 		t.Fatal("a handler's critest run did not finish: nothing to compare")
 	}
-	scope := critest.Subset
-	if *full {
-		scope = critest.Full
+	scope := critest.Full
+	if *focus != "" {
+		scope = critest.Subset
 	}
 	cmp := critest.Compare(runs[devstack.RuncHandler].report, runs[devstack.CocoonHandler].report, allowed, scope)
 	info := critest.Run{Date: time.Now().Format(time.DateOnly), Scope: scope,
@@ -99,8 +100,8 @@ func (n *node) critest(t *testing.T, handler string) *run {
 		"-runtime-endpoint=" + endpoint, "-image-endpoint=" + endpoint, "-runtime-handler=" + handler,
 		"-nri-socket=" + n.nriSocket, "-config=" + filepath.Join(dir, "none.yaml"),
 		"-ginkgo.json-report=" + report, "-ginkgo.no-color", "-ginkgo.timeout=" + critestTimeout.String()}
-	if !*full {
-		args = append(args, "-ginkgo.focus="+subsetFocus)
+	if *focus != "" {
+		args = append(args, "-ginkgo.focus="+*focus)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), critestTimeout+time.Minute)
 	defer cancel()

@@ -76,8 +76,8 @@ func TestInitDetachesProcesses(t *testing.T) {
 func agentReadingOutput() error {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
-	if !bytes.Contains(buf, []byte("server.(*outputStream).read(")) {
-		return errors.New("no goroutine in outputStream.read")
+	if !bytes.Contains(buf, []byte("procio.(*Output).Read(")) {
+		return errors.New("no goroutine in procio.(*Output).Read")
 	}
 	return nil
 }

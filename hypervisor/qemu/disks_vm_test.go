@@ -1,9 +1,7 @@
 package qemu
 
 import (
-	"context"
 	"crypto/rand"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,36 +36,12 @@ func bakedSlotsLink(t testing.TB, d *Driver) string {
 		if b.dir, b.err = os.MkdirTemp("", "qemu-baked-slots-"); b.err != nil {
 			return
 		}
-		b.link, b.err = bakeSlots(d, b.dir, testDiskSlots)
+		b.link, b.err = bakeGuest(d, b.dir, testMemory, testDiskSlots)
 	})
 	if b.err != nil {
 		t.Fatalf("bake with %d disk slots: %v", testDiskSlots, b.err)
 	}
 	return b.link
-}
-
-// bakeSlots boots the guest with slots spare disk slots and snapshots it
-// into dir/link once its agent answers.
-func bakeSlots(d *Driver, dir string, slots int) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	guest := testenv.RepoRoot() + "/build/guest"
-	v, err := d.Boot(ctx, BootSpec{
-		Kernel: filepath.Join(guest, "vmlinuz"), Initrd: filepath.Join(guest, "initramfs.cpio.gz"),
-		Cmdline: "console=ttyS0 panic=-1 quiet", MemoryBytes: testMemory, VCPUs: 1, DiskSlots: slots,
-		RunDir: filepath.Join(dir, "boot"),
-	})
-	if err != nil {
-		return "", err
-	}
-	defer v.Close()
-	c, err := agent.WaitReady(ctx, v.DialAgent)
-	if err != nil {
-		return "", fmt.Errorf("wait for agent: %w", err)
-	}
-	c.Close()
-	link := filepath.Join(dir, "link")
-	return link, v.Snapshot(ctx, link, hypervisor.SnapshotFull)
 }
 
 // slotImage makes an erofs image of size bytes holding hello.txt, a random

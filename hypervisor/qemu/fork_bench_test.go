@@ -35,7 +35,7 @@ const benchMemory = 512 << 20
 func BenchmarkFork(b *testing.B) {
 	d := newTestDriver(b)
 	root := b.TempDir()
-	base, err := bakeGuest(d, filepath.Join(root, "bake"), benchMemory)
+	base, err := bakeGuest(d, filepath.Join(root, "bake"), benchMemory, 0)
 	if err != nil {
 		b.Fatalf("bake: %v", err)
 	}

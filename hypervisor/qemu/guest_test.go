@@ -78,12 +78,12 @@ func bakedLink(t testing.TB, d *Driver) string {
 }
 
 func bake(d *Driver, dir string) (string, error) {
-	return bakeGuest(d, dir, testMemory)
+	return bakeGuest(d, dir, testMemory, 0)
 }
 
-// bakeGuest boots the guest with mem bytes of RAM and snapshots it into
-// dir/link once its agent answers.
-func bakeGuest(d *Driver, dir string, mem int64) (string, error) {
+// bakeGuest boots the guest with mem bytes of RAM and slots spare disk
+// slots, and snapshots it into dir/link once its agent answers.
+func bakeGuest(d *Driver, dir string, mem int64, slots int) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	guest := testenv.RepoRoot() + "/build/guest"
@@ -92,7 +92,8 @@ func bakeGuest(d *Driver, dir string, mem int64) (string, error) {
 	}
 	v, err := d.Boot(ctx, BootSpec{
 		Kernel: filepath.Join(guest, "vmlinuz"), Initrd: filepath.Join(guest, "initramfs.cpio.gz"),
-		Cmdline: "console=ttyS0 panic=-1 quiet", MemoryBytes: mem, VCPUs: 1, RunDir: filepath.Join(dir, "boot"),
+		Cmdline: "console=ttyS0 panic=-1 quiet", MemoryBytes: mem, VCPUs: 1, DiskSlots: slots,
+		RunDir: filepath.Join(dir, "boot"),
 	})
 	if err != nil {
 		return "", err

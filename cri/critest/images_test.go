@@ -103,13 +103,7 @@ func chainImage(t *testing.T) string {
 	cocoonctl := testenv.Bin(t, "cocoonctl")
 	images(t)
 	built.chainOnce.Do(func() {
-		built.chainTar = filepath.Join(built.dir, "chain.tar")
-		cmd := exec.Command(cocoonctl, "bake", "--guest", guest, "--memory", strconv.Itoa(guestMemory>>20)+"M",
-			"--out", filepath.Join(built.dir, "link"), "--image", chainRef, "--archive", built.chainTar,
-			"--config", "/dev/null", "--timeout", "4m")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			built.chainErr = fmt.Errorf("bake the chain image: %w\n%s", err, out)
-		}
+		built.chainTar, built.chainErr = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, built.dir)
 	})
 	if built.chainErr != nil {
 		t.Fatal(built.chainErr)

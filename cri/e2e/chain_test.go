@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testimage"
 )
 
 // chainRef is the snapshot-chain image the cocoon handler's containers
@@ -37,13 +34,7 @@ func chainImage(t testing.TB) string {
 		if chain.dir, chain.err = os.MkdirTemp("", "cri-e2e-chain-"); chain.err != nil {
 			return
 		}
-		chain.archive = filepath.Join(chain.dir, "chain.tar")
-		cmd := exec.Command(cocoonctl, "bake", "--guest", guest, "--memory", strconv.Itoa(guestMemory>>20)+"M",
-			"--out", filepath.Join(chain.dir, "link"), "--image", chainRef, "--archive", chain.archive,
-			"--config", "/dev/null", "--timeout", "4m")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			chain.err = fmt.Errorf("bake the chain image: %w\n%s", err, out)
-		}
+		chain.archive, chain.err = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, chain.dir)
 	})
 	if chain.err != nil {
 		t.Fatal(chain.err)

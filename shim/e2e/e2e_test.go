@@ -22,6 +22,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testimage"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
@@ -57,13 +58,7 @@ func image(t testing.TB) string {
 		if bakeDir, bakeErr = os.MkdirTemp("", "cocoon-e2e-"); bakeErr != nil {
 			return
 		}
-		bakeArchive = filepath.Join(bakeDir, "image.tar")
-		cmd := exec.Command(cocoonctl, "bake", "--guest", guest, "--memory", "256M",
-			"--out", filepath.Join(bakeDir, "link"), "--image", imageRef, "--archive", bakeArchive,
-			"--config", "/dev/null", "--timeout", "4m")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			bakeErr = fmt.Errorf("bake test image: %w\n%s", err, out)
-		}
+		bakeArchive, bakeErr = testimage.Bake(cocoonctl, guest, imageRef, 256<<20, bakeDir)
 	})
 	if bakeErr != nil {
 		t.Fatal(bakeErr)

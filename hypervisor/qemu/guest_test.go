@@ -27,8 +27,10 @@ var baked struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if baked.dir != "" {
-		os.RemoveAll(baked.dir)
+	for _, dir := range []string{baked.dir, bakedWithSlots.dir} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/fsmode"
 )
 
 // Size bounds of the files of a link, so that a hostile layer cannot make a
@@ -88,7 +90,7 @@ func openRegular(path string, flags int, maxSize int64) (*os.File, error) {
 	switch {
 	case !fi.Mode().IsRegular():
 		f.Close()
-		return nil, fmt.Errorf("%s: a %s, want a regular file", path, fileType(fi.Mode()))
+		return nil, fmt.Errorf("%s: a %s, want a regular file", path, fsmode.TypeName(fi.Mode()))
 	case fi.Size() > maxSize:
 		f.Close()
 		return nil, fmt.Errorf("%s: %d bytes, larger than the %d allowed", path, fi.Size(), maxSize)
@@ -107,20 +109,4 @@ func readAllSized(f *os.File, maxSize int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s: larger than the %d bytes allowed", f.Name(), maxSize)
 	}
 	return b, nil
-}
-
-func fileType(m os.FileMode) string {
-	switch {
-	case m&os.ModeNamedPipe != 0:
-		return "named pipe"
-	case m&os.ModeSocket != 0:
-		return "socket"
-	case m&os.ModeCharDevice != 0:
-		return "character device"
-	case m&os.ModeDevice != 0:
-		return "block device"
-	case m.IsDir():
-		return "directory"
-	}
-	return "non-regular file"
 }

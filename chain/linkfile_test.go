@@ -32,7 +32,7 @@ func TestOpenLinkFile(t *testing.T) {
 		{"regular", regular, 10, ""},
 		{"too large", regular, 9, "10 bytes, larger than the 9 allowed"},
 		{"symlink", link, 10, "a symbolic link, want a regular file"},
-		{"fifo", fifo, 10, "a named pipe, want a regular file"},
+		{"fifo", fifo, 10, "a FIFO, want a regular file"},
 		{"directory", dir, 10, "a directory, want a regular file"},
 		{"device", "/dev/zero", 10, "a character device, want a regular file"},
 		{"missing", filepath.Join(dir, "none"), 10, "no such file"},

@@ -16,6 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/fsmode"
 )
 
 // Namespace is the network namespace a task's VM runs in, held open by an
@@ -206,7 +208,7 @@ func checkNSFS(fd int) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat: %w", err)
 	}
-	return fmt.Errorf("a %s, %w", fileKind(st.Mode), errNotNetNS)
+	return fmt.Errorf("a %s, %w", fsmode.TypeName(fsmode.FromStat(st.Mode)), errNotNetNS)
 }
 
 // checkNetNS fails unless the nsfs file f is a namespace of type
@@ -220,23 +222,4 @@ func checkNetNS(f *os.File) error {
 		return fmt.Errorf("a namespace of another type, %w", errNotNetNS)
 	}
 	return nil
-}
-
-// fileKind names a file type for an error message.
-func fileKind(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return "regular file"
-	case unix.S_IFDIR:
-		return "directory"
-	case unix.S_IFIFO:
-		return "FIFO"
-	case unix.S_IFSOCK:
-		return "socket"
-	case unix.S_IFCHR:
-		return "character device"
-	case unix.S_IFBLK:
-		return "block device"
-	}
-	return "file of another type"
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/fsmode"
 )
 
 // binds collects the copies of the host files and trees a container's
@@ -53,7 +54,7 @@ func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
 		m.Source, m.Type = src, "bind"
 		return m, nil
 	}
-	return specs.Mount{}, fmt.Errorf("bind source %s is a %s: a cocoon VM takes copies of regular files and directories only: %w", m.Source, typeName(st.Mode()), errdefs.ErrInvalidArgument)
+	return specs.Mount{}, fmt.Errorf("bind source %s is a %s: a cocoon VM takes copies of regular files and directories only: %w", m.Source, fsmode.TypeName(st.Mode()), errdefs.ErrInvalidArgument)
 }
 
 // copy adds the regular file, or the directory tree, at host path src to
@@ -121,7 +122,7 @@ func (w walk) add(fd int, rel, dst string) error {
 		}
 		w.files = append(w.files, agent.File{Path: dst, Data: []byte(target), Mode: fs.ModeSymlink | fs.ModePerm})
 	default:
-		return fmt.Errorf("%s is a %s: a cocoon VM takes copies of regular files, directories and symbolic links only: %w", w.hostPath(rel), typeName(modeType(st.Mode)), errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s is a %s: a cocoon VM takes copies of regular files, directories and symbolic links only: %w", w.hostPath(rel), fsmode.TypeName(fsmode.FromStat(st.Mode)), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -200,7 +201,7 @@ func readHostFile(p string) ([]byte, fs.FileMode, error) {
 		return nil, 0, fmt.Errorf("stat %s: %w", p, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, 0, fmt.Errorf("%s is a %s, expected a regular file: %w", p, typeName(modeType(st.Mode)), errdefs.ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("%s is a %s, expected a regular file: %w", p, fsmode.TypeName(fsmode.FromStat(st.Mode)), errdefs.ErrInvalidArgument)
 	}
 	data, err := readOpened(fd, p)
 	return data, fs.FileMode(st.Mode) & fs.ModePerm, err
@@ -222,35 +223,6 @@ func readOpened(fd int, p string) ([]byte, error) {
 		return nil, fmt.Errorf("%s is larger than %d bytes: too large to copy into a VM: %w", p, api.MaxFileSize, errdefs.ErrInvalidArgument)
 	}
 	return data, nil
-}
-
-// modeType is the Go file type of a stat(2) mode.
-func modeType(m uint32) fs.FileMode {
-	return map[uint32]fs.FileMode{
-		unix.S_IFDIR: fs.ModeDir, unix.S_IFLNK: fs.ModeSymlink, unix.S_IFIFO: fs.ModeNamedPipe,
-		unix.S_IFSOCK: fs.ModeSocket, unix.S_IFCHR: fs.ModeDevice | fs.ModeCharDevice, unix.S_IFBLK: fs.ModeDevice,
-	}[m&unix.S_IFMT]
-}
-
-// typeName says what kind of file m is.
-func typeName(m fs.FileMode) string {
-	switch t := m.Type(); {
-	case t&fs.ModeCharDevice != 0:
-		return "character device"
-	case t&fs.ModeDevice != 0:
-		return "block device"
-	case t&fs.ModeNamedPipe != 0:
-		return "FIFO"
-	case t&fs.ModeSocket != 0:
-		return "socket"
-	case t&fs.ModeSymlink != 0:
-		return "symbolic link"
-	case t&fs.ModeDir != 0:
-		return "directory"
-	case t == 0:
-		return "regular file"
-	}
-	return m.Type().String()
 }
 
 func isBindMount(m specs.Mount) bool {

@@ -41,9 +41,9 @@ func TestCommitRejectsHostileLinkFiles(t *testing.T) {
 		{"memory.data is a symlink", chain.DataFile, func(t *testing.T, p string) {
 			replaceWithSymlink(t, filepath.Join(fx.dirs[0], chain.DataFile), p)
 		}, "a symbolic link, want a regular file"},
-		{"link.json is a FIFO", chain.LinkFile, replaceWithFIFO, "named pipe, want a regular file"},
-		{"memory.extents is a FIFO", chain.ExtentsFile, replaceWithFIFO, "named pipe, want a regular file"},
-		{"state file is a FIFO", "qemu.state", replaceWithFIFO, "named pipe, want a regular file"},
+		{"link.json is a FIFO", chain.LinkFile, replaceWithFIFO, "FIFO, want a regular file"},
+		{"memory.extents is a FIFO", chain.ExtentsFile, replaceWithFIFO, "FIFO, want a regular file"},
+		{"state file is a FIFO", "qemu.state", replaceWithFIFO, "FIFO, want a regular file"},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -71,18 +71,18 @@ func TestHostileLinkFiles(t *testing.T) {
 	}{
 		{"inspect: link.json is a FIFO", inspectArgs, func(t *testing.T, l string) {
 			replaceWithFIFO(t, filepath.Join(l, chain.LinkFile))
-		}, "named pipe, want a regular file"},
+		}, "FIFO, want a regular file"},
 		{"inspect: memory.extents is a FIFO", inspectArgs, func(t *testing.T, l string) {
 			replaceWithFIFO(t, filepath.Join(l, chain.ExtentsFile))
-		}, "named pipe, want a regular file"},
+		}, "FIFO, want a regular file"},
 		{"inspect: memory.data is a FIFO", inspectArgs, func(t *testing.T, l string) {
 			replaceWithFIFO(t, filepath.Join(l, chain.DataFile))
-		}, "named pipe, want a regular file"},
+		}, "FIFO, want a regular file"},
 		{"inspect: the archive is a FIFO", func(string) []string { return []string{"inspect", fifo} }, func(*testing.T, string) {},
-			"named pipe, want a regular file"},
+			"FIFO, want a regular file"},
 		{"inspect: a state file is a FIFO", inspectArgs, func(t *testing.T, l string) {
 			replaceWithFIFO(t, filepath.Join(l, "qemu.state"))
-		}, "named pipe, want a regular file"},
+		}, "FIFO, want a regular file"},
 		{"pack: a state file is a symlink to a host file", packArgs, func(t *testing.T, l string) {
 			symlink(t, secret, filepath.Join(l, "qemu.state"))
 		}, "a symbolic link, want a regular file"},

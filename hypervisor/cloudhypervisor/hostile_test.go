@@ -280,8 +280,8 @@ func TestRestoreBoundsStateFiles(t *testing.T) {
 		hostile    func(t *testing.T, path string)
 		wantErr    string
 	}{
-		{"state.json is a FIFO", stateFile, mkfifo, "named pipe, want a regular file"},
-		{"config.json is a FIFO", configFile, mkfifo, "named pipe, want a regular file"},
+		{"state.json is a FIFO", stateFile, mkfifo, "FIFO, want a regular file"},
+		{"config.json is a FIFO", configFile, mkfifo, "FIFO, want a regular file"},
 		{"state.json is a symlink", stateFile, func(t *testing.T, p string) { relink(t, "/etc/hostname", p) }, "a symbolic link"},
 		{"state.json is huge", stateFile, func(t *testing.T, p string) { grow(t, p, chain.MaxStateFile+1) }, "larger than the"},
 		{"config.json is huge", configFile, func(t *testing.T, p string) { grow(t, p, maxConfigJSON+1) }, "larger than the"},

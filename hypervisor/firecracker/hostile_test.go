@@ -147,7 +147,7 @@ func TestRestoreRefusesHostileVMState(t *testing.T) {
 			if err := syscall.Mkfifo(p, 0o644); err != nil {
 				t.Fatal(err)
 			}
-		}, "named pipe, want a regular file"},
+		}, "FIFO, want a regular file"},
 		{"symlink", func(t *testing.T, p string) {
 			if err := os.Remove(p); err != nil {
 				t.Fatal(err)

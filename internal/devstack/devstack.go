@@ -231,11 +231,10 @@ func (s *Stack) waitContainerd(ctx context.Context, p *proc) error {
 // their VMs keep running and the new containerd reconnects to them. The
 // snapshotter keeps running. Close stops the new containerd.
 func (s *Stack) Restart(ctx context.Context) error {
-	i := slices.IndexFunc(s.procs, func(p *proc) bool { return p.name == "containerd" })
-	if i < 0 {
+	p := s.containerd()
+	if p == nil {
 		return errors.New("restart containerd: the stack runs none")
 	}
-	p := s.procs[i]
 	stop(p)
 	// A socket left behind would pass for the new containerd serving.
 	if err := os.Remove(s.Address); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -245,6 +244,23 @@ func (s *Stack) Restart(ctx context.Context) error {
 		return fmt.Errorf("restart containerd: %w", err)
 	}
 	return s.waitContainerd(ctx, p)
+}
+
+// containerd is the stack's containerd process, nil when it runs none.
+func (s *Stack) containerd() *proc {
+	i := slices.IndexFunc(s.procs, func(p *proc) bool { return p.name == "containerd" })
+	if i < 0 {
+		return nil
+	}
+	return s.procs[i]
+}
+
+// ContainerdPID is the pid of the stack's containerd, 0 when it runs none.
+func (s *Stack) ContainerdPID() int {
+	if p := s.containerd(); p != nil && p.cmd.Process != nil {
+		return p.cmd.Process.Pid
+	}
+	return 0
 }
 
 // writeCocoonConfig writes the cocoon config.toml with every path it names

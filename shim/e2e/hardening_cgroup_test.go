@@ -30,7 +30,11 @@ func TestCgroupHoldsGuestMemory(t *testing.T) {
 	}
 	own := newMemoryCgroup(t)
 	c := stack(t, "[restore]\nallow_annotation = true\n")
-	own.enter(t, containerdPID(t, c))
+	pid := c.ContainerdPID()
+	if pid == 0 {
+		t.Fatal("the stack runs no containerd")
+	}
+	own.enter(t, pid)
 	guest := guestData(t, c)
 	limit := strconv.Itoa(512 << 20)
 	for _, mode := range []string{"copy", "mmap"} {
@@ -166,29 +170,6 @@ func procStatus(t *testing.T, pid int, field string) int64 {
 		}
 	}
 	t.Fatalf("no %s in /proc/%d/status", field, pid)
-	return 0
-}
-
-// containerdPID finds the stack's containerd: the process running
-// BinDir/containerd with the stack's dir on its command line.
-func containerdPID(t *testing.T, c *ctrdtest.Containerd) int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if exe == filepath.Join(c.BinDir, "containerd") && strings.Contains(string(cmdline), c.Dir) {
-			return pid
-		}
-	}
-	t.Fatalf("no containerd of %s running", c.Dir)
 	return 0
 }
 

@@ -103,7 +103,7 @@ func chainImage(t *testing.T) string {
 	cocoonctl := testenv.Bin(t, "cocoonctl")
 	images(t)
 	built.chainOnce.Do(func() {
-		built.chainTar, built.chainErr = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, built.dir)
+		built.chainTar, built.chainErr = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, built.dir, testimage.BakeOptions{})
 	})
 	if built.chainErr != nil {
 		t.Fatal(built.chainErr)

@@ -16,6 +16,11 @@ const chainRef = "localhost/cri-e2e/chain:1"
 // guestMemory is the chain image's guest memory size.
 const guestMemory = 256 << 20
 
+// chainDiskSlots is the chain image's spare disk slots: room for the
+// containers of a pod that join its VM (TestCocoonPodVM's pod has up to
+// four at once).
+const chainDiskSlots = 8
+
 var chain struct {
 	once    sync.Once
 	dir     string
@@ -34,7 +39,7 @@ func chainImage(t testing.TB) string {
 		if chain.dir, chain.err = os.MkdirTemp("", "cri-e2e-chain-"); chain.err != nil {
 			return
 		}
-		chain.archive, chain.err = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, chain.dir)
+		chain.archive, chain.err = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, chain.dir, testimage.BakeOptions{DiskSlots: chainDiskSlots})
 	})
 	if chain.err != nil {
 		t.Fatal(chain.err)

@@ -46,8 +46,15 @@ var cocoonArgs = []string{"sh", "-c", "echo ready; exec sleep 3600"}
 // image and the sandbox image.
 func startCocoonNode(t *testing.T, handlers ...devstack.Handler) *node {
 	t.Helper()
+	return startChainNode(t, nodeOptions{cocoonConfig: cocoonConfig, handlers: handlers})
+}
+
+// startChainNode starts a node shaped by opts whose cocoon snapshotter has
+// the chain image and the sandbox image.
+func startChainNode(t *testing.T, opts nodeOptions) *node {
+	t.Helper()
 	archive := chainImage(t)
-	n := startNode(t, nodeOptions{cocoonConfig: cocoonConfig, handlers: handlers})
+	n := startNode(t, opts)
 	if err := n.stack.Import(context.Background(), archive, devstack.Snapshotter); err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func image(t testing.TB) string {
 		if bakeDir, bakeErr = os.MkdirTemp("", "cocoon-e2e-"); bakeErr != nil {
 			return
 		}
-		bakeArchive, bakeErr = testimage.Bake(cocoonctl, guest, imageRef, 256<<20, bakeDir)
+		bakeArchive, bakeErr = testimage.Bake(cocoonctl, guest, imageRef, 256<<20, bakeDir, testimage.BakeOptions{})
 	})
 	if bakeErr != nil {
 		t.Fatal(bakeErr)

@@ -1,0 +1,293 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+)
+
+// podVMConfig is cocoonConfig with one VM per pod (issue 21): the sandbox
+// restores the chain image with the pause image as its root, and every
+// container of the pod joins that VM.
+const podVMConfig = cocoonConfig + `
+[shim]
+pod_vm = "pod"
+`
+
+// What the pod serves on its loopback, and how its memory hog ends.
+const (
+	podPage   = "cocoon-pod-vm-page"
+	podURL    = "http://127.0.0.1:8080/"
+	oomLimit  = 32 << 20
+	oomExit   = 137 // 128 + SIGKILL
+	oomReason = "OOMKilled"
+)
+
+var (
+	// appWebArgs writes the page and serves it on the pod's loopback.
+	appWebArgs = []string{"sh", "-c", "mkdir -p /www && echo " + podPage + " > /www/index.html && exec httpd -f -p 8080 -h /www"}
+	// sidecarArgs fetches the page every second, from the same VM.
+	sidecarArgs = []string{"sh", "-c", "while true; do wget -q -O- " + podURL + " && echo; sleep 1; done"}
+	// oomArgs allocates (and touches: dd reads /dev/zero into it) a 64 MiB
+	// buffer; exec makes dd the container's process, so the OOM kill ends it.
+	oomArgs = []string{"sh", "-c", "echo filling; exec dd if=/dev/zero of=/dev/null bs=64M count=1"}
+)
+
+// TestCocoonPodVM runs a pod in one VM (shim.pod_vm = "pod"): the sandbox
+// restores the VM and an init container, an app, a sidecar reaching the app
+// on 127.0.0.1, a replaced sidecar and a container killed for memory all
+// run in it, each in its own cgroup of the guest.
+func TestCocoonPodVM(t *testing.T) {
+	n := startChainNode(t, nodeOptions{cocoonConfig: podVMConfig})
+	if err := n.stack.Import(context.Background(), images.busyboxTar, devstack.Snapshotter); err != nil {
+		t.Fatal(err)
+	}
+	runPodWorkload(t, n, devstack.CocoonHandler, n.podVM)
+}
+
+// TestRuncPodWorkload runs TestCocoonPodVM's workload with the runc
+// handler: it proves the workload (the page, the sidecar, the OOM kill, the
+// stats) on a runtime that has all of it, so a failure of TestCocoonPodVM
+// is the runtime's.
+func TestRuncPodWorkload(t *testing.T) {
+	n := startNode(t, nodeOptions{sandboxSnapshotters: []string{devstack.Overlayfs}})
+	runPodWorkload(t, n, devstack.RuncHandler, nil)
+}
+
+// podWorkload is the pod of TestCocoonPodVM, run with handler: an init
+// container, an app serving a page, a sidecar fetching it, the sidecar
+// replaced, a container killed for memory. podVM, when given, checks that
+// the pod with its running containers is one VM and returns its pid.
+type podWorkload struct {
+	n            *node
+	handler      string
+	podVM        func(*testing.T, *pod, ...string) int
+	p            *pod
+	app, sidecar string
+	vm           int
+}
+
+// runPodWorkload runs the workload's steps; with podVM, the pod stays the
+// same one VM throughout, and goes with the pod.
+func runPodWorkload(t *testing.T, n *node, handler string, podVM func(*testing.T, *pod, ...string) int) {
+	w := &podWorkload{n: n, handler: handler, podVM: podVM}
+	all := []step{{"runp", w.runp}, {"init container", w.initContainer}, {"app and sidecar", w.appAndSidecar}}
+	all = append(all, w.vmStep("one VM")...)
+	all = append(all, step{"replace the sidecar", w.replaceSidecar})
+	all = append(all, w.vmStep("same VM after the sidecar's restart")...)
+	all = append(all, step{"OOM", func(t *testing.T) { n.checkPodOOM(t, w.p, w.app) }},
+		step{"stats", func(t *testing.T) { n.checkOwnStats(t, w.p, w.app, w.sidecar) }})
+	all = append(all, w.vmStep("same VM at the end")...)
+	steps(t, append(all, step{"rmp -f", w.remove}))
+}
+
+func (w *podWorkload) runp(t *testing.T) { w.p = w.n.runPod(t, "pod-vm", w.handler, nil) }
+
+func (w *podWorkload) initContainer(t *testing.T) {
+	ctr := w.n.startBusybox(t, w.p, "init", []string{"sh", "-c", "echo init done"}, nil)
+	if st := w.n.waitState(t, ctr, runtimeapi.ContainerState_CONTAINER_EXITED); st.Status.ExitCode != 0 {
+		t.Fatalf("init container exited with %d, want 0", st.Status.ExitCode)
+	}
+	w.n.waitLogs(t, ctr, "init done")
+}
+
+func (w *podWorkload) appAndSidecar(t *testing.T) {
+	w.app = w.n.startBusybox(t, w.p, "app", appWebArgs, nil)
+	w.sidecar = w.n.startBusybox(t, w.p, "sidecar", sidecarArgs, nil)
+	w.n.waitState(t, w.app, runtimeapi.ContainerState_CONTAINER_RUNNING)
+	w.n.waitLogs(t, w.sidecar, podPage)
+}
+
+// replaceSidecar stops and removes the sidecar and runs it again under the
+// same name, as the kubelet restarts it: the next attempt, in a log of its
+// own, so the page in it is the new sidecar's.
+func (w *podWorkload) replaceSidecar(t *testing.T) {
+	w.n.crictl(t, "stop", w.sidecar)
+	w.n.waitState(t, w.sidecar, runtimeapi.ContainerState_CONTAINER_EXITED)
+	w.n.crictl(t, "rm", w.sidecar)
+	w.sidecar = w.n.startBusybox(t, w.p, "sidecar", sidecarArgs, func(c *runtimeapi.ContainerConfig) {
+		c.Metadata.Attempt = 1
+		c.LogPath = "sidecar-1.log"
+	})
+	w.n.waitLogs(t, w.sidecar, podPage)
+}
+
+// vmStep is a step checking that the pod is one VM, the one it was at the
+// first such step; none without podVM.
+func (w *podWorkload) vmStep(name string) []step {
+	if w.podVM == nil {
+		return nil
+	}
+	return []step{{name, func(t *testing.T) {
+		got := w.podVM(t, w.p, w.app, w.sidecar)
+		if w.vm != 0 && got != w.vm {
+			t.Fatalf("the pod's VM is %d, was %d", got, w.vm)
+		}
+		w.vm = got
+	}}}
+}
+
+// remove force-removes the pod: nothing of it may be left, its VM included.
+func (w *podWorkload) remove(t *testing.T) {
+	w.n.crictl(t, "rmp", "-f", w.p.id)
+	w.n.waitIdle(t, "the removed pod")
+	if w.vm != 0 && processRuns(w.vm) {
+		t.Fatalf("the pod's VM %d survived rmp -f", w.vm)
+	}
+}
+
+// startBusybox creates and starts a busybox container running args in pod
+// p and returns its ID; edit, if given, changes its config.
+func (n *node) startBusybox(t *testing.T, p *pod, name string, args []string, edit func(*runtimeapi.ContainerConfig)) string {
+	t.Helper()
+	ctr := n.crictl(t, "create", p.id, n.ctrConfig(t, name, busyboxRef, args, edit), p.config)
+	n.crictl(t, "start", ctr)
+	return ctr
+}
+
+// checkPodOOM runs a container over its memory limit in pod p: the guest's
+// OOM killer ends it (exit 137, reason OOMKilled), and the app container
+// app, in the same VM, still serves.
+func (n *node) checkPodOOM(t *testing.T, p *pod, app string) {
+	t.Helper()
+	hog := n.startBusybox(t, p, "hog", oomArgs, func(c *runtimeapi.ContainerConfig) {
+		c.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: oomLimit}
+	})
+	n.waitState(t, hog, runtimeapi.ContainerState_CONTAINER_EXITED)
+	var st struct {
+		Status struct {
+			ExitCode int32  `json:"exitCode"`
+			Reason   string `json:"reason"`
+		} `json:"status"`
+	}
+	decode(t, n.crictl(t, "inspect", "-o", "json", hog), &st)
+	if st.Status.ExitCode != oomExit || st.Status.Reason != oomReason {
+		logs, _ := n.crictlErr("logs", hog)
+		t.Fatalf("a container over its %d MiB limit exited with %d, reason %q; want %d, %q (its logs: %q)",
+			oomLimit>>20, st.Status.ExitCode, st.Status.Reason, oomExit, oomReason, logs)
+	}
+	if out := n.crictl(t, "exec", "-s", app, "wget", "-q", "-O-", podURL); !strings.Contains(out, podPage) {
+		t.Fatalf("wget %s in the app after the OOM kill: %q, want the page %q", podURL, out, podPage)
+	}
+}
+
+// checkOwnStats checks crictl stats of pod p: each of ctrs (its running
+// containers) has its own non-zero figures, the memory of its cgroup in the
+// guest, which differ from one container to the next.
+func (n *node) checkOwnStats(t *testing.T, p *pod, ctrs ...string) {
+	t.Helper()
+	var out struct {
+		Stats []ctrUsage `json:"stats"`
+	}
+	decode(t, n.crictl(t, "stats", "-o", "json", "-p", p.id), &out)
+	memory := map[string]bool{}
+	for _, id := range ctrs {
+		i := slices.IndexFunc(out.Stats, func(u ctrUsage) bool { return u.Attributes.ID == id })
+		if i < 0 {
+			t.Fatalf("crictl stats -p %s lists no stats for container %s: %+v", p.id, id, out.Stats)
+		}
+		if err := out.Stats[i].check("container " + id); err != nil {
+			t.Fatal(err)
+		}
+		memory[out.Stats[i].Memory.WorkingSetBytes.Value] = true
+	}
+	if len(memory) == 1 && len(ctrs) > 1 {
+		t.Fatalf("containers %v all have the working set %v: want each its own cgroup's", ctrs, memory)
+	}
+}
+
+// sandboxStatus is what crictl inspectp -o json says of a sandbox's task.
+type sandboxStatus struct {
+	Info struct {
+		Pid         int `json:"pid"`
+		RuntimeSpec struct {
+			Linux struct {
+				Namespaces []struct {
+					Type string `json:"type"`
+					Path string `json:"path"`
+				} `json:"namespaces"`
+			} `json:"linux"`
+		} `json:"runtimeSpec"`
+	} `json:"info"`
+}
+
+// podVM checks that exactly one hypervisor process runs for pod p, whose
+// running containers are ctrs, and that the sandbox and every one of ctrs
+// report it as their pid; it returns its pid. A QEMU process is the pod's
+// when a shim serving the pod started it or its command line names the pod
+// (vms), when its cgroup is the sandbox's or a container's, or when it is
+// in the pod's network namespace.
+func (n *node) podVM(t *testing.T, p *pod, ctrs ...string) int {
+	t.Helper()
+	var sb sandboxStatus
+	decode(t, n.crictl(t, "inspectp", "-o", "json", p.id), &sb)
+	ids := append([]string{p.id}, ctrs...)
+	netns := ""
+	for _, ns := range sb.Info.RuntimeSpec.Linux.Namespaces {
+		if ns.Type == "network" {
+			netns = ns.Path
+		}
+	}
+	pids := vms(ids...)
+	for _, pr := range processes() {
+		if strings.HasPrefix(filepath.Base(pr.args[0]), "qemu-system") && (inCgroupOf(pr.pid, ids) || inNetNS(pr.pid, netns)) && !slices.Contains(pids, pr.pid) {
+			pids = append(pids, pr.pid)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("pod %s with containers %v runs %d hypervisor processes (%v), want exactly 1", p.name, ctrs, len(pids), pids)
+	}
+	if sb.Info.Pid != pids[0] {
+		t.Fatalf("crictl inspectp %s: pid %d, want the pod's VM %d", p.id, sb.Info.Pid, pids[0])
+	}
+	for _, ctr := range ctrs {
+		if pid := n.inspect(t, ctr).Info.Pid; pid != pids[0] {
+			t.Fatalf("crictl inspect %s: pid %d, want the pod's VM %d", ctr, pid, pids[0])
+		}
+	}
+	return pids[0]
+}
+
+// inCgroupOf reports whether process pid's cgroup, in any hierarchy, is
+// named after one of ids (CRI names a task's cgroup after it).
+func inCgroupOf(pid int, ids []string) bool {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		path := line[strings.LastIndexByte(line, ':')+1:]
+		if slices.ContainsFunc(ids, func(id string) bool { return strings.Contains(path, id) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// inNetNS reports whether process pid is in the network namespace bound at
+// path.
+func inNetNS(pid int, path string) bool {
+	if path == "" {
+		return false
+	}
+	want, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	got, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return false
+	}
+	w, g := want.Sys().(*syscall.Stat_t), got.Sys().(*syscall.Stat_t)
+	return w.Dev == g.Dev && w.Ino == g.Ino
+}

@@ -83,7 +83,18 @@ type Shim struct {
 	// poststop hook that never ends would hold the task's delete, and its
 	// shim, for good.
 	HookTimeout Duration `toml:"hook_timeout"`
+	// PodVM says what a Kubernetes pod's VM is: "pod", one VM for the
+	// whole pod, restored for its sandbox, with every container joining
+	// it; or "container", a VM per app container (the sandbox a host
+	// process).
+	PodVM string `toml:"pod_vm"`
 }
+
+// The values of shim.pod_vm.
+const (
+	PodVMPod       = "pod"
+	PodVMContainer = "container"
+)
 
 // QEMU configures the QEMU driver.
 type QEMU struct {
@@ -134,6 +145,7 @@ func Default() Config {
 			RestoreTimeout: Duration(60 * time.Second),
 			MemoryHeadroom: Size(256 << 20),
 			HookTimeout:    Duration(time.Minute),
+			PodVM:          PodVMContainer,
 		},
 		QEMU:            QEMU{Binary: "qemu-system-x86_64", Accel: "auto"},
 		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},

@@ -128,7 +128,7 @@ address = "/x/sock"
 
 // notHostKeys are the string keys that name neither a path nor a program.
 var notHostKeys = []string{
-	"hypervisor", "restore.mode", "restore.force_mode", "restore.base_image", "restore.base_snapshotter", "qemu.accel", "qemu.cpu", "cloud_hypervisor.copy_on_write",
+	"hypervisor", "restore.mode", "restore.force_mode", "restore.base_image", "restore.base_snapshotter", "qemu.accel", "qemu.cpu", "cloud_hypervisor.copy_on_write", "shim.pod_vm",
 }
 
 // TestHostKeysCoverPaths: every string key of the config is classified, so

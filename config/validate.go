@@ -58,6 +58,9 @@ func (c Config) Validate() error {
 	if c.Agent.ConnectTimeout <= 0 || c.Agent.CallTimeout <= 0 || c.Shim.RestoreTimeout <= 0 || c.Shim.HookTimeout <= 0 {
 		return fmt.Errorf("agent.connect_timeout, agent.call_timeout, shim.restore_timeout and shim.hook_timeout must be positive")
 	}
+	if c.Shim.PodVM != PodVMPod && c.Shim.PodVM != PodVMContainer {
+		return fmt.Errorf("shim.pod_vm = %q: want %q or %q", c.Shim.PodVM, PodVMPod, PodVMContainer)
+	}
 	if c.Shim.HookTimeout.D() > maxHookTimeout {
 		return fmt.Errorf("shim.hook_timeout = %v: want at most %v, the bound on a hook's own timeout", c.Shim.HookTimeout.D(), maxHookTimeout)
 	}

@@ -69,7 +69,12 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if h.hasCreateHooks() {
 		req.Created = h.created
 	}
-	t, err := s.launch(ctx, req, spec, init, began)
+	var t *task
+	if host := s.podHost(spec); host != nil {
+		t, err = s.join(ctx, host, req, init, began)
+	} else {
+		t, err = s.launch(ctx, req, spec, init, began)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -218,11 +223,16 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 		staged string
 		image  *chain.StagedRootfs
 	)
-	if !IsPodSandbox(spec) { // a sandbox uses no image: its pause process is the shim's
-		var err error
-		if staged, image, err = rootfsOf(r.Rootfs, r.Bundle); err != nil {
-			return LaunchRequest{}, err
-		}
+	var err error
+	staged, image, err = rootfsOf(r.Rootfs, r.Bundle)
+	if IsPodSandbox(spec) {
+		// A sandbox's image is its VM's root only when the pod gets a VM
+		// (shim.pod_vm = "pod"), which then wants it; a pause process on
+		// the host uses none, from whichever snapshotter.
+		staged, err = "", nil
+	}
+	if err != nil {
+		return LaunchRequest{}, err
 	}
 	configPath, configBody, err := configOf(r)
 	if err != nil {

@@ -83,7 +83,7 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
-	m, err := t.stats()
+	m, err := t.stats(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +94,8 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	return &taskAPI.StatsResponse{Stats: data}, nil
 }
 
-// Update applies new CPU resources to the hypervisor's cgroup.
+// Update applies new resources to the hypervisor's cgroup, or to the
+// guest's cgroup of a container in its pod's VM.
 func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error) {
 	t, err := s.getTask(r.ID)
 	if err != nil {
@@ -107,7 +108,7 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*pt
 	if err := json.Unmarshal(r.Resources.GetValue(), &res); err != nil {
 		return nil, fmt.Errorf("decode resources: %w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	if err := t.update(&res); err != nil {
+	if err := t.update(ctx, &res); err != nil {
 		return nil, err
 	}
 	return empty, nil

@@ -22,6 +22,8 @@ type ProcessSpec = agent.ExecRequest
 type Exit struct {
 	Status uint32
 	At     time.Time
+	// OOMKilled says the OOM killer ended it in its container's cgroup.
+	OOMKilled bool
 }
 
 // GuestProcess is one process running in the guest.
@@ -93,6 +95,30 @@ type Sandbox struct {
 	Base Releaser
 	// BaseRecord names it in the task record.
 	BaseRecord *state.Base
+	// Host, when set, runs the pod's other containers in this VM: the
+	// VM of a pod's sandbox (shim.pod_vm = "pod").
+	Host Host
+	// Container, when set, says this is a container that joined its
+	// pod's VM: VM and Guest are that container's, and its cgroup is
+	// the guest's, not the host's.
+	Container Container
+}
+
+// Host is a running VM that containers of its pod join.
+type Host interface {
+	// Join creates r's container in the VM, its process held until
+	// Start, and returns it as a Sandbox whose Container is set. It
+	// runs r.Created with the VM's pid before the container exists.
+	Join(ctx context.Context, r LaunchRequest) (*Sandbox, error)
+}
+
+// Container is a container in its pod's VM, whose resources live in the
+// guest.
+type Container interface {
+	// Stats reads the container's cgroup in the guest (cgroup v2 types).
+	Stats(ctx context.Context) (any, error)
+	// Update sets the container's resources in the guest.
+	Update(ctx context.Context, res *specs.LinuxResources) error
 }
 
 // Releaser lets go of something a VM holds; Release is idempotent.
@@ -190,18 +216,37 @@ func IsPodSandbox(spec *specs.Spec) bool {
 	return spec != nil && spec.Annotations[containerTypeAnnotation] == containerTypeSandbox
 }
 
-// PodLauncher launches pod sandboxes with Sandbox and every other task with
-// VM: a sandbox needs no VM of its own.
+// sandboxIDAnnotation names, on each container of a CRI pod, the pod's
+// sandbox.
+const sandboxIDAnnotation = "io.kubernetes.cri.sandbox-id"
+
+// PodVMChooser is a Launcher that says whether a pod sandbox's task gets
+// the VM its pod's containers join (its config's shim.pod_vm).
+type PodVMChooser interface {
+	PodVM(r LaunchRequest) (bool, error)
+}
+
+// PodLauncher launches every task with VM, except the pod sandboxes that
+// get no VM (shim.pod_vm = "container"), which it launches with Sandbox.
 type PodLauncher struct {
 	VM, Sandbox Launcher
 }
 
 // Launch picks the launcher for r.
 func (l PodLauncher) Launch(ctx context.Context, r LaunchRequest) (*Sandbox, error) {
-	if IsPodSandbox(r.Spec) {
-		return l.Sandbox.Launch(ctx, r)
+	if !IsPodSandbox(r.Spec) {
+		return l.VM.Launch(ctx, r)
 	}
-	return l.VM.Launch(ctx, r)
+	if c, ok := l.VM.(PodVMChooser); ok {
+		podVM, err := c.PodVM(r)
+		if err != nil {
+			return nil, err
+		}
+		if podVM {
+			return l.VM.Launch(ctx, r)
+		}
+	}
+	return l.Sandbox.Launch(ctx, r)
 }
 
 // Warm warms the VM launcher, if it can be.

@@ -226,6 +226,11 @@ func (t *task) watch(p *process) {
 		t.releaseNetwork()
 	}
 	p.setExited(exit)
+	if exit.OOMKilled {
+		// CRI reports an exit as OOMKilled when this event precedes it,
+		// as runc's shim sends it.
+		t.send(&eventstypes.TaskOOM{ContainerID: t.id})
+	}
 	t.send(&eventstypes.TaskExit{
 		ContainerID: t.id,
 		ID:          t.processID(p),

@@ -227,8 +227,12 @@ func (t *task) pids(ctx context.Context) ([]*tasktypes.ProcessInfo, error) {
 	return out, nil
 }
 
-// stats reports the hypervisor cgroup's metrics.
-func (t *task) stats() (any, error) {
+// stats reports the hypervisor cgroup's metrics, or for a container in its
+// pod's VM its cgroup's in the guest.
+func (t *task) stats(ctx context.Context) (any, error) {
+	if c := t.sb.Container; c != nil {
+		return c.Stats(ctx)
+	}
 	if t.cg == nil {
 		return nil, fmt.Errorf("task %s has no cgroup (its spec sets no cgroupsPath): %w", t.id, errdefs.ErrNotFound)
 	}
@@ -242,7 +246,10 @@ func (t *task) stats() (any, error) {
 // update applies new resources to the hypervisor cgroup: CPU limits as
 // given, a memory limit (which CRI repeats on every update) as the VM's
 // budget makes it.
-func (t *task) update(res *specs.LinuxResources) error {
+func (t *task) update(ctx context.Context, res *specs.LinuxResources) error {
+	if c := t.sb.Container; c != nil {
+		return c.Update(ctx, res)
+	}
 	vres, err := t.sb.Memory.vmResources(res)
 	if err != nil {
 		return err

@@ -22,6 +22,8 @@ import (
 // binds collects the copies of the host files and trees a container's
 // bind mounts show.
 type binds struct {
+	// dir is where the copies go in the guest; bindSources when "".
+	dir   string
 	files []agent.File
 	size  int // bytes of file data in files
 	n     int
@@ -46,7 +48,11 @@ func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
 		// container gets its own.
 		return specs.Mount{Destination: m.Destination, Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "noexec", "mode=1777"}}, nil
 	case st.Mode().IsRegular(), st.IsDir():
-		src := path.Join(bindSources, fmt.Sprint(b.n))
+		dir := b.dir
+		if dir == "" {
+			dir = bindSources
+		}
+		src := path.Join(dir, fmt.Sprint(b.n))
 		b.n++
 		if err := b.copy(m.Source, src); err != nil {
 			return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)

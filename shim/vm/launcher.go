@@ -192,7 +192,14 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 	if err != nil {
 		return nil, nil, err
 	}
+	var host task.Host
+	if task.IsPodSandbox(r.Spec) {
+		if host, err = newPod(res.VM, res.Agent, p.budget.Guest, cfg.Agent.CallTimeout.D()); err != nil {
+			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
+		}
+	}
 	return &task.Sandbox{
+		Host:          host,
 		VM:            res.VM,
 		Guest:         NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
 		Hypervisor:    d.Name(),

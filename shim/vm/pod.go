@@ -199,7 +199,9 @@ func (p *pod) guestNamespaces(in []specs.LinuxNamespace) (out []specs.LinuxNames
 	out = make([]specs.LinuxNamespace, 0, len(in))
 	for _, ns := range in {
 		switch {
-		case ns.Path == "" || ns.Type == specs.NetworkNamespace:
+		case ns.Type == specs.NetworkNamespace:
+			continue
+		case ns.Path == "":
 		case ns.Type == specs.PIDNamespace:
 			sharedPID, ns.Path = true, ""
 			if holder != 0 {

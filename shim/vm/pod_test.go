@@ -1,0 +1,108 @@
+package vm
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// TestPodGuestNamespaces: the host's namespace paths CRI gives a pod's
+// container become the guest's: no network entry (the VM's is the pod's),
+// IPC and UTS the VM's own, a shared PID namespace its holder's.
+func TestPodGuestNamespaces(t *testing.T) {
+	host := []specs.LinuxNamespace{
+		{Type: specs.MountNamespace},
+		{Type: specs.NetworkNamespace, Path: "/proc/10/ns/net"},
+		{Type: specs.IPCNamespace, Path: "/proc/10/ns/ipc"},
+		{Type: specs.UTSNamespace, Path: "/proc/10/ns/uts"},
+		{Type: specs.PIDNamespace, Path: "/proc/10/ns/pid"},
+	}
+	own := []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace}}
+	for _, tc := range []struct {
+		name      string
+		in        []specs.LinuxNamespace
+		holder    uint32
+		want      []specs.LinuxNamespace
+		sharedPID bool
+	}{
+		{"own namespaces", own, 0, own, false},
+		{"first to share the PID namespace", host, 0, own, true},
+		{"joins the holder's", host, 42, []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace, Path: "/proc/42/ns/pid"}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &pod{pidHolder: tc.holder}
+			got, shared := p.guestNamespaces(tc.in)
+			if !reflect.DeepEqual(got, tc.want) || shared != tc.sharedPID {
+				t.Fatalf("got %v shared=%v, want %v shared=%v", got, shared, tc.want, tc.sharedPID)
+			}
+		})
+	}
+}
+
+// TestPodHoldPIDs: the first sharing container holds the namespace until
+// it is gone; another's leaving changes nothing.
+func TestPodHoldPIDs(t *testing.T) {
+	p := &pod{}
+	p.holdPIDs(7)
+	p.holdPIDs(9)
+	p.unholdPIDs(9)
+	if p.pidHolder != 7 {
+		t.Fatalf("holder %d, want 7", p.pidHolder)
+	}
+	p.unholdPIDs(7)
+	if p.pidHolder != 0 {
+		t.Fatalf("holder %d after it left, want none", p.pidHolder)
+	}
+}
+
+// TestPodClaim: slots go to one container each, come back when freed, and
+// a full VM says how many it has.
+func TestPodClaim(t *testing.T) {
+	p := &pod{slots: make([]string, 2)}
+	for i, id := range []string{"a", "b"} {
+		if slot, err := p.claim(id); err != nil || slot != i {
+			t.Fatalf("claim %s: slot %d, %v; want %d", id, slot, err, i)
+		}
+	}
+	_, err := p.claim("c")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "all 2 disk slots") {
+		t.Fatalf("claim in a full VM: %v, want resource exhausted naming 2 slots", err)
+	}
+	p.free(0)
+	if slot, err := p.claim("c"); err != nil || slot != 0 {
+		t.Fatalf("claim after free: slot %d, %v; want 0", slot, err)
+	}
+}
+
+// TestPodCheckMemory: a container may ask for up to the VM's memory; more
+// fails naming both figures.
+func TestPodCheckMemory(t *testing.T) {
+	limit := func(n int64) *specs.LinuxResources {
+		return &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &n}}
+	}
+	p := &pod{memory: 256 << 20}
+	for _, tc := range []struct {
+		name string
+		res  *specs.LinuxResources
+		ok   bool
+	}{
+		{"no resources", nil, true},
+		{"small", limit(32 << 20), true},
+		{"the whole VM", limit(256 << 20), true},
+		{"above the VM", limit(512 << 20), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := p.checkMemory("c", tc.res)
+			if tc.ok != (err == nil) {
+				t.Fatalf("checkMemory: %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && (!strings.Contains(err.Error(), "512MiB") || !strings.Contains(err.Error(), "256MiB")) {
+				t.Fatalf("error %q names not both figures", err)
+			}
+		})
+	}
+}

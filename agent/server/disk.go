@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -22,6 +23,12 @@ const (
 	// synchronous, so the first look normally finds it.
 	diskPoll = 50 * time.Millisecond
 )
+
+// binding serialises changes to virtio_blk's bindings: they are the
+// guest's one state, and containers joining a pod's VM at once look for
+// their disks at once (a bind of a device another call just unbound to
+// probe it again fails with EBUSY).
+var binding sync.Mutex
 
 // LinuxMounts is the Mounter of the guest the agent runs in.
 type LinuxMounts struct {
@@ -117,6 +124,8 @@ func (l LinuxMounts) virtioDevice(name string) (string, error) {
 // unless its disk's node is held: a mounted disk is never pulled from
 // under its users. It reports whether it probed.
 func (l LinuxMounts) reprobe(dev, node string) (bool, error) {
+	binding.Lock()
+	defer binding.Unlock()
 	held, err := l.held(node)
 	if err != nil || held {
 		return false, err
@@ -151,6 +160,8 @@ func (l LinuxMounts) held(node string) (bool, error) {
 // (guest/modules): without it, it loads the module, which probes, and so
 // binds, every slot.
 func (l LinuxMounts) bindVirtioBlk() (*probed, error) {
+	binding.Lock()
+	defer binding.Unlock()
 	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
 	if _, err := os.Stat(driver); errors.Is(err, fs.ErrNotExist) {
 		return &probed{all: true}, l.loadVirtioBlk()

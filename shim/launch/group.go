@@ -2,6 +2,7 @@ package launch
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 )
@@ -30,6 +31,11 @@ const (
 //   - any other task has a shim of its own.
 func groupOf(id, specPath string) (string, error) {
 	data, err := os.ReadFile(specPath)
+	if errors.Is(err, os.ErrNotExist) {
+		// A sandbox of containerd's sandbox API (sandboxer = "shim") has
+		// no spec: its shim is its own, and its containers come to it.
+		return id, nil
+	}
 	if err != nil {
 		return "", fmt.Errorf("read bundle spec: %w", err)
 	}

@@ -139,8 +139,16 @@ func TestGroupOf(t *testing.T) {
 			}
 		})
 	}
-	if _, err := groupOf("t1", filepath.Join(t.TempDir(), "config.json")); err == nil {
-		t.Fatal("groupOf without a spec succeeded")
+	// A sandbox API sandbox's bundle has no spec: its shim is its own.
+	if got, err := groupOf("t1", filepath.Join(t.TempDir(), "config.json")); err != nil || got != "t1" {
+		t.Fatalf("groupOf without a spec = %q, %v; want t1", got, err)
+	}
+	bad := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(bad, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := groupOf("t1", bad); err == nil {
+		t.Fatal("groupOf of a broken spec succeeded")
 	}
 }
 

@@ -56,7 +56,8 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
-	req, err := launchRequest(s.namespace, spec, r)
+	host := s.podHost(spec)
+	req, err := launchRequest(s.namespace, spec, r, host == nil)
 	if err != nil {
 		return 0, err
 	}
@@ -70,7 +71,7 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 		req.Created = h.created
 	}
 	var t *task
-	if host := s.podHost(spec); host != nil {
+	if host != nil {
 		t, err = s.join(ctx, host, req, init, began)
 	} else {
 		t, err = s.launch(ctx, req, spec, init, began)
@@ -218,7 +219,12 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 	}, nil
 }
 
-func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (LaunchRequest, error) {
+// launchRequest is what Create launches r with. withConfig reads the
+// runtime options' config, which a container joining its pod's VM does
+// without: the VM runs with the pod's. (Its options may not even be its
+// handler's: containerd's client sends a task bound to a sandbox API
+// endpoint runc's options.)
+func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest, withConfig bool) (LaunchRequest, error) {
 	var (
 		staged string
 		image  *chain.StagedRootfs
@@ -234,9 +240,11 @@ func launchRequest(ns string, spec *specs.Spec, r *taskAPI.CreateTaskRequest) (L
 	if err != nil {
 		return LaunchRequest{}, err
 	}
-	configPath, configBody, err := configOf(r)
-	if err != nil {
-		return LaunchRequest{}, err
+	var configPath, configBody string
+	if withConfig {
+		if configPath, configBody, err = configOf(r); err != nil {
+			return LaunchRequest{}, err
+		}
 	}
 	hostname, err := hostnameOf(spec, r.ID)
 	if err != nil {
@@ -293,10 +301,20 @@ func isBind(m *types.Mount) bool {
 // `options = { restore = { mode = "copy" } }` is a config of its own, and
 // a mistyped key fails like one in a file.
 func configOf(r *taskAPI.CreateTaskRequest) (path, body string, err error) {
-	if r.Options == nil || len(r.Options.GetValue()) == 0 {
+	if r.Options == nil {
 		return "", "", nil
 	}
-	v, err := typeurl.UnmarshalAny(r.Options)
+	return RuntimeConfig(r.Options)
+}
+
+// RuntimeConfig reads runtime options (io.containerd.runtime.v1.Options)
+// as configOf does: a config file's path, or the config inline; none for
+// empty options. The sandbox API's pod VMs read theirs with it too.
+func RuntimeConfig(options typeurl.Any) (path, body string, err error) {
+	if options == nil || len(options.GetValue()) == 0 {
+		return "", "", nil
+	}
+	v, err := typeurl.UnmarshalAny(options)
 	if err != nil {
 		return "", "", fmt.Errorf("decode runtime options: %w: %w", err, errdefs.ErrInvalidArgument)
 	}

@@ -366,7 +366,9 @@ type fakeLauncher struct {
 	memory MemoryBudget
 	// network and base, if set, are the sandbox's Network and Base.
 	network, base Releaser
-	got           []LaunchRequest
+	// host, if set, is the sandbox's Host: a pod's VM.
+	host Host
+	got  []LaunchRequest
 }
 
 func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, error) {
@@ -388,6 +390,7 @@ func (l *fakeLauncher) Launch(_ context.Context, r LaunchRequest) (*Sandbox, err
 		Memory:     l.memory,
 		Network:    l.network,
 		Base:       l.base,
+		Host:       l.host,
 	}
 	if r.Spawned != nil && !l.silent {
 		r.Spawned(spawnOf(sb))

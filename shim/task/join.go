@@ -17,8 +17,9 @@ import (
 // delete` of the container kills nothing (its record has no pid).
 const PodMember = "none (joined its pod's VM)"
 
-// podHost is the VM spec's container joins: its pod sandbox's, when this
-// shim serves that sandbox with a VM that takes the pod's containers.
+// podHost is the VM spec's container joins: its pod's, when this shim
+// serves the pod's VM, as a pod VM of the sandbox API (StartPod) or as the
+// sandbox task's VM that takes the pod's containers (shim.pod_vm = "pod").
 func (s *Service) podHost(spec *specs.Spec) Host {
 	if spec == nil || IsPodSandbox(spec) {
 		return nil
@@ -29,6 +30,9 @@ func (s *Service) podHost(spec *specs.Spec) Host {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if p, ok := s.pods[id]; ok {
+		return p.sb.Host
+	}
 	if sb, ok := s.tasks[id]; ok && sb.sb.Host != nil {
 		return sb.sb.Host
 	}
@@ -57,7 +61,7 @@ func (s *Service) join(ctx context.Context, host Host, req LaunchRequest, init *
 	}
 	phases = append(append(phases, sb.Phases...), state.Phase{Name: PhaseRecord, Duration: config.Duration(time.Since(recording))})
 	t := newTask(ctx, req.ID, req.Bundle, sb, rec, init, s.send)
-	t.created, t.namespace, t.phases = began, req.Namespace, phases
+	t.created, t.namespace, t.phases, t.host = began, req.Namespace, phases, host
 	t.reports.Go(func() { t.saveReport(context.WithoutCancel(ctx)) })
 	return t, nil
 }

@@ -155,6 +155,10 @@ type LaunchRequest struct {
 	// Rootfs is the filesystem image of an ordinary image's layers, which
 	// the VM of the runtime class's base snapshot mounts as its root.
 	Rootfs *chain.StagedRootfs
+	// Bare restores the runtime class's base snapshot with no image as
+	// its root and no process: a pod's VM under containerd's sandbox API
+	// (sandboxer = "shim"), whose containers each bring their own image.
+	Bare bool
 	// Containerd is containerd's gRPC address, for staging a base image.
 	Containerd string
 	// ConfigPath is the runtime options' config file, if any; ConfigBody
@@ -228,13 +232,14 @@ type PodVMChooser interface {
 
 // PodLauncher launches every task with VM, except the pod sandboxes that
 // get no VM (shim.pod_vm = "container"), which it launches with Sandbox.
+// A bare pod VM (the sandbox API's) is always VM's.
 type PodLauncher struct {
 	VM, Sandbox Launcher
 }
 
 // Launch picks the launcher for r.
 func (l PodLauncher) Launch(ctx context.Context, r LaunchRequest) (*Sandbox, error) {
-	if !IsPodSandbox(r.Spec) {
+	if r.Bare || !IsPodSandbox(r.Spec) {
 		return l.VM.Launch(ctx, r)
 	}
 	if c, ok := l.VM.(PodVMChooser); ok {

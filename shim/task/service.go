@@ -48,7 +48,9 @@ type Service struct {
 
 	mu       sync.Mutex
 	tasks    map[string]*task
-	creating map[string]struct{} // ids whose Create is in flight
+	creating map[string]struct{} // ids whose Create (or StartPod) is in flight
+	// pods are the pod VMs of containerd's sandbox API, by sandbox id.
+	pods map[string]*PodVM
 }
 
 // NewService returns the task service; events go to publisher in the order
@@ -63,6 +65,7 @@ func NewService(ctx context.Context, launcher Launcher, publisher events.Publish
 		sd:        sd,
 		tasks:     map[string]*task{},
 		creating:  map[string]struct{}{},
+		pods:      map[string]*PodVM{},
 	}
 	go s.forward(publisher)
 	sd.RegisterCallback(s.destroyAll)
@@ -115,7 +118,7 @@ func (s *Service) forward(publisher events.Publisher) {
 }
 
 // destroyAll kills every VM still held when the shim shuts down, so none
-// outlives it. All are killed first, then their init exits are awaited
+// outlives it; pod VMs are removed with all they hold. All are killed first, then their init exits are awaited
 // together, within ctx and exitTimeout.
 func (s *Service) destroyAll(ctx context.Context) error {
 	s.mu.Lock()
@@ -123,9 +126,18 @@ func (s *Service) destroyAll(ctx context.Context) error {
 	for _, t := range s.tasks {
 		tasks = append(tasks, t)
 	}
+	pods := make([]*PodVM, 0, len(s.pods))
+	for _, p := range s.pods {
+		pods = append(pods, p)
+	}
 	s.mu.Unlock()
 	for _, t := range tasks {
 		t.killVM("shim shutting down")
+	}
+	for _, p := range pods {
+		if err := s.RemovePod(ctx, p); err != nil {
+			log.G(ctx).WithError(err).WithField("id", p.id).Warn("remove pod VM at shutdown")
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, exitTimeout)
 	defer cancel()
@@ -173,15 +185,20 @@ func (s *Service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 	return resp, nil
 }
 
-// Shutdown stops the shim once it serves no task.
+// Shutdown stops the shim once it serves no task and no pod VM.
 func (s *Service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*ptypes.Empty, error) {
+	s.shutdownIfIdle()
+	return empty, nil
+}
+
+// shutdownIfIdle stops the shim if it serves no task and no pod VM.
+func (s *Service) shutdownIfIdle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.tasks) > 0 || len(s.creating) > 0 {
-		return empty, nil
+	if len(s.tasks) > 0 || len(s.creating) > 0 || len(s.pods) > 0 {
+		return
 	}
 	s.sd.Shutdown()
-	return empty, nil
 }
 
 // UnaryServerInterceptor is where every task API error becomes a gRPC

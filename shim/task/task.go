@@ -35,6 +35,8 @@ type task struct {
 	created   time.Time
 	namespace string
 	hooks     *ociHooks
+	// host is the pod VM this container joined; nil for a VM of its own.
+	host Host
 
 	ctx    context.Context // ends when the hypervisor process exits
 	cancel context.CancelFunc

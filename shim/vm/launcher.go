@@ -112,14 +112,18 @@ type source struct {
 }
 
 // source stages the runtime class's base image for a task whose image is
-// an ordinary one (the report's base phase); a snapshot image's chain is
-// staged already.
+// an ordinary one, or for a bare pod VM (the report's base phase); a
+// snapshot image's chain is staged already.
 func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchRequest, clock *phaseClock) (source, error) {
-	if r.Rootfs == nil {
+	if r.Rootfs == nil && !r.Bare {
 		return source{dir: r.StagedDir}, nil
 	}
 	if cfg.Restore.BaseImage == "" {
-		return source{}, fmt.Errorf("the task's image is an ordinary OCI image, which runs in a VM restored from the runtime class's base snapshot: set restore.base_image: %w", errdefs.ErrInvalidArgument)
+		what := "the task's image is an ordinary OCI image, which runs"
+		if r.Bare {
+			what = "a pod's VM under containerd's sandbox API is"
+		}
+		return source{}, fmt.Errorf("%s in a VM restored from the runtime class's base snapshot: set restore.base_image: %w", what, errdefs.ErrInvalidArgument)
 	}
 	client, err := l.clients.Get(r.Containerd)
 	if err != nil {

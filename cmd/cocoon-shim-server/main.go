@@ -17,6 +17,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/manager"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/sandboxapi"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
@@ -40,6 +41,9 @@ func main() {
 	// start-up and memory for each pod.
 	sandbox := pause.Launcher{Binary: filepath.Join(filepath.Dir(self), launch.LauncherName)}
 	task.Register(refilling{task.PodLauncher{VM: &vm.Launcher{}, Sandbox: sandbox}})
+	// containerd's sandbox API (a CRI handler's sandboxer = "shim") on the
+	// same connection: the pod's VM, which its containers' tasks join.
+	sandboxapi.Register()
 	// The hypervisor is the shim's direct child and the drivers reap it with
 	// exec.Cmd.Wait. pkg/shim's default reaper would steal that exit status,
 	// and a subreaper would collect orphans nobody reaps, so both are off.

@@ -57,6 +57,9 @@ type CRI struct {
 	// NRISocket, when set, enables containerd's NRI plugin listening on
 	// it (plugins connect there); NRI is disabled otherwise.
 	NRISocket string
+	// CocoonSandboxer is the cocoon handler's sandboxer (Handler.Sandboxer):
+	// SandboxerShim for containerd's sandbox API.
+	CocoonSandboxer string
 }
 
 // Handler is a CRI runtime handler: what a Kubernetes RuntimeClass names.
@@ -69,7 +72,16 @@ type Handler struct {
 	// runtime type other than runc's, containerd keeps only ConfigPath,
 	// or, without one, sends the whole table as ConfigBody.
 	Options map[string]any
+	// Sandboxer is the handler's sandboxer: containerd's default
+	// ("podsandbox", a pause container) when empty; SandboxerShim has
+	// the shim serve containerd's sandbox API, with no pause image (the
+	// handler then skips CRI's pull of it: disable_pause_image_pull).
+	Sandboxer string
 }
+
+// SandboxerShim is the sandboxer that has a handler's shim serve
+// containerd's sandbox API (runtime/sandbox/v1) for its pods.
+const SandboxerShim = "shim"
 
 func (c *CRI) validate() error {
 	var missing []string
@@ -100,6 +112,7 @@ func (s *Stack) handlers() []Handler {
 	}, {
 		Name: CocoonHandler, RuntimeType: Runtime, Snapshotter: Snapshotter,
 		PodAnnotations: []string{"io.cocoon.*"}, Options: map[string]any{"ConfigPath": s.ConfigPath},
+		Sandboxer: s.cri.CocoonSandboxer,
 	}}, s.cri.Handlers...)
 }
 
@@ -139,6 +152,12 @@ const criConfigTemplate = `
       runtime_type = {{quote .RuntimeType}}
 {{- if .Snapshotter}}
       snapshotter = {{quote .Snapshotter}}
+{{- end}}
+{{- if .Sandboxer}}
+      sandboxer = {{quote .Sandboxer}}
+{{- end}}
+{{- if eq .Sandboxer "shim"}}
+      disable_pause_image_pull = true
 {{- end}}
 {{- if .PodAnnotations}}
       pod_annotations = [{{range $i, $a := .PodAnnotations}}{{if $i}}, {{end}}{{quote $a}}{{end}}]

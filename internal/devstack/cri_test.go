@@ -156,3 +156,52 @@ func TestContainerdConfigCRIOptional(t *testing.T) {
 		})
 	}
 }
+
+// TestContainerdConfigSandboxer: CocoonSandboxer = "shim" sets the cocoon
+// handler's sandboxer and skips CRI's pause image pull for it; the runc
+// handler keeps containerd's default sandboxer.
+func TestContainerdConfigSandboxer(t *testing.T) {
+	dir := t.TempDir()
+	s := newStack(dir, Options{BinDir: dir, CRI: &CRI{
+		NetNS: "/var/run/netns/x", CNIBinDir: "/cni/bin", CNIConfDir: "/cni/net.d",
+		SandboxArchive: "/a.tar", SandboxImage: "localhost/p/pause:1",
+		CocoonSandboxer: SandboxerShim,
+	}})
+	path, err := s.containerdConfig("", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type handler struct {
+		Sandboxer     *string `toml:"sandboxer"`
+		NoPausePull   *bool   `toml:"disable_pause_image_pull"`
+		ConfigPathOpt struct {
+			ConfigPath string `toml:"ConfigPath"`
+		} `toml:"options"`
+	}
+	var cfg struct {
+		Plugins struct {
+			Runtime struct {
+				Containerd struct {
+					Runtimes map[string]handler `toml:"runtimes"`
+				} `toml:"containerd"`
+			} `toml:"io.containerd.cri.v1.runtime"`
+		} `toml:"plugins"`
+	}
+	if err := toml.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("config does not parse: %v\n%s", err, data)
+	}
+	cocoon := cfg.Plugins.Runtime.Containerd.Runtimes[CocoonHandler]
+	if cocoon.Sandboxer == nil || *cocoon.Sandboxer != SandboxerShim || cocoon.NoPausePull == nil || !*cocoon.NoPausePull {
+		t.Errorf("cocoon handler: sandboxer %v, disable_pause_image_pull %v; want %q and true\n%s", cocoon.Sandboxer, cocoon.NoPausePull, SandboxerShim, data)
+	}
+	if cocoon.ConfigPathOpt.ConfigPath != s.ConfigPath {
+		t.Errorf("cocoon handler ConfigPath %q, want %q", cocoon.ConfigPathOpt.ConfigPath, s.ConfigPath)
+	}
+	if runc := cfg.Plugins.Runtime.Containerd.Runtimes[RuncHandler]; runc.Sandboxer != nil || runc.NoPausePull != nil {
+		t.Errorf("runc handler: sandboxer %v, disable_pause_image_pull %v; want neither set", runc.Sandboxer, runc.NoPausePull)
+	}
+}

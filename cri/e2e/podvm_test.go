@@ -68,10 +68,12 @@ func TestRuncPodWorkload(t *testing.T) {
 // container, an app serving a page, a sidecar fetching it, the sidecar
 // replaced, a container killed for memory. podVM, when given, checks that
 // the pod with its running containers is one VM and returns its pid.
+// runPod, when given, runs the pod instead of node.runPod.
 type podWorkload struct {
 	n            *node
 	handler      string
 	podVM        func(*testing.T, *pod, ...string) int
+	runPod       func(t *testing.T, name, handler string) *pod
 	p            *pod
 	app, sidecar string
 	vm           int
@@ -80,7 +82,12 @@ type podWorkload struct {
 // runPodWorkload runs the workload's steps; with podVM, the pod stays the
 // same one VM throughout, and goes with the pod.
 func runPodWorkload(t *testing.T, n *node, handler string, podVM func(*testing.T, *pod, ...string) int) {
-	w := &podWorkload{n: n, handler: handler, podVM: podVM}
+	runWorkload(t, &podWorkload{n: n, handler: handler, podVM: podVM})
+}
+
+// runWorkload runs w's steps.
+func runWorkload(t *testing.T, w *podWorkload) {
+	n := w.n
 	all := []step{{"runp", w.runp}, {"init container", w.initContainer}, {"app and sidecar", w.appAndSidecar}}
 	all = append(all, w.vmStep("one VM")...)
 	all = append(all, step{"replace the sidecar", w.replaceSidecar})
@@ -91,7 +98,13 @@ func runPodWorkload(t *testing.T, n *node, handler string, podVM func(*testing.T
 	steps(t, append(all, step{"rmp -f", w.remove}))
 }
 
-func (w *podWorkload) runp(t *testing.T) { w.p = w.n.runPod(t, "pod-vm", w.handler, nil) }
+func (w *podWorkload) runp(t *testing.T) {
+	if w.runPod != nil {
+		w.p = w.runPod(t, "pod-vm", w.handler)
+		return
+	}
+	w.p = w.n.runPod(t, "pod-vm", w.handler, nil)
+}
 
 func (w *podWorkload) initContainer(t *testing.T) {
 	ctr := w.n.startBusybox(t, w.p, "init", []string{"sh", "-c", "echo init done"}, nil)

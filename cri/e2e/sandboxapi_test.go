@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"syscall"
 	"testing"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -31,59 +29,32 @@ func TestCocoonSandboxAPI(t *testing.T) {
 	n.checkNoBase(t, w.p.id)
 }
 
-// TestCocoonSandboxAPIShimCrash kills the shim of a sandbox API pod with
-// two containers: containerd's `shim delete` for the sandbox kills the
-// pod's VM, and once the pod is removed nothing of it is left.
-func TestCocoonSandboxAPIShimCrash(t *testing.T) {
+// TestCocoonSandboxAPICrash: a sandbox API pod with an app and a sidecar,
+// its figures in crictl statsp (the sandbox API's metrics, the VM's
+// cgroup), leaves nothing once removed after its shim was killed
+// (containerd's `shim delete` for the sandbox kills the VM) or containerd
+// restarted under it (the pod runs on in the same VM): TestCocoonPodVMCrash's
+// crashes.
+func TestCocoonSandboxAPICrash(t *testing.T) {
 	n := startSandboxAPINode(t)
-	p := n.runImagelessPod(t, "pod-crash", sandboxAPIHandler)
-	app := n.startBusybox(t, p, "app", appWebArgs, nil)
-	sidecar := n.startBusybox(t, p, "sidecar", sidecarArgs, nil)
-	n.waitLogs(t, sidecar, podPage)
-	vm := n.podVM(t, p, app, sidecar)
-	// The pod's figures are the sandbox API's metrics: its VM's cgroup.
-	n.checkPodStats(t, p, app, sidecar)
-	shims := shimsOf(p.id)
-	if len(shims) != 1 {
-		t.Fatalf("pod %s is served by shims %v, want one", p.id, shims)
-	}
-	if err := syscall.Kill(shims[0], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the pod's VM killed by shim delete", func() error {
-		if processRuns(vm) {
-			return fmt.Errorf("VM %d of the pod whose shim was killed still runs", vm)
-		}
-		return nil
-	})
-	// CRI learns the containers' exits from containerd's clean-up after
-	// the dead shim; its first try to delete their tasks may still meet
-	// the closed connection, and it retries with a back-off, as kubelet
-	// retries the pod's removal.
-	eventually(t, "the pod removed", func() error {
-		_, err := n.crictlErr("rmp", "-f", p.id)
-		return err
-	})
-	n.waitIdle(t, "the pod whose shim was killed")
-	n.checkNoBase(t, p.id)
-}
-
-// checkNoBase checks that the base snapshot pod id's VM was restored from,
-// and the lease that kept it, are gone.
-func (n *node) checkNoBase(t *testing.T, id string) {
-	t.Helper()
-	cl, err := n.stack.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := namespaces.WithNamespace(context.Background(), devstack.CRINamespace)
-	key := baseimage.Key(id)
-	if _, err := cl.SnapshotService(devstack.Snapshotter).Stat(ctx, key); !errdefs.IsNotFound(err) {
-		t.Errorf("base snapshot %s of the removed pod: %v, want it gone", key, err)
-	}
-	ls, err := cl.LeasesService().List(ctx, "id=="+key)
-	if err != nil || len(ls) != 0 {
-		t.Errorf("leases %v (%v) of the removed pod, want none", ls, err)
+	for _, tc := range []podCrash{
+		{"shim-killed", killPodShim},
+		{"containerd-restarted", restartUnderPod},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := n.runImagelessPod(t, tc.name, sandboxAPIHandler)
+			ctrs := []string{n.startBusybox(t, p, "app", appWebArgs, nil), n.startBusybox(t, p, "sidecar", sidecarArgs, nil)}
+			n.waitLogs(t, ctrs[1], podPage)
+			vm := n.podVM(t, p, ctrs...)
+			n.checkPodStats(t, p, ctrs...)
+			tc.crash(t, n, p, ctrs, vm)
+			n.crictl(t, "rmp", "-f", p.id)
+			n.waitIdle(t, "the removed pod")
+			if processRuns(vm) {
+				t.Fatalf("the pod's VM %d survived its removal", vm)
+			}
+			n.checkNoBase(t, p.id)
+		})
 	}
 }
 
@@ -117,4 +88,23 @@ func (n *node) runImagelessPod(t *testing.T, name, handler string) *pod {
 		t.Fatalf("pod %s has address %q, want one in the CNI network %s", name, st.Status.Network.IP, n.net.Subnet)
 	}
 	return p
+}
+
+// checkNoBase checks that the base snapshot pod id's VM was restored from,
+// and the lease that kept it, are gone.
+func (n *node) checkNoBase(t *testing.T, id string) {
+	t.Helper()
+	cl, err := n.stack.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := namespaces.WithNamespace(context.Background(), devstack.CRINamespace)
+	key := baseimage.Key(id)
+	if _, err := cl.SnapshotService(devstack.Snapshotter).Stat(ctx, key); !errdefs.IsNotFound(err) {
+		t.Errorf("base snapshot %s of the removed pod: %v, want it gone", key, err)
+	}
+	ls, err := cl.LeasesService().List(ctx, "id=="+key)
+	if err != nil || len(ls) != 0 {
+		t.Errorf("leases %v (%v) of the removed pod, want none", ls, err)
+	}
 }

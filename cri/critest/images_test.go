@@ -21,6 +21,9 @@ const (
 	chainRef = "localhost/critest/chain:1"
 	// guestMemory is the chain image's guest memory.
 	guestMemory = 256 << 20
+	// diskSlots is the chain image's spare disk slots: one for each
+	// container of a pod at once (critest's pods have up to three).
+	diskSlots = 8
 )
 
 // built holds what the test builds once per test binary.
@@ -103,7 +106,7 @@ func chainImage(t *testing.T) string {
 	cocoonctl := testenv.Bin(t, "cocoonctl")
 	images(t)
 	built.chainOnce.Do(func() {
-		built.chainTar, built.chainErr = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, built.dir, testimage.BakeOptions{})
+		built.chainTar, built.chainErr = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, built.dir, testimage.BakeOptions{DiskSlots: diskSlots})
 	})
 	if built.chainErr != nil {
 		t.Fatal(built.chainErr)

@@ -24,10 +24,14 @@ import (
 // network namespace: no other address is reached.
 const registryAddr = "127.0.0.1:5000"
 
-// cocoonConfig runs ordinary images in VMs restored from the chain image.
+// cocoonConfig gives each pod one VM restored from the chain image, which
+// every container of the pod joins (issue 21).
 const cocoonConfig = `
 [restore]
 base_image = "` + chainRef + `"
+
+[shim]
+pod_vm = "pod"
 `
 
 // node is a network namespace with a CNI bridge, a registry serving

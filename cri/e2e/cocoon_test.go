@@ -51,7 +51,7 @@ func startCocoonNode(t *testing.T, handlers ...devstack.Handler) *node {
 
 // startChainNode starts a node shaped by opts whose cocoon snapshotter has
 // the chain image and the sandbox image.
-func startChainNode(t *testing.T, opts nodeOptions) *node {
+func startChainNode(t testing.TB, opts nodeOptions) *node {
 	t.Helper()
 	archive := chainImage(t)
 	n := startNode(t, opts)

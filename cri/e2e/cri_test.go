@@ -24,19 +24,29 @@ type pod struct {
 // the pod lives in the node's cgroup parent and logs under its pod log dir.
 func (n *node) podConfig(t *testing.T, name string, annotations map[string]string) string {
 	t.Helper()
-	return n.writeJSON(t, name+"-pod.json", &runtimeapi.PodSandboxConfig{
+	return n.writeJSON(t, name+"-pod.json", n.podSandboxConfig(name, annotations))
+}
+
+// podSandboxConfig is the config podConfig writes.
+func (n *node) podSandboxConfig(name string, annotations map[string]string) *runtimeapi.PodSandboxConfig {
+	return &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "cri-e2e", Uid: name + "-uid"},
 		Hostname:     name,
 		LogDirectory: filepath.Join(n.stack.PodLogDir, name),
 		Annotations:  annotations,
 		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: n.stack.CgroupParent},
-	})
+	}
 }
 
 // ctrConfig writes a container config running image with args and returns
 // its path; edit, if given, changes it first.
 func (n *node) ctrConfig(t *testing.T, name, image string, args []string, edit func(*runtimeapi.ContainerConfig)) string {
 	t.Helper()
+	return n.writeJSON(t, name+"-ctr.json", containerConfig(name, image, args, edit))
+}
+
+// containerConfig is the config ctrConfig writes.
+func containerConfig(name, image string, args []string, edit func(*runtimeapi.ContainerConfig)) *runtimeapi.ContainerConfig {
 	c := &runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: name},
 		Image:    &runtimeapi.ImageSpec{Image: image},
@@ -47,7 +57,7 @@ func (n *node) ctrConfig(t *testing.T, name, image string, args []string, edit f
 	if edit != nil {
 		edit(c)
 	}
-	return n.writeJSON(t, name+"-ctr.json", c)
+	return c
 }
 
 // writeJSON writes v into the node's config dir (which outlives subtests).

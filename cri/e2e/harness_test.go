@@ -85,7 +85,7 @@ func ociImages(t testing.TB) {
 // node is a test node: a network namespace with a CNI bridge network and a
 // containerd with CRI running in it.
 type node struct {
-	t     *testing.T
+	t     testing.TB
 	net   *cnitest.Node
 	stack *devstack.Stack
 	// configs holds the pod and container configs crictl reads.
@@ -106,7 +106,7 @@ type nodeOptions struct {
 // startNode starts a node with the images imported: pause as the sandbox
 // image (unpacked into opts.sandboxSnapshotters) and busybox, unpacked
 // into overlayfs.
-func startNode(t *testing.T, opts nodeOptions) *node {
+func startNode(t testing.TB, opts nodeOptions) *node {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.LookPath(t, "runc")
@@ -156,7 +156,7 @@ func (n *node) close() {
 }
 
 // crictl runs crictl and fails t on error.
-func (n *node) crictl(t *testing.T, args ...string) string {
+func (n *node) crictl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := n.crictlErr(args...)
 	if err != nil {
@@ -176,7 +176,7 @@ func (n *node) crictlErr(args ...string) (string, error) {
 // waitIdle waits until the node's containerd holds no shim, VM, pod
 // process, mount or pod cgroup (devstack.Stack.InUse), and fails the test
 // with what is left otherwise.
-func (n *node) waitIdle(t *testing.T, what string) {
+func (n *node) waitIdle(t testing.TB, what string) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, what+" gone", func() error {
 		if left := n.stack.InUse(); len(left) > 0 {

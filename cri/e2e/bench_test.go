@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+)
+
+// podVMHandler is the bench node's cocoon handler with one VM per pod,
+// beside the cocoon handler's one VM per container.
+const podVMHandler = "cocoon-pod"
+
+// benchArgs is every bench container's command.
+var benchArgs = []string{"sleep", "3600"}
+
+// BenchmarkPodStart times, through containerd's CRI (its gRPC API, no
+// crictl process on the clock), RunPodSandbox → CreateContainer →
+// StartContainer of a one-container pod of the busybox image, with runc,
+// with cocoon's one VM per container and with one VM per pod, side by side
+// in one containerd; and a second container's create → start in a running
+// pod's VM (join), against which the goal is ≤ 0.3× of a restore:
+//
+//	go test -run '^$' -bench BenchmarkPodStart -benchtime 5x ./cri/e2e/
+func BenchmarkPodStart(b *testing.B) {
+	podCfg := filepath.Join(b.TempDir(), "pod-vm.toml")
+	n := startChainNode(b, nodeOptions{cocoonConfig: cocoonConfig, handlers: []devstack.Handler{{
+		Name: podVMHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter,
+		Options: map[string]any{"ConfigPath": podCfg},
+	}}})
+	writePodVMConfig(b, n.stack.ConfigPath, podCfg)
+	ctx := context.Background()
+	if err := n.stack.Import(ctx, images.busyboxTar, devstack.Snapshotter); err != nil {
+		b.Fatal(err)
+	}
+	rt := criClient(b, n.stack.Address)
+	// A container-mode VM must hold the guest; a pod-mode container's limit
+	// must fit in it.
+	limits := map[string]int64{devstack.RuncHandler: 0, devstack.CocoonHandler: cocoonMemoryLimit, podVMHandler: 0}
+	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler, podVMHandler} {
+		b.Run("pod/handler="+handler, func(b *testing.B) {
+			var runp, start time.Duration
+			for i := range b.N {
+				b.StartTimer()
+				pod := n.startPod(b, rt, handler+"-"+strconv.Itoa(i), handler, limits[handler])
+				b.StopTimer()
+				runp, start = runp+pod.runp, start+pod.start
+				n.removePod(b, rt, pod)
+			}
+			reportMs(b, "runp-ms/op", runp)
+			reportMs(b, "start-ms/op", start)
+		})
+	}
+	b.Run("join/handler="+podVMHandler, func(b *testing.B) {
+		b.StopTimer()
+		pod := n.startPod(b, rt, "join", podVMHandler, 0)
+		defer n.removePod(b, rt, pod)
+		for i := range b.N {
+			name := "second-" + strconv.Itoa(i)
+			b.StartTimer()
+			id := startContainer(b, rt, pod, containerConfig(name, busyboxRef, benchArgs, nil))
+			b.StopTimer()
+			if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+				b.Fatalf("remove %s: %v", name, err)
+			}
+		}
+	})
+}
+
+// writePodVMConfig writes the node's cocoon config at base with one VM per
+// pod to path.
+func writePodVMConfig(b *testing.B, base, path string) {
+	data, err := os.ReadFile(base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		b.Fatalf("the node's cocoon config: %v", err)
+	}
+	cfg.Shim.PodVM = config.PodVMPod
+	if data, err = toml.Marshal(cfg); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// criClient dials containerd's CRI at its gRPC socket.
+func criClient(b *testing.B, address string) runtimeapi.RuntimeServiceClient {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatalf("dial containerd's CRI: %v", err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn)
+}
+
+// reportMs reports total over b.N as milliseconds per op under unit.
+func reportMs(b *testing.B, unit string, total time.Duration) {
+	b.ReportMetric(float64(total.Milliseconds())/float64(b.N), unit)
+}
+
+// benchPod is a pod the bench runs: its ID and config, and how long
+// RunPodSandbox and its container's create → start took.
+type benchPod struct {
+	id          string
+	config      *runtimeapi.PodSandboxConfig
+	runp, start time.Duration
+}
+
+// startPod runs a pod with handler and one busybox container in it, with
+// memory limit (none when 0), started.
+func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, handler string, limit int64) benchPod {
+	cfg := n.podSandboxConfig(name, nil)
+	began := time.Now()
+	resp, err := rt.RunPodSandbox(context.Background(), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
+	if err != nil {
+		b.Fatalf("run pod %s with %s: %v", name, handler, err)
+	}
+	pod := benchPod{id: resp.PodSandboxId, config: cfg, runp: time.Since(began)}
+	began = time.Now()
+	startContainer(b, rt, pod, containerConfig("app", busyboxRef, benchArgs, func(c *runtimeapi.ContainerConfig) {
+		if limit > 0 {
+			c.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: limit}
+		}
+	}))
+	pod.start = time.Since(began)
+	return pod
+}
+
+// startContainer creates and starts c in pod and returns its ID.
+func startContainer(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod benchPod, c *runtimeapi.ContainerConfig) string {
+	ctx := context.Background()
+	created, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pod.id, Config: c, SandboxConfig: pod.config})
+	if err != nil {
+		b.Fatalf("create %s: %v", c.Metadata.Name, err)
+	}
+	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.ContainerId}); err != nil {
+		b.Fatalf("start %s: %v", c.Metadata.Name, err)
+	}
+	return created.ContainerId
+}
+
+// removePod stops and removes pod, and waits until nothing of it is left.
+func (n *node) removePod(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod benchPod) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.id}); err != nil {
+		b.Fatalf("stop pod %s: %v", pod.id, err)
+	}
+	if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.id}); err != nil {
+		b.Fatalf("remove pod %s: %v", pod.id, err)
+	}
+	n.waitIdle(b, "the bench's pod")
+}

@@ -17,8 +17,10 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
 )
 
-// podVMHandler is the bench node's cocoon handler with one VM per pod,
-// beside the cocoon handler's one VM per container.
+// podVMHandler is the bench node's cocoon handler with one VM per pod
+// under containerd's default sandboxer (a pause container, whose task
+// restores the VM), beside the cocoon handler's one VM per container and
+// sandboxAPIHandler's VM per pod under containerd's sandbox API.
 const podVMHandler = "cocoon-pod"
 
 // benchArgs is every bench container's command.
@@ -27,8 +29,8 @@ var benchArgs = []string{"sleep", "3600"}
 // BenchmarkPodStart times, through containerd's CRI (its gRPC API, no
 // crictl process on the clock), RunPodSandbox → CreateContainer →
 // StartContainer of a one-container pod of the busybox image, with runc,
-// with cocoon's one VM per container and with one VM per pod, side by side
-// in one containerd; and a second container's create → start in a running
+// with cocoon's one VM per container and with one VM per pod (both
+// sandboxers), side by side in one containerd; and a second container's create → start in a running
 // pod's VM (join), against which the goal is ≤ 0.3× of a restore:
 //
 //	go test -run '^$' -bench BenchmarkPodStart -benchtime 5x ./cri/e2e/
@@ -37,6 +39,9 @@ func BenchmarkPodStart(b *testing.B) {
 	n := startChainNode(b, nodeOptions{cocoonConfig: cocoonConfig, handlers: []devstack.Handler{{
 		Name: podVMHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter,
 		Options: map[string]any{"ConfigPath": podCfg},
+	}, {
+		Name: sandboxAPIHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter,
+		Sandboxer: devstack.SandboxerShim, Options: map[string]any{"ConfigPath": podCfg},
 	}}})
 	writePodVMConfig(b, n.stack.ConfigPath, podCfg)
 	ctx := context.Background()
@@ -46,8 +51,8 @@ func BenchmarkPodStart(b *testing.B) {
 	rt := criClient(b, n.stack.Address)
 	// A container-mode VM must hold the guest; a pod-mode container's limit
 	// must fit in it.
-	limits := map[string]int64{devstack.RuncHandler: 0, devstack.CocoonHandler: cocoonMemoryLimit, podVMHandler: 0}
-	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler, podVMHandler} {
+	limits := map[string]int64{devstack.CocoonHandler: cocoonMemoryLimit}
+	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler, podVMHandler, sandboxAPIHandler} {
 		b.Run("pod/handler="+handler, func(b *testing.B) {
 			var runp, start time.Duration
 			for i := range b.N {

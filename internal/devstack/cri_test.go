@@ -14,20 +14,9 @@ import (
 // snapshotters unpack imports, the sandbox image is pinned and every
 // handler has its runtime type, snapshotter, annotations and options.
 func TestContainerdConfigCRI(t *testing.T) {
-	dir := t.TempDir()
-	s := newStack(dir, Options{BinDir: dir, CRI: &CRI{
-		NetNS: "/var/run/netns/x", CNIBinDir: "/cni/bin", CNIConfDir: "/cni/net.d",
-		SandboxArchive: "/a.tar", SandboxImage: "localhost/p/pause:1",
+	s, data := renderCRIConfig(t, CRI{
 		Handlers: []Handler{{Name: "odd-name", RuntimeType: Runtime, Options: map[string]any{"Flag": true, "Quote": `a"b`}}},
-	}})
-	path, err := s.containerdConfig("", "info")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	var cfg struct {
 		Disabled []string       `toml:"disabled_plugins"`
 		Plugins  map[string]any `toml:"plugins"`
@@ -58,7 +47,7 @@ func TestContainerdConfigCRI(t *testing.T) {
 		{[]string{"io.containerd.cri.v1.runtime", "cni", "conf_dir"}, "/cni/net.d"},
 		{[]string{"io.containerd.cri.v1.runtime", "containerd", "default_runtime_name"}, RuncHandler},
 		{append(runtimes, RuncHandler, "runtime_type"), "io.containerd.runc.v2"},
-		{append(runtimes, RuncHandler, "options", "Root"), filepath.Join(dir, "runc")},
+		{append(runtimes, RuncHandler, "options", "Root"), filepath.Join(s.Dir, "runc")},
 		{append(runtimes, CocoonHandler, "snapshotter"), Snapshotter},
 		{append(runtimes, CocoonHandler, "options", "ConfigPath"), s.ConfigPath},
 		{append(runtimes, "odd-name", "options", "Flag"), true},
@@ -161,20 +150,7 @@ func TestContainerdConfigCRIOptional(t *testing.T) {
 // handler's sandboxer and skips CRI's pause image pull for it; the runc
 // handler keeps containerd's default sandboxer.
 func TestContainerdConfigSandboxer(t *testing.T) {
-	dir := t.TempDir()
-	s := newStack(dir, Options{BinDir: dir, CRI: &CRI{
-		NetNS: "/var/run/netns/x", CNIBinDir: "/cni/bin", CNIConfDir: "/cni/net.d",
-		SandboxArchive: "/a.tar", SandboxImage: "localhost/p/pause:1",
-		CocoonSandboxer: SandboxerShim,
-	}})
-	path, err := s.containerdConfig("", "info")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, data := renderCRIConfig(t, CRI{CocoonSandboxer: SandboxerShim})
 	type handler struct {
 		Sandboxer     *string `toml:"sandboxer"`
 		NoPausePull   *bool   `toml:"disable_pause_image_pull"`
@@ -204,4 +180,23 @@ func TestContainerdConfigSandboxer(t *testing.T) {
 	if runc := cfg.Plugins.Runtime.Containerd.Runtimes[RuncHandler]; runc.Sandboxer != nil || runc.NoPausePull != nil {
 		t.Errorf("runc handler: sandboxer %v, disable_pause_image_pull %v; want neither set", runc.Sandboxer, runc.NoPausePull)
 	}
+}
+
+// renderCRIConfig writes the containerd config of a stack with cri (its
+// paths and sandbox image filled in) and returns the stack and the config.
+func renderCRIConfig(t *testing.T, cri CRI) (*Stack, []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	cri.NetNS, cri.CNIBinDir, cri.CNIConfDir = "/var/run/netns/x", "/cni/bin", "/cni/net.d"
+	cri.SandboxArchive, cri.SandboxImage = "/a.tar", "localhost/p/pause:1"
+	s := newStack(dir, Options{BinDir: dir, CRI: &cri})
+	path, err := s.containerdConfig("", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, data
 }

@@ -67,7 +67,7 @@ var _ task.Host = (*pod)(nil)
 func newPod(res hypervisorVM, c *agent.Client, memory int64, callTimeout time.Duration) (*pod, error) {
 	disks, ok := res.(hypervisor.DiskAttacher)
 	if !ok || disks.DiskSlots() == 0 {
-		return nil, fmt.Errorf("shim.pod_vm = %q: the base snapshot has no spare disk slots for the pod's containers: bake it with cocoonctl bake --disk-slots N: %w",
+		return nil, fmt.Errorf("a pod's VM (shim.pod_vm = %q, or containerd's sandbox API) needs spare disk slots for the pod's containers, and the base snapshot has none: bake it with cocoonctl bake --disk-slots N: %w",
 			config.PodVMPod, errdefs.ErrFailedPrecondition)
 	}
 	return &pod{agent: c, disks: disks, pid: res.PID(), memory: memory, callTimeout: callTimeout,

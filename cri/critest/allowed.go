@@ -10,11 +10,14 @@ import (
 )
 
 // Allowance is one entry of the allowed list: a spec runc passes that
-// cocoon may fail (or skip) until the issue fixes it.
+// cocoon may fail (or skip) until the issue fixes it. An intermittent one
+// (its issue written ~N) may also pass: the spec itself skips from run to
+// run on a race that is not the runtime's, so its passing fixes nothing.
 type Allowance struct {
-	Spec   string
-	Issue  int
-	Reason string
+	Spec         string
+	Issue        int
+	Reason       string
+	Intermittent bool
 }
 
 // ReadAllowed reads the allowed list at path.
@@ -34,7 +37,8 @@ func ReadAllowed(path string) (map[string]Allowance, error) {
 //
 //	ISSUE | SPEC'S FULL NAME | REASON
 //
-// with blank lines and lines starting with # ignored. Every field is
+// (ISSUE ~N for an intermittent entry) with blank lines and lines starting
+// with # ignored. Every field is
 // required and a spec is listed once.
 func ParseAllowed(data []byte) (map[string]Allowance, error) {
 	allowed := map[string]Allowance{}
@@ -68,12 +72,13 @@ func parseAllowance(line string) (Allowance, error) {
 	for i := range fields {
 		fields[i] = strings.TrimSpace(fields[i])
 	}
-	issue, err := strconv.Atoi(fields[0])
+	number, intermittent := strings.CutPrefix(fields[0], "~")
+	issue, err := strconv.Atoi(number)
 	if err != nil || issue <= 0 {
-		return Allowance{}, fmt.Errorf("issue %q: want the number of the issue that will fix the spec", fields[0])
+		return Allowance{}, fmt.Errorf("issue %q: want the number of the issue that will fix the spec (~N when the spec may also pass)", fields[0])
 	}
 	if fields[1] == "" || fields[2] == "" {
 		return Allowance{}, fmt.Errorf("empty spec name or reason: want both")
 	}
-	return Allowance{Spec: fields[1], Issue: issue, Reason: fields[2]}, nil
+	return Allowance{Spec: fields[1], Issue: issue, Reason: fields[2], Intermittent: intermittent}, nil
 }

@@ -83,7 +83,7 @@ func judge(r Row) Verdict {
 	switch {
 	case listed && r.Runc == Absent && r.Cocoon == Absent:
 		return Unknown
-	case listed && r.Cocoon == Pass:
+	case listed && r.Cocoon == Pass && !r.Allowance.Intermittent:
 		return Fixed
 	case r.Runc != Pass || r.Cocoon == Pass:
 		return Same

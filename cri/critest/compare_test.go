@@ -92,21 +92,25 @@ func TestParseReportRejects(t *testing.T) {
 }
 
 func TestParseAllowed(t *testing.T) {
-	a, err := ParseAllowed([]byte("# comment\n\n21 | [k8s.io] A b [Conformance] | one VM per container\n22 | x | y z\n"))
+	a, err := ParseAllowed([]byte("# comment\n\n21 | [k8s.io] A b [Conformance] | one VM per container\n22 | x | y z\n~21 | racy | skips itself\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := a["[k8s.io] A b [Conformance]"]; got.Issue != 21 || got.Reason != "one VM per container" {
+	if got := a["[k8s.io] A b [Conformance]"]; got.Issue != 21 || got.Reason != "one VM per container" || got.Intermittent {
 		t.Errorf("entry %+v, want issue 21 and its reason", got)
 	}
-	if a["x"].Issue != 22 || len(a) != 2 {
-		t.Errorf("entries %v, want 2", a)
+	if got := a["racy"]; got.Issue != 21 || !got.Intermittent {
+		t.Errorf("entry %+v, want issue 21, intermittent", got)
+	}
+	if a["x"].Issue != 22 || len(a) != 3 {
+		t.Errorf("entries %v, want 3", a)
 	}
 	for _, tc := range []struct{ line, want string }{
 		{"21 | spec", "2 fields"},
 		{"21 | a | b | c", "4 fields"},
 		{"x | spec | why", `issue "x"`},
 		{"0 | spec | why", `issue "0"`},
+		{"~ | spec | why", `issue "~"`},
 		{"21 |  | why", "empty spec name"},
 		{"21 | spec | why\n23 | spec | again", `line 2: spec "spec" listed twice`},
 	} {
@@ -117,10 +121,12 @@ func TestParseAllowed(t *testing.T) {
 }
 
 func TestCompare(t *testing.T) {
-	runc := &Report{Specs: map[string]Outcome{"a": Pass, "b": Pass, "c": Pass, "d": Fail, "e": Pass, "f": Pass, "g": Skip}}
-	cocoon := &Report{Specs: map[string]Outcome{"a": Pass, "b": Fail, "c": Fail, "d": Fail, "e": Pass, "f": Skip, "g": Skip}}
+	runc := &Report{Specs: map[string]Outcome{"a": Pass, "b": Pass, "c": Pass, "d": Fail, "e": Pass, "f": Pass, "g": Skip, "h": Pass, "i": Pass}}
+	cocoon := &Report{Specs: map[string]Outcome{"a": Pass, "b": Fail, "c": Fail, "d": Fail, "e": Pass, "f": Skip, "g": Skip, "h": Pass, "i": Skip}}
 	allowed := map[string]Allowance{
 		"c": {Spec: "c", Issue: 21, Reason: "one VM per container"},
+		"h": {Spec: "h", Issue: 21, Reason: "skips itself on a race", Intermittent: true},
+		"i": {Spec: "i", Issue: 21, Reason: "skips itself on a race", Intermittent: true},
 		"e": {Spec: "e", Issue: 22, Reason: "now passes"},
 		"d": {Spec: "d", Issue: 23, Reason: "runc fails it too"},
 		"z": {Spec: "z", Issue: 21, Reason: "misspelt"},
@@ -129,8 +135,8 @@ func TestCompare(t *testing.T) {
 		scope Scope
 		want  map[string]Verdict
 	}{
-		{Full, map[string]Verdict{"a": Same, "b": Shortfall, "c": Allowed, "d": Same, "e": Fixed, "f": Shortfall, "g": Same, "z": Unknown}},
-		{Subset, map[string]Verdict{"a": Same, "b": Shortfall, "c": Allowed, "d": Same, "e": Fixed, "f": Shortfall, "g": Same}},
+		{Full, map[string]Verdict{"a": Same, "b": Shortfall, "c": Allowed, "d": Same, "e": Fixed, "f": Shortfall, "g": Same, "h": Same, "i": Allowed, "z": Unknown}},
+		{Subset, map[string]Verdict{"a": Same, "b": Shortfall, "c": Allowed, "d": Same, "e": Fixed, "f": Shortfall, "g": Same, "h": Same, "i": Allowed}},
 	} {
 		cmp := Compare(runc, cocoon, allowed, tc.scope)
 		got := map[string]Verdict{}

@@ -98,6 +98,9 @@ const (
 	// apiVersion3 is the first whose Init prepares a process for Start
 	// and tells the agent's version.
 	apiVersion3 = 3
+	// apiVersion5 is the first that starts a process in a PID namespace
+	// of its own.
+	apiVersion5 = 5
 )
 
 // requireVersion fails unless the agent speaks API version v: an older one
@@ -130,6 +133,9 @@ type ExecRequest struct {
 	Rlimits         []specs.POSIXRlimit
 	NoNewPrivileges bool
 	Umask           *uint32 // nil inherits the agent's
+	// OwnPIDNamespace makes the process pid 1 of a PID namespace of its
+	// own (a pod's pause process, which the pod's containers share).
+	OwnPIDNamespace bool
 }
 
 // Exec starts a process in the guest. After an Init with a rootfs, the
@@ -137,6 +143,11 @@ type ExecRequest struct {
 func (c *Client) Exec(ctx context.Context, r ExecRequest) (*Process, error) {
 	if len(r.Rlimits) > 0 || r.Umask != nil || r.NoNewPrivileges {
 		if err := c.requireVersion(ctx, apiVersion2, "rlimits, a umask or no_new_privileges"); err != nil {
+			return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
+		}
+	}
+	if r.OwnPIDNamespace {
+		if err := c.requireVersion(ctx, apiVersion5, "a PID namespace of its own"); err != nil {
 			return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
 		}
 	}
@@ -152,7 +163,7 @@ func execRequest(r ExecRequest) *api.ExecRequest {
 		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
 		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,
 		Terminal: r.Terminal, Stdin: r.Stdin,
-		NoNewPrivileges: r.NoNewPrivileges, Umask: r.Umask,
+		NoNewPrivileges: r.NoNewPrivileges, Umask: r.Umask, OwnPidNamespace: r.OwnPIDNamespace,
 	}
 	for _, l := range r.Rlimits {
 		req.Rlimits = append(req.Rlimits, &api.Rlimit{Type: l.Type, Soft: l.Soft, Hard: l.Hard})

@@ -107,6 +107,11 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 			return fmt.Errorf("init guest: %w", err)
 		}
 	}
+	if r.Process != nil && r.Process.OwnPIDNamespace {
+		if err := c.requireVersion(ctx, apiVersion5, "a process in a PID namespace of its own"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
 	if r.Process != nil && c.knownVersion() >= apiVersion3 {
 		c.mu.Lock()
 		c.prepared[r.Process.ID] = ExecRequest{ID: r.Process.ID, Terminal: r.Process.Terminal, Stdin: r.Process.Stdin}

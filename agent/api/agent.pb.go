@@ -653,9 +653,13 @@ type ExecRequest struct {
 	Rlimits         []*Rlimit `protobuf:"bytes,10,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
 	NoNewPrivileges bool      `protobuf:"varint,11,opt,name=no_new_privileges,json=noNewPrivileges,proto3" json:"no_new_privileges,omitempty"`
 	// umask, when set, is the process's file mode creation mask.
-	Umask         *uint32 `protobuf:"varint,12,opt,name=umask,proto3,oneof" json:"umask,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Umask *uint32 `protobuf:"varint,12,opt,name=umask,proto3,oneof" json:"umask,omitempty"`
+	// own_pid_namespace makes the process pid 1 of a PID namespace of its
+	// own: a pod's pause process, whose namespace the pod's containers
+	// share (API version 5).
+	OwnPidNamespace bool `protobuf:"varint,13,opt,name=own_pid_namespace,json=ownPidNamespace,proto3" json:"own_pid_namespace,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
@@ -770,6 +774,13 @@ func (x *ExecRequest) GetUmask() uint32 {
 		return *x.Umask
 	}
 	return 0
+}
+
+func (x *ExecRequest) GetOwnPidNamespace() bool {
+	if x != nil {
+		return x.OwnPidNamespace
+	}
+	return false
 }
 
 type Rlimit struct {
@@ -2260,7 +2271,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12\x18\n" +
-	"\aoptions\x18\x04 \x03(\tR\aoptions\"\xd8\x02\n" +
+	"\aoptions\x18\x04 \x03(\tR\aoptions\"\x84\x03\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -2274,7 +2285,8 @@ const file_agent_proto_rawDesc = "" +
 	"\arlimits\x18\n" +
 	" \x03(\v2\x17.cocoon.agent.v1.RlimitR\arlimits\x12*\n" +
 	"\x11no_new_privileges\x18\v \x01(\bR\x0fnoNewPrivileges\x12\x19\n" +
-	"\x05umask\x18\f \x01(\rH\x00R\x05umask\x88\x01\x01B\b\n" +
+	"\x05umask\x18\f \x01(\rH\x00R\x05umask\x88\x01\x01\x12*\n" +
+	"\x11own_pid_namespace\x18\r \x01(\bR\x0fownPidNamespaceB\b\n" +
 	"\x06_umask\"D\n" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +

@@ -35,6 +35,7 @@ type procSpec struct {
 	rlimits         []rlimit
 	umask           *uint32
 	noNewPrivileges bool
+	ownPIDNamespace bool      // pid 1 of a PID namespace of its own
 	boot            *bootRoot // what the guest's root held at boot; nil in a container root
 }
 
@@ -50,6 +51,7 @@ func newProcSpec(r *api.ExecRequest, root string, boot *bootRoot) (*procSpec, er
 	spec := &procSpec{
 		root: root, args: r.Args, cwd: r.Cwd, uid: r.Uid, gid: r.Gid, gids: r.AdditionalGids,
 		rlimits: rlimits, umask: r.Umask, noNewPrivileges: r.NoNewPrivileges,
+		ownPIDNamespace: r.OwnPidNamespace,
 	}
 	if root == "" {
 		spec.boot = boot
@@ -244,11 +246,14 @@ func (s *procSpec) checkExecutable(p string) error {
 }
 
 // command is the process forked and exec'd by Go, chrooted and with its
-// credentials, in a new session.
+// credentials, in a new session (and a new PID namespace when asked).
 func (s *procSpec) command() *exec.Cmd {
 	attr := &syscall.SysProcAttr{
 		Setsid: true, Chroot: s.root,
 		Credential: &syscall.Credential{Uid: s.uid, Gid: s.gid, Groups: s.gids},
+	}
+	if s.ownPIDNamespace {
+		attr.Cloneflags = syscall.CLONE_NEWPID
 	}
 	return &exec.Cmd{Path: s.path, Args: s.args, Env: s.env, Dir: s.cwd, SysProcAttr: attr}
 }

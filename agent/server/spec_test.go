@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -76,6 +77,21 @@ func TestNewProcSpecWithoutPasswd(t *testing.T) {
 	}
 	if home, _ := getenv(spec.env, "HOME"); home != "/" {
 		t.Errorf("HOME %q without a passwd file, want /", home)
+	}
+}
+
+// TestProcSpecPIDNamespace: a process asking for a PID namespace of its
+// own (a pod's pause) is cloned into a new one; any other is not.
+func TestProcSpecPIDNamespace(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		spec, err := newProcSpec(&api.ExecRequest{Id: "a", Args: []string{"/bin/sh"}, OwnPidNamespace: own}, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := spec.command().SysProcAttr.Cloneflags&syscall.CLONE_NEWPID != 0
+		if got != own {
+			t.Errorf("own PID namespace %v: CLONE_NEWPID %v", own, got)
+		}
 	}
 }
 

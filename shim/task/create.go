@@ -190,6 +190,9 @@ func initProcess(spec *specs.Spec, r *taskAPI.CreateTaskRequest) (*process, erro
 	if err != nil {
 		return nil, err
 	}
+	// A pod's pause holds the PID namespace the pod's containers share,
+	// as under runc; a sandbox on the host (no pod VM) ignores this.
+	ps.OwnPIDNamespace = IsPodSandbox(spec) && ownsPIDNamespace(spec)
 	sio := stdio.Stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}
 	return newProcess("", ps, sio), nil
 }

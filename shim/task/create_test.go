@@ -114,6 +114,35 @@ func TestGuestProcess(t *testing.T) {
 	}
 }
 
+// TestInitProcessPIDNamespace: a pod's sandbox asking for a PID namespace
+// of its own gets one in the guest (its pause holds the pod's); a pod
+// sharing the host's, or an app container, does not.
+func TestInitProcessPIDNamespace(t *testing.T) {
+	sandbox := map[string]string{containerTypeAnnotation: containerTypeSandbox}
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		namespaces  []specs.LinuxNamespace
+		want        bool
+	}{
+		{"pod sandbox", sandbox, []specs.LinuxNamespace{{Type: specs.NetworkNamespace}, {Type: specs.PIDNamespace}}, true},
+		{"pod sandbox sharing the host's", sandbox, []specs.LinuxNamespace{{Type: specs.NetworkNamespace}}, false},
+		{"app container", nil, []specs.LinuxNamespace{{Type: specs.PIDNamespace}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &specs.Spec{Annotations: tc.annotations, Process: &specs.Process{Args: []string{"/pause"}},
+				Linux: &specs.Linux{Namespaces: tc.namespaces}}
+			p, err := initProcess(spec, &taskAPI.CreateTaskRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.spec.OwnPIDNamespace != tc.want {
+				t.Fatalf("own PID namespace %v, want %v", p.spec.OwnPIDNamespace, tc.want)
+			}
+		})
+	}
+}
+
 func TestHostnameOf(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {

@@ -220,6 +220,21 @@ func IsPodSandbox(spec *specs.Spec) bool {
 	return spec != nil && spec.Annotations[containerTypeAnnotation] == containerTypeSandbox
 }
 
+// ownsPIDNamespace reports whether spec asks for a PID namespace of its
+// own (an entry without a path), as a pod's sandbox does unless the pod
+// shares the host's.
+func ownsPIDNamespace(spec *specs.Spec) bool {
+	if spec.Linux == nil {
+		return false
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.PIDNamespace {
+			return ns.Path == ""
+		}
+	}
+	return false
+}
+
 // sandboxIDAnnotation names, on each container of a CRI pod, the pod's
 // sandbox.
 const sandboxIDAnnotation = "io.kubernetes.cri.sandbox-id"

@@ -197,15 +197,18 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		return nil, nil, err
 	}
 	var host task.Host
+	guest := NewGuest(res.Agent, cfg.Agent.CallTimeout.D())
 	if task.IsPodSandbox(r.Spec) {
-		if host, err = newPod(res.VM, res.Agent, p.budget.Guest, cfg.Agent.CallTimeout.D()); err != nil {
+		pod, err := newPod(res.VM, res.Agent, p.budget.Guest, cfg.Agent.CallTimeout.D())
+		if err != nil {
 			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
+		host, guest = pod, pauseGuest{Guest: guest, pod: pod}
 	}
 	return &task.Sandbox{
 		Host:          host,
 		VM:            res.VM,
-		Guest:         NewGuest(res.Agent, cfg.Agent.CallTimeout.D()),
+		Guest:         guest,
 		Hypervisor:    d.Name(),
 		RunDir:        p.runDir,
 		Plan:          spawn.Plan,

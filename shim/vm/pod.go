@@ -190,7 +190,8 @@ func (p *pod) guestSpec(r task.LaunchRequest) (_ *specs.Spec, _ []agent.File, sh
 
 // guestNamespaces maps the host's namespace paths, which CRI gives to
 // share the pod's, to the guest's: the VM's own network, IPC and UTS are
-// the pod's, and a shared PID namespace is that of the first container
+// the pod's, and a shared PID namespace is the pod's pause's (pauseGuest),
+// or without one (containerd's sandbox API) that of the first container
 // that shared it (sharedPID says the spec asks to share it).
 func (p *pod) guestNamespaces(in []specs.LinuxNamespace) (out []specs.LinuxNamespace, sharedPID bool) {
 	p.mu.Lock()

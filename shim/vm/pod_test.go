@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"strings"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
 // TestPodGuestNamespaces: the host's namespace paths CRI gives a pod's
@@ -102,6 +105,42 @@ func TestPodCheckMemory(t *testing.T) {
 			}
 			if err != nil && (!strings.Contains(err.Error(), "512MiB") || !strings.Contains(err.Error(), "256MiB")) {
 				t.Fatalf("error %q names not both figures", err)
+			}
+		})
+	}
+}
+
+// fakeStarter is a task.Guest that starts every process with pid.
+type fakeStarter struct {
+	task.Guest
+	pid uint32
+}
+
+func (g fakeStarter) Exec(context.Context, task.ProcessSpec) (task.Started, error) {
+	return task.Started{Pid: g.pid}, nil
+}
+
+// TestPauseGuestHoldsPIDs: the sandbox's process started in a PID
+// namespace of its own (the pod's pause) holds the pod's shared one; an
+// exec, or a pause in the VM's own namespace, does not.
+func TestPauseGuestHoldsPIDs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    task.ProcessSpec
+		want uint32
+	}{
+		{"pause in its own namespace", task.ProcessSpec{ID: task.InitGuestID, OwnPIDNamespace: true}, 5},
+		{"pause in the VM's namespace", task.ProcessSpec{ID: task.InitGuestID}, 0},
+		{"an exec", task.ProcessSpec{ID: "exec-1", OwnPIDNamespace: true}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &pod{}
+			g := pauseGuest{Guest: fakeStarter{pid: 5}, pod: p}
+			if _, err := g.Exec(context.Background(), tc.p); err != nil {
+				t.Fatal(err)
+			}
+			if p.pidHolder != tc.want {
+				t.Fatalf("holder %d, want %d", p.pidHolder, tc.want)
 			}
 		})
 	}

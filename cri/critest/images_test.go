@@ -21,9 +21,11 @@ const (
 	chainRef = "localhost/critest/chain:1"
 	// guestMemory is the chain image's guest memory.
 	guestMemory = 256 << 20
-	// diskSlots is the chain image's spare disk slots: one for each
-	// container of a pod at once (critest's pods have up to three).
-	diskSlots = 8
+	// podVMDiskSlots is the chain image's spare disk slots with one VM
+	// per pod: one for each container of a pod at once (critest's pods
+	// have up to three). Without, it has none: each slot adds some QEMU
+	// start-up to every restore.
+	podVMDiskSlots = 8
 )
 
 // built holds what the test builds once per test binary.
@@ -106,10 +108,18 @@ func chainImage(t *testing.T) string {
 	cocoonctl := testenv.Bin(t, "cocoonctl")
 	images(t)
 	built.chainOnce.Do(func() {
-		built.chainTar, built.chainErr = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, built.dir, testimage.BakeOptions{DiskSlots: diskSlots})
+		built.chainTar, built.chainErr = testimage.Bake(cocoonctl, guest, chainRef, guestMemory, built.dir, chainBakeOptions())
 	})
 	if built.chainErr != nil {
 		t.Fatal(built.chainErr)
 	}
 	return built.chainTar
+}
+
+// chainBakeOptions shapes the chain image for the cocoon handler's run.
+func chainBakeOptions() testimage.BakeOptions {
+	if *podVM {
+		return testimage.BakeOptions{DiskSlots: podVMDiskSlots}
+	}
+	return testimage.BakeOptions{}
 }

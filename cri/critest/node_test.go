@@ -24,12 +24,15 @@ import (
 // network namespace: no other address is reached.
 const registryAddr = "127.0.0.1:5000"
 
-// cocoonConfig gives each pod one VM restored from the chain image, which
-// every container of the pod joins (issue 21).
+// cocoonConfig runs ordinary images in VMs restored from the chain image.
 const cocoonConfig = `
 [restore]
 base_image = "` + chainRef + `"
+`
 
+// podVMConfig gives each pod one VM restored from the chain image, which
+// every container of the pod joins (issue 21).
+const podVMConfig = cocoonConfig + `
 [shim]
 pod_vm = "pod"
 `
@@ -64,7 +67,11 @@ func startNode(t *testing.T, handler string) *node {
 	n.nriSocket = filepath.Join(dir, "nri.sock")
 	startRegistry(t, n.net, bin)
 	hosts := writeHosts(t, dir)
-	cfg, err := config.Parse([]byte(cocoonConfig))
+	body := cocoonConfig
+	if *podVM {
+		body = podVMConfig
+	}
+	cfg, err := config.Parse([]byte(body))
 	if err != nil {
 		t.Fatalf("cocoon config: %v", err)
 	}

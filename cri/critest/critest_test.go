@@ -124,6 +124,9 @@ func (n *node) critest(t *testing.T, handler string) *run {
 	var output bytes.Buffer
 	cmd := exec.CommandContext(ctx, "nsenter", args...)
 	cmd.Stdout, cmd.Stderr = &output, &output
+	// critest's multiple-containers specs leave their log dirs in TMPDIR:
+	// this run's, removed with it.
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir)
 	start := time.Now()
 	err := cmd.Run()
 	wall := time.Since(start)

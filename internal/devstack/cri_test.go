@@ -102,20 +102,7 @@ func TestContainerdConfigCRIOptional(t *testing.T) {
 		{name: "both", registry: "/hosts", nri: "/n/nri.sock", wantConfigPath: "/hosts", wantNRISocket: "/n/nri.sock"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			s := newStack(dir, Options{BinDir: dir, CRI: &CRI{
-				NetNS: "/var/run/netns/x", CNIBinDir: "/cni/bin", CNIConfDir: "/cni/net.d",
-				SandboxArchive: "/a.tar", SandboxImage: "localhost/p/pause:1",
-				RegistryConfigPath: tc.registry, NRISocket: tc.nri,
-			}})
-			path, err := s.containerdConfig("", "info")
-			if err != nil {
-				t.Fatal(err)
-			}
-			data, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, data := renderCRIConfig(t, CRI{RegistryConfigPath: tc.registry, NRISocket: tc.nri})
 			var cfg struct {
 				Disabled []string `toml:"disabled_plugins"`
 				Plugins  struct {

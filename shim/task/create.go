@@ -155,6 +155,28 @@ func discard(ctx context.Context, sb *Sandbox) {
 	}
 }
 
+// closeVM lets go of a VM that is gone: it closes sb's guest connection
+// and VM, releases what sb holds and deletes the VM's cgroup cg (nil when
+// there is none), naming each failure.
+func closeVM(sb *Sandbox, cg vmCgroup) error {
+	var errs []error
+	if err := sb.Guest.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close guest agent: %w", err))
+	}
+	if err := sb.VM.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close VM: %w", err))
+	}
+	if err := releaseHeld(sb); err != nil {
+		errs = append(errs, err)
+	}
+	if cg != nil {
+		if err := cg.Delete(); err != nil {
+			errs = append(errs, fmt.Errorf("delete cgroup: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // releaseHeld lets go of what sb holds besides its VM, which must be gone:
 // its network and its base snapshot. Both releases are idempotent, so a
 // network already given back at the init's exit is not released twice.

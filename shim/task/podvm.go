@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -109,9 +110,9 @@ func markPodSandbox(req *LaunchRequest) {
 		req.Spec = &specs.Spec{}
 	}
 	spec := *req.Spec
-	spec.Annotations = make(map[string]string, len(req.Spec.Annotations)+1)
-	for k, v := range req.Spec.Annotations {
-		spec.Annotations[k] = v
+	spec.Annotations = maps.Clone(req.Spec.Annotations)
+	if spec.Annotations == nil {
+		spec.Annotations = map[string]string{}
 	}
 	spec.Annotations[containerTypeAnnotation] = containerTypeSandbox
 	req.Spec = &spec
@@ -169,24 +170,9 @@ func (s *Service) RemovePod(ctx context.Context, p *PodVM) error {
 	if err := s.StopPod(ctx, p); err != nil {
 		return err
 	}
-	var errs []error
-	if err := p.sb.Guest.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close guest agent: %w", err))
-	}
-	if err := p.sb.VM.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close VM: %w", err))
-	}
-	if err := releaseHeld(p.sb); err != nil {
-		errs = append(errs, err)
-	}
-	if p.cg != nil {
-		if err := p.cg.Delete(); err != nil {
-			errs = append(errs, fmt.Errorf("delete cgroup: %w", err))
-		}
-	}
-	if len(errs) > 0 {
+	if err := closeVM(p.sb, p.cg); err != nil {
 		// The record stays, so `shim delete` can try again.
-		return fmt.Errorf("release pod %s: %w", p.id, errors.Join(errs...))
+		return fmt.Errorf("release pod %s: %w", p.id, err)
 	}
 	if err := os.Remove(filepath.Join(p.bundle, state.TaskFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the record of pod %s: %w", p.id, err)

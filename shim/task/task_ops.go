@@ -288,22 +288,7 @@ func (t *task) destroy(ctx context.Context) error {
 	if t.hooks != nil {
 		t.hooks.stopped(ctx, t.pid())
 	}
-	var errs []error
-	if err := t.sb.Guest.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close guest agent: %w", err))
-	}
-	if err := t.sb.VM.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("close VM: %w", err))
-	}
-	if err := releaseHeld(t.sb); err != nil {
-		errs = append(errs, err)
-	}
-	if t.cg != nil {
-		if err := t.cg.Delete(); err != nil {
-			errs = append(errs, fmt.Errorf("delete cgroup: %w", err))
-		}
-	}
-	return errors.Join(errs...)
+	return closeVM(t.sb, t.cg)
 }
 
 // deleteExec forgets an exec that never started or has exited.

@@ -20,7 +20,8 @@ const runcBundle = "/tmp/runc-bundle"
 // TestVMRunc boots the real guest and runs a container with the runc its
 // initramfs carries: the kernel and runc together give the container its
 // namespaces, no capabilities, no_new_privs, a seccomp filter that acts, a
-// read-only root and a cgroup whose memory and pids limits hold.
+// read-only root and a cgroup whose memory and pids limits hold; and a
+// container with CAP_NET_ADMIN can make a bridge.
 func TestVMRunc(t *testing.T) {
 	vm := vmtest.Boot(t)
 	c := vm.Client(t)
@@ -29,6 +30,7 @@ func TestVMRunc(t *testing.T) {
 	t.Run("Features", func(t *testing.T) { testRuncFeatures(t, c) })
 	t.Run("Cgroup", func(t *testing.T) { testGuestCgroup(t, c) })
 	t.Run("Run", func(t *testing.T) { testRuncRun(t, c) })
+	t.Run("Bridge", func(t *testing.T) { testRuncBridge(t, c) })
 }
 
 // guestShN numbers guestSh's processes: a process ID is the agent's key.
@@ -113,13 +115,7 @@ mkdir /tmp/probe 2>&1 | grep -q 'not supported' && echo "mkdir refused by seccom
 // busybox, every capability dropped, no_new_privs, a seccomp profile that
 // fails mkdir with EOPNOTSUPP, a read-only root and memory and pids limits.
 func testRuncRun(t *testing.T, c *agent.Client) {
-	config, err := json.Marshal(runcSpec())
-	if err != nil {
-		t.Fatal(err)
-	}
-	guestSh(t, c, "rm -rf "+runcBundle+" && mkdir -p "+runcBundle+"/rootfs/bin && cd "+runcBundle+
-		" && cp /bin/busybox rootfs/bin/ && for a in $(busybox --list); do ln -s busybox rootfs/bin/$a; done && cat >config.json", string(config))
-	t.Cleanup(func() { guestSh(t, c, "rm -rf "+runcBundle, "") })
+	layRuncBundle(t, c, runcSpec())
 	got := guestSh(t, c, "runc --root /run/runc run --bundle "+runcBundle+" runc-test </dev/null", "")
 	t.Logf("the container printed:\n%s", got)
 	for _, want := range []string{
@@ -135,6 +131,51 @@ func testRuncRun(t *testing.T, c *agent.Client) {
 	}
 	if left := guestSh(t, c, "runc --root /run/runc list -q; ls /sys/fs/cgroup | grep -c runc-test || true", ""); left != "0\n" {
 		t.Errorf("after runc run: containers and cgroups left %q", left)
+	}
+}
+
+// layRuncBundle lays out runcBundle with the guest's own busybox as the
+// root and spec as config.json; the bundle goes when t ends.
+func layRuncBundle(t *testing.T, c *agent.Client, spec *specs.Spec) {
+	config, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guestSh(t, c, "rm -rf "+runcBundle+" && mkdir -p "+runcBundle+"/rootfs/bin && cd "+runcBundle+
+		" && cp /bin/busybox rootfs/bin/ && for a in $(busybox --list); do ln -s busybox rootfs/bin/$a; done && cat >config.json", string(config))
+	t.Cleanup(func() { guestSh(t, c, "rm -rf "+runcBundle, "") })
+}
+
+// bridgeScript makes a bridge and deletes it, in the container's own
+// network namespace; brctl's error, if any, goes to stdout.
+const bridgeScript = `if brctl addbr cocoon0 2>&1; then brctl delbr cocoon0 && echo made; fi; exit 0`
+
+// testRuncBridge: a container with CAP_NET_ADMIN makes a bridge (critest's
+// Privileged and adding-capability specs run brctl addbr), which needs the
+// bridge module loaded at boot; one without it is refused by the bridge
+// code itself (EPERM, where a guest without the module gives ENOPKG).
+func testRuncBridge(t *testing.T, c *agent.Client) {
+	for _, tc := range []struct {
+		name, want string
+		caps       []string
+	}{
+		{"net-admin", "made\n", []string{"CAP_NET_ADMIN"}},
+		{"no-caps", "Operation not permitted", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "bridge-" + tc.name
+			spec := runcSpec()
+			spec.Hostname, spec.Linux.CgroupsPath = id, "/"+id
+			spec.Process.Args = []string{"/bin/sh", "-c", bridgeScript}
+			spec.Process.Capabilities = &specs.LinuxCapabilities{Bounding: tc.caps, Effective: tc.caps, Permitted: tc.caps}
+			layRuncBundle(t, c, spec)
+			if got := guestSh(t, c, "runc --root /run/runc run --bundle "+runcBundle+" "+id+" </dev/null", ""); !strings.Contains(got, tc.want) {
+				t.Errorf("brctl addbr with capabilities %v printed %q, want it to hold %q", tc.caps, got, tc.want)
+			}
+			if left := guestSh(t, c, "runc --root /run/runc list -q; ls /sys/fs/cgroup | grep -c "+id+" || true", ""); left != "0\n" {
+				t.Errorf("after runc run: containers and cgroups left %q", left)
+			}
+		})
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"path/filepath"
 	"testing"
@@ -31,12 +32,13 @@ func TestInitAndShutdown(t *testing.T) {
 	ctx := ctxT(t)
 	now := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
 	entropy := []byte("0123456789abcdef")
-	if err := c.Init(ctx, agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-1"}); err != nil {
+	sysctls := map[string]string{"kernel.shm_rmid_forced": "1"}
+	if err := c.Init(ctx, agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-1", Sysctls: sysctls}); err != nil {
 		t.Fatal(err)
 	}
 	h.sys.mu.Lock()
-	if !h.sys.time.Equal(now) || !bytes.Equal(h.sys.entropy, entropy) || h.sys.hostname != "clone-1" {
-		t.Errorf("init set time %v entropy %q hostname %q", h.sys.time, h.sys.entropy, h.sys.hostname)
+	if !h.sys.time.Equal(now) || !bytes.Equal(h.sys.entropy, entropy) || h.sys.hostname != "clone-1" || !maps.Equal(h.sys.sysctls, sysctls) {
+		t.Errorf("init set time %v entropy %q hostname %q sysctls %v", h.sys.time, h.sys.entropy, h.sys.hostname, h.sys.sysctls)
 	}
 	h.sys.mu.Unlock()
 	if err := c.Shutdown(ctx); err != nil {

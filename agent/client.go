@@ -101,6 +101,8 @@ const (
 	// apiVersion5 is the first that starts a process in a PID namespace
 	// of its own.
 	apiVersion5 = 5
+	// apiVersion6 is the first whose Init sets sysctls.
+	apiVersion6 = 6
 )
 
 // requireVersion fails unless the agent speaks API version v: an older one

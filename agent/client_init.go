@@ -39,6 +39,9 @@ type InitRequest struct {
 	// agent older than API 3 ignores it: Prepared then says so, and the
 	// process is Exec'd instead.
 	Process *ExecRequest
+	// Sysctls are set in the guest's own namespaces, by their dotted
+	// names, after the hostname; at most api.MaxSysctls. They need API 6.
+	Sysctls map[string]string
 }
 
 // File is a file, a directory or a symbolic link to make in the guest.
@@ -112,6 +115,11 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 			return fmt.Errorf("init guest: %w", err)
 		}
 	}
+	if len(r.Sysctls) > 0 {
+		if err := c.requireVersion(ctx, apiVersion6, "sysctls"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
 	if r.Process != nil && c.knownVersion() >= apiVersion3 {
 		c.mu.Lock()
 		c.prepared[r.Process.ID] = ExecRequest{ID: r.Process.ID, Terminal: r.Process.Terminal, Stdin: r.Process.Stdin}
@@ -121,7 +129,10 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 }
 
 func initRequest(r InitRequest) (*api.InitRequest, error) {
-	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname}
+	if len(r.Sysctls) > api.MaxSysctls {
+		return nil, fmt.Errorf("%d sysctls, expected at most %d: %w", len(r.Sysctls), api.MaxSysctls, errdefs.ErrInvalidArgument)
+	}
+	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname, Sysctls: r.Sysctls}
 	if !r.Time.IsZero() {
 		req.Time = timestamppb.New(r.Time)
 	}

@@ -109,6 +109,7 @@ type fakeSystem struct {
 	time     time.Time
 	entropy  []byte
 	hostname string
+	sysctls  map[string]string
 	synced   bool
 	off      chan struct{}
 }
@@ -130,6 +131,15 @@ func (s *fakeSystem) SetHostname(name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hostname = name
+	return nil
+}
+func (s *fakeSystem) SetSysctl(key, value string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sysctls == nil {
+		s.sysctls = map[string]string{}
+	}
+	s.sysctls[key] = value
 	return nil
 }
 func (s *fakeSystem) Sync() {

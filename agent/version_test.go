@@ -92,3 +92,22 @@ func TestOldAgentExecsWhatInitWouldPrepare(t *testing.T) {
 		t.Errorf("Start of a process the agent did not prepare: %v, want not found", err)
 	}
 }
+
+// version5Agent answers Init with its version, as agents of API 3 to 5 do,
+// and drops the sysctls it does not know.
+type version5Agent struct{ oldAgent }
+
+func (a *version5Agent) Init(context.Context, *api.InitRequest) (*api.InitResponse, error) {
+	a.inits.Add(1)
+	return &api.InitResponse{Version: "5"}, nil
+}
+
+// TestSysctlsNeedVersion6: an agent of API 5 ignores Init's sysctls, so
+// the Init that carried them fails, naming what was dropped.
+func TestSysctlsNeedVersion6(t *testing.T) {
+	c := serveFake(t, &version5Agent{oldAgent{version: "5"}})
+	err := c.Init(ctxT(t), agent.InitRequest{Sysctls: map[string]string{"kernel.shm_rmid_forced": "1"}})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "sysctls needs guest agent API 6, the guest's agent speaks 5") {
+		t.Errorf("Init with sysctls on an agent of API 5: %v, want failed precondition naming sysctls and both versions", err)
+	}
+}

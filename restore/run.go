@@ -63,6 +63,8 @@ type GuestSetup struct {
 	// Process, when set, is prepared in the guest for the caller to start
 	// with Agent.Start (if Agent.Prepared says the guest could).
 	Process *agent.ExecRequest
+	// Sysctls are set in the guest, its pod's and its spec's.
+	Sysctls map[string]string
 	// Network, when set, is asked after the driver restored the VM (the
 	// task's hooks may configure the namespace only then) for the guest
 	// NIC's configuration; nil leaves the NIC down.
@@ -238,7 +240,7 @@ func initGuest(ctx context.Context, c *agent.Client, r Request) error {
 	ctx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 	defer cancel()
 	req := agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname, Files: r.Guest.Files, Rootfs: r.Guest.Rootfs,
-		Process: r.Guest.Process}
+		Process: r.Guest.Process, Sysctls: r.Guest.Sysctls}
 	if r.Guest.Network != nil {
 		req.Network = r.Guest.Network()
 	}

@@ -50,6 +50,8 @@ func (s *fakeSystem) AddEntropy(b []byte) error {
 	return nil
 }
 
+func (s *fakeSystem) SetSysctl(string, string) error { return nil }
+
 func (s *fakeSystem) SetHostname(name string) error {
 	if s.hang != nil {
 		<-s.hang

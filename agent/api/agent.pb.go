@@ -144,7 +144,12 @@ type InitRequest struct {
 	// everything it runs with, waiting for Start to run its program, as a
 	// runc container is between create and start (API version 3; older
 	// agents ignore it).
-	Process       *ExecRequest `protobuf:"bytes,7,opt,name=process,proto3" json:"process,omitempty"`
+	Process *ExecRequest `protobuf:"bytes,7,opt,name=process,proto3" json:"process,omitempty"`
+	// sysctls are set in the guest's own namespaces, which are its pod's,
+	// before anything else but the clock, entropy and hostname: the pod's
+	// (CRI puts them on its sandbox's spec) and the spec's linux.sysctl, by
+	// their dotted names (API version 6; older agents ignore them).
+	Sysctls       map[string]string `protobuf:"bytes,8,rep,name=sysctls,proto3" json:"sysctls,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -224,6 +229,13 @@ func (x *InitRequest) GetRootfs() *Rootfs {
 func (x *InitRequest) GetProcess() *ExecRequest {
 	if x != nil {
 		return x.Process
+	}
+	return nil
+}
+
+func (x *InitRequest) GetSysctls() map[string]string {
+	if x != nil {
+		return x.Sysctls
 	}
 	return nil
 }
@@ -2236,7 +2248,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vagent.proto\x12\x0fcocoon.agent.v1\x1a\x19google/protobuf/any.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
 	"\fPingResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
-	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\xbd\x02\n" +
+	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\xbe\x03\n" +
 	"\vInitRequest\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
@@ -2244,7 +2256,11 @@ const file_agent_proto_rawDesc = "" +
 	"\x05files\x18\x04 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x122\n" +
 	"\anetwork\x18\x05 \x01(\v2\x18.cocoon.agent.v1.NetworkR\anetwork\x12/\n" +
 	"\x06rootfs\x18\x06 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\x126\n" +
-	"\aprocess\x18\a \x01(\v2\x1c.cocoon.agent.v1.ExecRequestR\aprocess\":\n" +
+	"\aprocess\x18\a \x01(\v2\x1c.cocoon.agent.v1.ExecRequestR\aprocess\x12C\n" +
+	"\asysctls\x18\b \x03(\v2).cocoon.agent.v1.InitRequest.SysctlsEntryR\asysctls\x1a:\n" +
+	"\fSysctlsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
 	"\fInitResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\"B\n" +
@@ -2436,7 +2452,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                        // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),               // 1: cocoon.agent.v1.PingResponse
@@ -2471,84 +2487,86 @@ var file_agent_proto_goTypes = []any{
 	(*ReadContainerOutputRequest)(nil), // 30: cocoon.agent.v1.ReadContainerOutputRequest
 	(*WriteContainerStdinRequest)(nil), // 31: cocoon.agent.v1.WriteContainerStdinRequest
 	(*ResizeContainerPtyRequest)(nil),  // 32: cocoon.agent.v1.ResizeContainerPtyRequest
-	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                  // 34: google.protobuf.Any
-	(*emptypb.Empty)(nil),              // 35: google.protobuf.Empty
+	nil,                                // 33: cocoon.agent.v1.InitRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),      // 34: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                  // 35: google.protobuf.Any
+	(*emptypb.Empty)(nil),              // 36: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	33, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	34, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
 	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
-	6,  // 5: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
-	8,  // 6: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
-	10, // 7: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
-	0,  // 8: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	33, // 9: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	19, // 10: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	7,  // 11: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
-	4,  // 12: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
-	34, // 13: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	33, // 14: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
-	0,  // 15: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	35, // 16: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 17: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	9,  // 18: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	15, // 19: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
-	12, // 20: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	14, // 21: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	15, // 22: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	15, // 23: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	17, // 24: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	18, // 25: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	15, // 26: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	35, // 27: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	35, // 28: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	35, // 29: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	22, // 30: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	23, // 31: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	23, // 32: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	25, // 33: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	23, // 34: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	27, // 35: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
-	28, // 36: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
-	23, // 37: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	30, // 38: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
-	31, // 39: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
-	23, // 40: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
-	32, // 41: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
-	1,  // 42: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 43: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	11, // 44: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	11, // 45: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	13, // 46: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	35, // 47: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	35, // 48: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	16, // 49: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	35, // 50: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	35, // 51: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	35, // 52: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	20, // 53: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	21, // 54: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	35, // 55: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	24, // 56: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	24, // 57: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	35, // 58: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	35, // 59: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	26, // 60: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	24, // 61: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	35, // 62: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	29, // 63: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	13, // 64: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	35, // 65: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	35, // 66: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	35, // 67: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	42, // [42:68] is the sub-list for method output_type
-	16, // [16:42] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	33, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
+	6,  // 6: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
+	8,  // 7: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
+	10, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
+	0,  // 9: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	34, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	19, // 11: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
+	7,  // 12: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
+	4,  // 13: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
+	35, // 14: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	34, // 15: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	0,  // 16: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	36, // 17: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 18: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 19: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	15, // 20: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	12, // 21: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	14, // 22: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	15, // 23: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	15, // 24: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	17, // 25: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	18, // 26: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	15, // 27: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	36, // 28: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	36, // 29: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	36, // 30: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	22, // 31: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	23, // 32: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	23, // 33: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	25, // 34: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	23, // 35: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	27, // 36: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
+	28, // 37: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
+	23, // 38: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	30, // 39: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
+	31, // 40: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
+	23, // 41: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
+	32, // 42: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
+	1,  // 43: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 44: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	11, // 45: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	11, // 46: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	13, // 47: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	36, // 48: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	36, // 49: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	16, // 50: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	36, // 51: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	36, // 52: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	36, // 53: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	20, // 54: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	21, // 55: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	36, // 56: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	24, // 57: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	24, // 58: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	36, // 59: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	36, // 60: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	26, // 61: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	24, // 62: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	36, // 63: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	29, // 64: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	13, // 65: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	36, // 66: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	36, // 67: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	36, // 68: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	43, // [43:69] is the sub-list for method output_type
+	17, // [17:43] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2563,7 +2581,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -16,3 +16,10 @@ const (
 // a resources update, as JSON: a spec is a few KiB, its seccomp profile
 // some tens.
 const MaxContainerSpec = 1 << 20
+
+// Bounds of InitRequest.sysctls: a pod sets a handful.
+const (
+	MaxSysctls     = 64
+	MaxSysctlKey   = 256
+	MaxSysctlValue = 4096
+)

@@ -60,6 +60,10 @@ func (s *fakeSystem) SetHostname(name string) error {
 	s.j.add("hostname %s", name)
 	return s.err["hostname"]
 }
+func (s *fakeSystem) SetSysctl(key, value string) error {
+	s.j.add("sysctl %s=%s", key, value)
+	return s.err["sysctl"]
+}
 func (s *fakeSystem) Sync()           {}
 func (s *fakeSystem) PowerOff() error { return nil }
 

@@ -20,10 +20,11 @@ type initPlan struct {
 	files   []*api.File
 	network *NetConfig
 	rootfs  *api.Rootfs
+	sysctls []sysctl
 }
 
-// Init gives the guest its clone identity (clock, entropy, hostname), then
-// writes its files, configures its NIC, mounts its container root and
+// Init gives the guest its clone identity (clock, entropy, hostname), sets
+// its sysctls, then writes its files, configures its NIC, mounts its container root and
 // prepares its process, in that order. It first detaches the processes the
 // clone inherited from its snapshot (detachAll). Everything is checked
 // before anything changes, but the process, whose program and cwd are
@@ -43,6 +44,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 		{"clock", func() error { return s.setClock(r) }},
 		{"entropy", func() error { return s.addEntropy(r) }},
 		{"hostname", func() error { return s.setHostname(r) }},
+		{"sysctls", func() error { return s.setSysctls(plan.sysctls) }},
 		{"files", func() error { return s.writeFiles(plan.files) }},
 		{"network", func() error { return s.configureNetwork(plan.network) }},
 		{"rootfs", func() error { return s.setupRootfs(ctx, plan.rootfs) }},
@@ -69,6 +71,9 @@ func (s *Service) planInit(r *api.InitRequest) (*initPlan, error) {
 		}
 	}
 	var err error
+	if plan.sysctls, err = checkSysctls(r.Sysctls); err != nil {
+		return nil, fmt.Errorf("init sysctls: %w", err)
+	}
 	if plan.files, err = guestfile.Check(r.Files); err != nil {
 		return nil, fmt.Errorf("init files: %w", err)
 	}
@@ -109,6 +114,15 @@ func (s *Service) setHostname(r *api.InitRequest) error {
 		return nil
 	}
 	return s.sys.SetHostname(r.Hostname)
+}
+
+func (s *Service) setSysctls(sysctls []sysctl) error {
+	for _, c := range sysctls {
+		if err := s.sys.SetSysctl(c.key, c.value); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeFiles writes files, and forgets the guest's root as the boot left

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +24,15 @@ func fullInit(dir string) *api.InitRequest {
 		Time:     timestamppb.New(time.Unix(1900000000, 0)),
 		Entropy:  []byte("0123456789abcdef"),
 		Hostname: "clone-1",
+		Sysctls:  map[string]string{"net.ipv4.ping_group_range": "0 2147483647", "kernel/shm_rmid_forced": "1"},
 		Files:    []*api.File{{Path: filepath.Join(dir, "etc/resolv.conf"), Data: []byte("nameserver 10.0.0.1\n")}},
 		Network:  &api.Network{Mac: "02:00:00:00:00:01", Addresses: []string{"10.0.0.2/24"}},
 		Rootfs:   &api.Rootfs{Fstype: "erofs", Serial: "cocoon-rootfs"},
 	}
 }
 
-// TestInitOrder: identity, then files, network, rootfs; files exist before
-// the network is configured.
+// TestInitOrder: identity, sysctls (by name), then files, network,
+// rootfs; files exist before the network is configured.
 func TestInitOrder(t *testing.T) {
 	g := newFakeGuest(t)
 	dir := t.TempDir()
@@ -43,18 +45,21 @@ func TestInitOrder(t *testing.T) {
 	if _, err := g.svc.Init(context.Background(), fullInit(dir)); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"clock", "entropy", "hostname", "network", "disk", "mount", "mount", "mount"}
+	want := []string{"clock", "entropy", "hostname", "sysctl", "sysctl", "network", "disk", "mount", "mount", "mount"}
 	if got := g.j.steps(); !slices.Equal(got, want) {
 		t.Errorf("steps %v, want %v", got, want)
 	}
-	if e := g.j.all()[3]; e != "network true files" {
+	if got := g.j.all()[3:5]; !slices.Equal(got, []string{"sysctl kernel/shm_rmid_forced=1", "sysctl net.ipv4.ping_group_range=0 2147483647"}) {
+		t.Errorf("sysctl steps %q, want both, in the order of their names", got)
+	}
+	if e := g.j.all()[5]; e != "network true files" {
 		t.Errorf("network step %q, want it after the files were written", e)
 	}
 }
 
 // TestInitStepFails: a failing step is named, and later steps do not run.
 func TestInitStepFails(t *testing.T) {
-	for _, step := range []string{"clock", "entropy", "hostname", "files", "network", "rootfs"} {
+	for _, step := range []string{"clock", "entropy", "hostname", "sysctl", "files", "network", "rootfs"} {
 		t.Run(step, func(t *testing.T) {
 			g := newFakeGuest(t)
 			boom := errors.New("boom")
@@ -75,11 +80,15 @@ func TestInitStepFails(t *testing.T) {
 				}
 			}
 			_, err := g.svc.Init(context.Background(), r)
-			if (step != "files" && !errors.Is(err, boom)) || err == nil || !strings.HasPrefix(err.Error(), "init "+step+": ") {
+			name := map[string]string{"sysctl": "sysctls"}[step]
+			if name == "" {
+				name = step
+			}
+			if (step != "files" && !errors.Is(err, boom)) || err == nil || !strings.HasPrefix(err.Error(), "init "+name+": ") {
 				t.Fatalf("Init: %v, want it to name step %s", err, step)
 			}
 			steps := g.j.steps()
-			if last := steps[len(steps)-1]; last != map[string]string{"rootfs": "disk", "files": "hostname"}[step] && last != step {
+			if last := steps[len(steps)-1]; last != map[string]string{"rootfs": "disk", "files": "sysctl"}[step] && last != step {
 				t.Errorf("steps %v went on after %s failed", steps, step)
 			}
 		})
@@ -139,6 +148,15 @@ func TestInitRejectsBadInput(t *testing.T) {
 			r.Rootfs.Mounts = []*api.Mount{{Destination: "/x", Type: "bind", Source: "x"}}
 		}, "expected an absolute guest path"},
 		{"bad time", func(r *api.InitRequest) { r.Time = &timestamppb.Timestamp{Nanos: -1} }, "init clock:"},
+		{"sysctl path", func(r *api.InitRequest) { r.Sysctls["net/../../etc/passwd"] = "x" }, `init sysctls: sysctl "net/../../etc/passwd": expected a name like net.ipv4.ip_forward`},
+		{"absolute sysctl", func(r *api.InitRequest) { r.Sysctls["/proc/sys/x"] = "1" }, "expected a name like"},
+		{"empty sysctl component", func(r *api.InitRequest) { r.Sysctls["net..x"] = "1" }, "expected a name like"},
+		{"big sysctl value", func(r *api.InitRequest) { r.Sysctls["kernel.x"] = strings.Repeat("1", api.MaxSysctlValue+1) }, "expected at most 4096"},
+		{"too many sysctls", func(r *api.InitRequest) {
+			for i := range api.MaxSysctls {
+				r.Sysctls["kernel.x"+strconv.Itoa(i)] = "1"
+			}
+		}, "sysctls, expected at most 64"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newFakeGuest(t)

@@ -22,7 +22,8 @@ import (
 // and rootfs; Exec carries rlimits, umask and no_new_privileges. 3: Init
 // prepares a process that Start starts, and answers with the version. 4:
 // the container calls (runc in the guest). 5: Exec's own_pid_namespace.
-const Version = "5"
+// 6: Init's sysctls.
+const Version = "6"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond

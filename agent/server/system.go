@@ -15,6 +15,7 @@ type System interface {
 	SetTime(t time.Time) error
 	AddEntropy(b []byte) error // credit b to the pool and reseed the CRNG
 	SetHostname(name string) error
+	SetSysctl(key, value string) error // key as OCI's linux.sysctl names it
 	Sync()
 	PowerOff() error
 }

@@ -72,6 +72,9 @@ func newSandbox(r *sandboxAPI.CreateSandboxRequest) (*sandbox, error) {
 			return nil, fmt.Errorf("the options of sandbox %s are %T, want CRI's PodSandboxConfig: %w", r.SandboxID, v, errdefs.ErrInvalidArgument)
 		}
 	}
+	if err := refuseHostNamespaces(r.SandboxID, cfg); err != nil {
+		return nil, err
+	}
 	return &sandbox{
 		id: r.SandboxID, bundle: r.BundlePath, hostname: cfg.GetHostname(), config: cfg,
 		spec:    podSpec(r.SandboxID, r.NetnsPath, cfg),
@@ -82,7 +85,8 @@ func newSandbox(r *sandboxAPI.CreateSandboxRequest) (*sandbox, error) {
 
 // podSpec is the OCI spec a pod's VM is launched with: the pod's network
 // namespace, its cgroup (CRI's path for a sandbox: the pod's cgroup parent
-// and the sandbox id), its resources and its cocoon annotations.
+// and the sandbox id), its resources, its sysctls and its cocoon
+// annotations.
 func podSpec(id, netns string, cfg *runtime.PodSandboxConfig) *specs.Spec {
 	spec := &specs.Spec{Version: specs.Version, Hostname: cfg.GetHostname(), Annotations: map[string]string{}, Linux: &specs.Linux{}}
 	for k, v := range cfg.GetAnnotations() {
@@ -98,7 +102,23 @@ func podSpec(id, netns string, cfg *runtime.PodSandboxConfig) *specs.Spec {
 		spec.Linux.CgroupsPath = filepath.Join(parent, id)
 	}
 	spec.Linux.Resources = podResources(linux.GetResources())
+	spec.Linux.Sysctl = linux.GetSysctls()
 	return spec
+}
+
+// refuseHostNamespaces fails a pod that asks for a namespace of the
+// host's, which its VM cannot join.
+func refuseHostNamespaces(id string, cfg *runtime.PodSandboxConfig) error {
+	ns := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	for _, o := range []struct {
+		field string
+		mode  runtime.NamespaceMode
+	}{{"hostNetwork", ns.GetNetwork()}, {"hostIPC", ns.GetIpc()}, {"hostPID", ns.GetPid()}} {
+		if o.mode == runtime.NamespaceMode_NODE {
+			return task.HostNamespaceError(id, o.field)
+		}
+	}
+	return nil
 }
 
 // podResources are the pod-level limits CRI may give a sandbox.
@@ -142,7 +162,7 @@ func (sb *sandbox) start(ctx context.Context, pods Pods) (Pod, error) {
 	sb.starting = true
 	sb.mu.Unlock()
 	p, err := pods.StartPod(ctx, task.LaunchRequest{
-		ID: sb.id, Bundle: sb.bundle, Spec: sb.spec, Hostname: sb.hostname,
+		ID: sb.id, Bundle: sb.bundle, Spec: sb.spec, Hostname: sb.hostname, Sysctls: sb.spec.Linux.Sysctl,
 		ConfigPath: sb.configPath, ConfigBody: sb.configBody,
 	})
 	sb.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,13 +89,36 @@ func createRequest(t *testing.T, id string) *sandboxAPI.CreateSandboxRequest {
 		Hostname:    "web-0",
 		Annotations: map[string]string{"io.cocoon.restore-mode": "copy", "team": "a"},
 		Linux: &runtime.LinuxPodSandboxConfig{CgroupParent: "/kubepods/pod1",
-			Resources: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 30, CpuQuota: 50000, CpuPeriod: 100000}},
+			Resources: &runtime.LinuxContainerResources{MemoryLimitInBytes: 1 << 30, CpuQuota: 50000, CpuPeriod: 100000},
+			Sysctls:   map[string]string{"kernel.shm_rmid_forced": "1"}},
 	}
 	opts, err := typeurl.MarshalAnyToProto(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &sandboxAPI.CreateSandboxRequest{SandboxID: id, BundlePath: t.TempDir(), Options: opts, NetnsPath: "/run/netns/cni-1"}
+}
+
+// hostNamespaceRequest creates a pod that asks, with field, for a
+// namespace of the host's.
+func hostNamespaceRequest(t *testing.T, field string) *sandboxAPI.CreateSandboxRequest {
+	t.Helper()
+	ns := &runtime.NamespaceOption{}
+	switch field {
+	case "hostNetwork":
+		ns.Network = runtime.NamespaceMode_NODE
+	case "hostIPC":
+		ns.Ipc = runtime.NamespaceMode_NODE
+	case "hostPID":
+		ns.Pid = runtime.NamespaceMode_NODE
+	}
+	cfg := &runtime.PodSandboxConfig{Linux: &runtime.LinuxPodSandboxConfig{
+		SecurityContext: &runtime.LinuxSandboxSecurityContext{NamespaceOptions: ns}}}
+	opts, err := typeurl.MarshalAnyToProto(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sandboxAPI.CreateSandboxRequest{SandboxID: "host-" + field, BundlePath: t.TempDir(), Options: opts}
 }
 
 func configPathOptions(path string) OptionsFunc {
@@ -183,6 +207,9 @@ func checkLaunch(t *testing.T, r task.LaunchRequest, bundle string) {
 	if len(spec.Annotations) != 1 || spec.Annotations["io.cocoon.restore-mode"] != "copy" {
 		t.Fatalf("annotations %v, want only io.cocoon.restore-mode", spec.Annotations)
 	}
+	if r.Sysctls["kernel.shm_rmid_forced"] != "1" || len(r.Sysctls) != 1 {
+		t.Fatalf("sysctls %v, want the pod's kernel.shm_rmid_forced = 1", r.Sysctls)
+	}
 }
 
 // checkRunning checks a started sandbox's status, verbose info, platform,
@@ -262,6 +289,11 @@ func TestSandboxRefusals(t *testing.T) {
 	withRootfs.Rootfs = []*types.Mount{{Type: "bind", Source: "/x"}}
 	if _, err := s.CreateSandbox(ctx, withRootfs); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("create with a rootfs: %v, want InvalidArgument", err)
+	}
+	for _, field := range []string{"hostNetwork", "hostIPC", "hostPID"} {
+		if _, err := s.CreateSandbox(ctx, hostNamespaceRequest(t, field)); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "("+field+": true)") {
+			t.Fatalf("create of a pod with %s: %v, want InvalidArgument naming %s", field, err, field)
+		}
 	}
 	if _, err := s.StartSandbox(ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "nope"}); !errdefs.IsNotFound(err) {
 		t.Fatalf("start of an unknown sandbox: %v, want NotFound", err)

@@ -52,6 +52,9 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
+	if err := refuseHostNamespaces(r.ID, spec); err != nil {
+		return 0, err
+	}
 	init, err := initProcess(spec, r)
 	if err != nil {
 		return 0, err
@@ -63,6 +66,11 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	}
 	req.Containerd = s.containerd
 	req.Process = &init.spec
+	if host == nil {
+		if req.Sysctls, err = s.guestSysctls(spec); err != nil {
+			return 0, err
+		}
+	}
 	h, err := newOCIHooks(req)
 	if err != nil {
 		return 0, err

@@ -166,6 +166,9 @@ type LaunchRequest struct {
 	ConfigPath string
 	ConfigBody string
 	Hostname   string
+	// Sysctls are set in the guest, whose namespaces are the pod's (the
+	// agent's Init): its pod's and its spec's linux.sysctl.
+	Sysctls map[string]string
 	// Process is the task's init process: a launcher that can prepares it
 	// in the guest as the VM comes up, so that Start only lets it run (the
 	// Guest's Exec of it then starts what was prepared); nil prepares

@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -115,10 +116,12 @@ func (v *fakeVM) Close() error {
 }
 
 // nopSystem keeps the agent from changing the test machine's clock,
-// entropy and hostname; it records the hostname asked for.
+// entropy, hostname and sysctls; it records the hostname and sysctls asked
+// for.
 type nopSystem struct {
 	mu       sync.Mutex
 	hostname string
+	sysctls  map[string]string
 }
 
 func (*nopSystem) KernelRelease() string   { return "test" }
@@ -130,8 +133,23 @@ func (s *nopSystem) SetHostname(name string) error {
 	s.hostname = name
 	return nil
 }
+func (s *nopSystem) SetSysctl(key, value string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sysctls == nil {
+		s.sysctls = map[string]string{}
+	}
+	s.sysctls[key] = value
+	return nil
+}
 func (*nopSystem) Sync()           {}
 func (*nopSystem) PowerOff() error { return nil }
+
+func (s *nopSystem) sysctlsSet() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.sysctls)
+}
 
 func (s *nopSystem) name() string {
 	s.mu.Lock()

@@ -166,7 +166,7 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 	if p.guest.Files, p.guest.Rootfs, err = guestSetup(r.Spec, src.disk); err != nil {
 		return prepared{}, fmt.Errorf("container of %s: %w", r.ID, err)
 	}
-	p.guest.Process = r.Process
+	p.guest.Process, p.guest.Sysctls = r.Process, r.Sysctls
 	if p.net, err = openNetwork(r.Spec, r.ID); err != nil {
 		return prepared{}, err
 	}

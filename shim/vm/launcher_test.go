@@ -60,6 +60,7 @@ func TestLaunchPlan(t *testing.T) {
 			}
 			sb, err := l.Launch(context.Background(), task.LaunchRequest{
 				ID: "t1", Namespace: "ns", StagedDir: stageChain(t), ConfigPath: cfgPath, Hostname: "web", Spec: spec,
+				Sysctls: map[string]string{"kernel.shm_rmid_forced": "1"},
 			})
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -82,6 +83,9 @@ func TestLaunchPlan(t *testing.T) {
 			}
 			if d.sys.name() != "web" {
 				t.Fatalf("guest hostname %q, want web", d.sys.name())
+			}
+			if got := d.sys.sysctlsSet(); got["kernel.shm_rmid_forced"] != "1" || len(got) != 1 {
+				t.Fatalf("guest sysctls %v, want the request's kernel.shm_rmid_forced = 1", got)
 			}
 			if len(sb.Phases) < 2 || sb.Phases[0].Name != PhasePlan || sb.Phases[0].Duration <= 0 || sb.Phases[1].Name != "spawn" {
 				t.Fatalf("phases %+v, want the shim's plan, then the driver's spawn", sb.Phases)

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"syscall"
+	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
@@ -22,6 +24,10 @@ const apiVersion4 = 4
 type ContainerProcess struct {
 	ContainerID, ExecID string
 	Pid                 uint32
+	// Phases are how long the guest's steps of the container's create
+	// took (the root, the bundle, runc's create), as the guest tells them:
+	// only names the host knows, each at most the create's call time.
+	Phases []Phase
 
 	c               *Client
 	terminal, stdin bool
@@ -64,12 +70,41 @@ func (c *Client) CreateContainerFrom(ctx context.Context, id string, spec *specs
 	if err := c.requireVersion(ctx, apiVersion4, "a container in the VM"); err != nil {
 		return nil, fmt.Errorf("create container %q in guest: %w", id, err)
 	}
+	began := time.Now()
 	resp, err := c.api.CreateContainer(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("create container %q in guest: %w", id, native(err))
 	}
 	terminal := spec.Process != nil && spec.Process.Terminal
-	return &ContainerProcess{ContainerID: id, Pid: resp.Pid, c: c, terminal: terminal, stdin: stdin || terminal}, nil
+	return &ContainerProcess{ContainerID: id, Pid: resp.Pid, Phases: guestPhases(resp.Phases, time.Since(began)),
+		c: c, terminal: terminal, stdin: stdin || terminal}, nil
+}
+
+// Phase is how long one step in the guest took.
+type Phase struct {
+	Name     string
+	Duration time.Duration
+}
+
+// guestPhases are the phases a guest told, if they are what a create
+// has: known names, once each, in order, none negative, together no
+// longer than the call took. A guest that tells anything else is not
+// believed: its phases are dropped whole, the report keeps the call's.
+func guestPhases(in []*api.Phase, call time.Duration) []Phase {
+	out := make([]Phase, 0, len(in))
+	var total time.Duration
+	next := 0
+	for _, p := range in {
+		i := slices.Index(api.CreatePhases[next:], p.GetName())
+		d := time.Duration(p.GetNanos())
+		if i < 0 || d < 0 || total+d > call {
+			return nil
+		}
+		next += i + 1
+		total += d
+		out = append(out, Phase{Name: p.GetName(), Duration: d})
+	}
+	return out
 }
 
 func createContainerRequest(id string, spec *specs.Spec, root ContainerRoot, stdin bool) (*api.CreateContainerRequest, error) {

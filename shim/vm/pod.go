@@ -21,10 +21,13 @@ import (
 )
 
 // The phases of a container joining its pod's VM: its image's disk
-// attached to a spare slot, then the container created in the guest.
+// attached to a spare slot, then the container created in the guest: the
+// guest's own steps (guestPhasePrefix and api.CreatePhases' names), and
+// PhaseContainer the rest of the call.
 const (
-	PhaseAttach    = "attach"
-	PhaseContainer = "container"
+	PhaseAttach      = "attach"
+	PhaseContainer   = "container"
+	guestPhasePrefix = "guest "
 )
 
 // PodVM says whether r, a pod sandbox, gets the VM its pod's containers
@@ -118,7 +121,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 		return nil, err
 	}
 	m.created = true
-	clock.lap(PhaseContainer)
+	clock.lapWithin(PhaseContainer, m.init.Phases)
 	if sharedPID {
 		p.holdPIDs(m.init.Pid)
 	}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
@@ -143,5 +146,27 @@ func TestPauseGuestHoldsPIDs(t *testing.T) {
 				t.Fatalf("holder %d, want %d", p.pidHolder, tc.want)
 			}
 		})
+	}
+}
+
+// TestLapWithin: a guest call's lap shows the guest's own steps as phases
+// of their own and the call's rest under its name, adding up to the lap.
+func TestLapWithin(t *testing.T) {
+	c := &phaseClock{last: time.Now().Add(-100 * time.Millisecond)}
+	c.lapWithin(PhaseContainer, []agent.Phase{{Name: "root", Duration: 30 * time.Millisecond}, {Name: "runc create", Duration: 20 * time.Millisecond}})
+	var names []string
+	var total time.Duration
+	for _, p := range c.phases {
+		names = append(names, p.Name)
+		total += p.Duration.D()
+	}
+	if want := []string{PhaseContainer, "guest root", "guest runc create"}; !slices.Equal(names, want) {
+		t.Fatalf("phases %v, want %v", names, want)
+	}
+	if rest := c.phases[0].Duration.D(); rest < 50*time.Millisecond || rest > time.Second {
+		t.Errorf("the call's rest %v, want the lap less the guest's 50ms", rest)
+	}
+	if total < 100*time.Millisecond || c.phases[1].Duration.D() != 30*time.Millisecond {
+		t.Errorf("phases %+v add up to %v, want the whole lap (over 100ms), the guest's as told", c.phases, total)
 	}
 }

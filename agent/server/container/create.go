@@ -25,6 +25,8 @@ type Container struct {
 	rt     *runc.Runc
 	init   *proc
 	disk   string // the serial of its root's disk, "" for a directory
+	// Phases are how long its create's steps took (api.CreatePhases).
+	Phases []Phase
 
 	startMu sync.Mutex
 	started bool
@@ -59,6 +61,7 @@ func (m *Manager) Create(ctx context.Context, id string, o CreateOptions) (*Cont
 }
 
 func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Container, error) {
+	clk := newClock()
 	if err := checkRoot(o); err != nil {
 		return nil, fmt.Errorf("container %q: %w", id, err)
 	}
@@ -78,10 +81,12 @@ func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Cont
 	if o.RootDisk != nil {
 		c.disk = o.RootDisk.Serial
 	}
-	if err := m.prepare(ctx, c, spec, o, files); err != nil {
+	if err := m.prepare(ctx, c, spec, o, files, clk); err != nil {
 		return nil, err
 	}
 	pid, io, err := c.runcCreate(ctx, spec.Process, o.Stdin)
+	clk.lap(api.PhaseRuncCreate)
+	c.Phases = clk.phases
 	if err == nil {
 		if c.init, err = watch(id, pid, io, c.oomOnExit(ctx)); err != nil {
 			_ = c.rt.Delete(context.WithoutCancel(ctx), id, &runc.DeleteOpts{Force: true})
@@ -97,7 +102,7 @@ func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Cont
 
 // prepare makes c's bundle: its dir, its root (a disk mounted in it),
 // its files and its config.json. A failure undoes it all.
-func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o CreateOptions, files []*api.File) error {
+func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o CreateOptions, files []*api.File, clk *clock) error {
 	if err := makeBundle(c.bundle); err != nil {
 		return fmt.Errorf("container %q: %w", c.ID, err)
 	}
@@ -107,6 +112,7 @@ func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o
 		return fmt.Errorf("container %q: %w", c.ID, err)
 	}
 	spec.Root.Path = root
+	clk.lap(api.PhaseRoot)
 	if err = guestfile.Write(files); err != nil {
 		err = fmt.Errorf("files of container %q: %w", c.ID, err)
 	} else if err = writeSpec(c.bundle, spec); err != nil {
@@ -115,6 +121,7 @@ func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o
 	if err != nil {
 		return errors.Join(err, m.unprepare(c))
 	}
+	clk.lap(api.PhaseBundle)
 	return nil
 }
 

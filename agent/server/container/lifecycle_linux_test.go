@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +14,8 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
 // startSleeper creates and starts a container that sleeps.
@@ -22,6 +25,13 @@ func startSleeper(t *testing.T, m *Manager, id, rootfs string, opts ...oci.SpecO
 	c, err := m.Create(context.Background(), id, CreateOptions{Spec: specJSON(t, id, opts...), Rootfs: rootfs})
 	if err != nil {
 		t.Fatalf("create %s: %v", id, err)
+	}
+	var names []string
+	for _, p := range c.Phases {
+		names = append(names, p.Name)
+	}
+	if !slices.Equal(names, api.CreatePhases) {
+		t.Errorf("create %s timed %v, want %v", id, names, api.CreatePhases)
 	}
 	if _, err := c.Start(context.Background()); err != nil {
 		t.Fatalf("start %s: %v", id, err)

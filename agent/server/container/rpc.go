@@ -28,7 +28,11 @@ func (r *RPC) CreateContainer(ctx context.Context, req *api.CreateContainerReque
 	if err != nil {
 		return nil, err
 	}
-	return &api.ContainerProcessResponse{Pid: uint32(c.init.pid)}, nil
+	resp := &api.ContainerProcessResponse{Pid: uint32(c.init.pid)}
+	for _, p := range c.Phases {
+		resp.Phases = append(resp.Phases, &api.Phase{Name: p.Name, Nanos: p.Duration.Nanoseconds()})
+	}
+	return resp, nil
 }
 
 // StartContainer starts a created container's process.

@@ -52,6 +52,11 @@ type Restore struct {
 	// is an ordinary OCI image, whose layers become the VM's root
 	// filesystem; empty refuses such tasks.
 	BaseImage string `toml:"base_image"`
+	// BaseImages are base snapshot images of several sizes (guest memory),
+	// smallest first, instead of BaseImage: a pod's VM restores the
+	// smallest that holds the pod's memory, a container's own VM the
+	// largest its memory limit holds.
+	BaseImages []string `toml:"base_images"`
 	// MaxGuestMemory bounds the guest memory a snapshot may restore with;
 	// 0 means the host's RAM. MaxVCPUs bounds its vCPUs; 0 means the
 	// host's CPUs. A snapshot image states both, so both are the image's
@@ -61,6 +66,18 @@ type Restore struct {
 	// BaseSnapshotter is the containerd snapshotter (the cocoon proxy
 	// plugin's name) the base image is staged through.
 	BaseSnapshotter string `toml:"base_snapshotter"`
+}
+
+// Bases are the base snapshot images, smallest first: BaseImages, else
+// BaseImage alone; none when neither is set.
+func (r Restore) Bases() []string {
+	if len(r.BaseImages) > 0 {
+		return r.BaseImages
+	}
+	if r.BaseImage != "" {
+		return []string{r.BaseImage}
+	}
+	return nil
 }
 
 // Agent holds the guest agent timeouts.

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,18 @@ func TestParse(t *testing.T) {
 				t.Errorf("shim.hook_timeout %v (default %v), want 5s (default 1m)", c.Shim.HookTimeout.D(), Default().Shim.HookTimeout.D())
 			}
 		}},
+		{name: "base images", in: "[restore]\nbase_images = [\"base:512m\", \"base:2g\"]\n", check: func(t *testing.T, c Config) {
+			if got := c.Restore.Bases(); len(got) != 2 || got[0] != "base:512m" || got[1] != "base:2g" {
+				t.Errorf("bases %v, want base:512m and base:2g", got)
+			}
+		}},
+		{name: "one base image", in: "[restore]\nbase_image = \"base:512m\"\n", check: func(t *testing.T, c Config) {
+			if got := c.Restore.Bases(); len(got) != 1 || got[0] != "base:512m" {
+				t.Errorf("bases %v, want base:512m", got)
+			}
+		}},
+		{name: "base image and images", in: "[restore]\nbase_image = \"a\"\nbase_images = [\"b\"]\n", wantErr: "are both set: want one of them"},
+		{name: "empty base image", in: "[restore]\nbase_images = [\"b\", \"\"]\n", wantErr: "none empty"},
 		{name: "zero hook timeout", in: "[shim]\nhook_timeout = \"0s\"\n", wantErr: "shim.hook_timeout must be positive"},
 		{name: "hook timeout over a day", in: "[shim]\nhook_timeout = \"25h\"\n", wantErr: "shim.hook_timeout = 25h0m0s: want at most 24h0m0s"},
 	}
@@ -68,7 +81,7 @@ func TestExampleParses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("config.toml.example: %v", err)
 	}
-	if c != Default() {
+	if !reflect.DeepEqual(c, Default()) {
 		t.Errorf("config.toml.example differs from the built-in defaults:\n got %+v\nwant %+v", c, Default())
 	}
 }

@@ -57,7 +57,7 @@ func TestLoadRefusesHostileFiles(t *testing.T) {
 			}
 		})
 	}
-	if c, err := Load(os.DevNull); err != nil || c != Default() {
+	if c, err := Load(os.DevNull); err != nil || !reflect.DeepEqual(c, Default()) {
 		t.Fatalf("Load(%s) = %+v, %v; want the defaults", os.DevNull, c, err)
 	}
 	if c, err := Load(good); err != nil || c.Restore.Mode != "copy" {

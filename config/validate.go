@@ -52,6 +52,12 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s is empty: want a value", r.key)
 		}
 	}
+	if c.Restore.BaseImage != "" && len(c.Restore.BaseImages) > 0 {
+		return fmt.Errorf("restore.base_image = %q and restore.base_images are both set: want one of them", c.Restore.BaseImage)
+	}
+	if slices.Contains(c.Restore.BaseImages, "") {
+		return fmt.Errorf("restore.base_images = %q: want image references, none empty", c.Restore.BaseImages)
+	}
 	if c.Restore.MaxVCPUs < 0 {
 		return fmt.Errorf("restore.max_vcpus = %d: want 0 (the host's CPUs) or a positive count", c.Restore.MaxVCPUs)
 	}

@@ -123,33 +123,43 @@ type source struct {
 	staged *chain.Staged // the chain at dir if read already, else nil
 	base   *baseimage.Snapshot
 	disk   *chain.StagedRootfs
+	// why says which of several base snapshots was picked, and why.
+	why string
 }
 
-// source stages the runtime class's base image for a task whose image is
-// an ordinary one, or for a bare pod VM (the report's base phase); a
-// snapshot image's chain is staged already.
+// source stages the runtime class's base image (of several, the one that
+// fits: pickBase) for a task whose image is an ordinary one, or for a bare
+// pod VM (the report's base phase); a snapshot image's chain is staged
+// already.
 func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchRequest, clock *phaseClock) (source, error) {
 	if r.Rootfs == nil && !r.Bare {
 		return source{dir: r.StagedDir}, nil
 	}
-	if cfg.Restore.BaseImage == "" {
+	bases := cfg.Restore.Bases()
+	if len(bases) == 0 {
 		what := "the task's image is an ordinary OCI image, which runs"
 		if r.Bare {
 			what = "a pod's VM under containerd's sandbox API is"
 		}
-		return source{}, fmt.Errorf("%s in a VM restored from the runtime class's base snapshot: set restore.base_image: %w", what, errdefs.ErrInvalidArgument)
+		return source{}, fmt.Errorf("%s in a VM restored from the runtime class's base snapshot: set restore.base_image (or restore.base_images): %w", what, errdefs.ErrInvalidArgument)
 	}
 	client, err := l.clients.Get(r.Containerd)
 	if err != nil {
 		return source{}, err
 	}
 	clock.lap(PhasePlan)
-	base, err := baseimage.Stage(ctx, client, r.Namespace, cfg.Restore.BaseSnapshotter, cfg.Restore.BaseImage, r.ID)
+	base, why, err := pickBase(ctx, bases, fitOf(r), func(ctx context.Context, image string) (*baseimage.Snapshot, int64, error) {
+		b, err := baseimage.Stage(ctx, client, r.Namespace, cfg.Restore.BaseSnapshotter, image, r.ID)
+		if err != nil {
+			return nil, 0, err
+		}
+		return b, b.Staged.Top().MemoryBytes, nil
+	})
 	if err != nil {
 		return source{}, err
 	}
 	clock.lap(PhaseBase)
-	return source{dir: base.Dir, staged: base.Staged, base: base, disk: r.Rootfs}, nil
+	return source{dir: base.Dir, staged: base.Staged, base: base, disk: r.Rootfs, why: why}, nil
 }
 
 // prepared is a restore decided and made ready: its plan, the VM's memory
@@ -168,6 +178,9 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 	plan, staged, err := decide(ctx, d, cfg, r, src)
 	if err != nil {
 		return prepared{}, err
+	}
+	if src.why != "" {
+		plan.Reasons = append([]string{src.why}, plan.Reasons...)
 	}
 	p := prepared{src: src, staged: staged, plan: plan,
 		budget: task.MemoryBudget{Guest: staged.Top().MemoryBytes, Headroom: int64(cfg.Shim.MemoryHeadroom)}}

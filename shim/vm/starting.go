@@ -27,7 +27,7 @@ func starting(cfg config.Config, d hypervisor.Driver, r task.LaunchRequest) erro
 		return err
 	}
 	sp := task.Spawn{Hypervisor: d.Name(), RunDir: runDir, Network: plannedNetwork(r.Spec, r.ID)}
-	if (r.Rootfs != nil || r.Bare) && cfg.Restore.BaseImage != "" {
+	if (r.Rootfs != nil || r.Bare) && len(cfg.Restore.Bases()) > 0 {
 		sp.Base = &state.Base{Namespace: r.Namespace, Snapshotter: cfg.Restore.BaseSnapshotter, Key: baseimage.Key(r.ID)}
 	}
 	if err := r.Starting(sp); err != nil {

@@ -175,7 +175,9 @@ func TestCocoonRestoreModeAnnotation(t *testing.T) {
 }
 
 // TestCocoonBadInput: a pod or container the runtime cannot run fails with
-// an error that says why, leaves nothing running, and is removable.
+// an error that says why, leaves nothing running, and is removable; a pod
+// asking for a namespace of the host's fails at RunPodSandbox, naming the
+// field.
 func TestCocoonBadInput(t *testing.T) {
 	n := startCocoonNode(t, devstack.Handler{
 		Name: badOptHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter,
@@ -188,15 +190,29 @@ func TestCocoonBadInput(t *testing.T) {
 		memory      int64
 		failsAt     []string // the steps that may fail
 		want        string   // in that step's error
+		// hostNS, when set, asks for a namespace of the host's.
+		hostNS func(*runtimeapi.NamespaceOption)
 	}{
 		{"mode the config forbids", devstack.CocoonHandler, map[string]string{restore.AnnotationMode: "ondemand"}, cocoonMemoryLimit,
-			[]string{"create", "start"}, "ondemand"},
-		{"memory below the guest", devstack.CocoonHandler, nil, guestMemory / 4, []string{"create", "start"}, "memory limit"},
-		{"unknown runtime option", badOptHandler, nil, cocoonMemoryLimit, []string{"runp", "create", "start"}, "NoSuchOption"},
+			[]string{"create", "start"}, "ondemand", nil},
+		{"memory below the guest", devstack.CocoonHandler, nil, guestMemory / 4, []string{"create", "start"}, "memory limit", nil},
+		{"unknown runtime option", badOptHandler, nil, cocoonMemoryLimit, []string{"runp", "create", "start"}, "NoSuchOption", nil},
+		{"host network", devstack.CocoonHandler, nil, cocoonMemoryLimit, []string{"runp"}, "(hostNetwork: true)",
+			func(o *runtimeapi.NamespaceOption) { o.Network = runtimeapi.NamespaceMode_NODE }},
+		{"host IPC", devstack.CocoonHandler, nil, cocoonMemoryLimit, []string{"runp"}, "(hostIPC: true)",
+			func(o *runtimeapi.NamespaceOption) { o.Ipc = runtimeapi.NamespaceMode_NODE }},
+		{"host PID", devstack.CocoonHandler, nil, cocoonMemoryLimit, []string{"runp"}, "(hostPID: true)",
+			func(o *runtimeapi.NamespaceOption) { o.Pid = runtimeapi.NamespaceMode_NODE }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := strings.ReplaceAll(tc.name, " ", "-")
-			p := &pod{name: name, config: n.podConfig(t, name, tc.annotations)}
+			cfg := n.podSandboxConfig(name, tc.annotations)
+			if tc.hostNS != nil {
+				ns := &runtimeapi.NamespaceOption{}
+				tc.hostNS(ns)
+				cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: ns}
+			}
+			p := &pod{name: name, config: n.writeJSON(t, name+"-pod.json", cfg)}
 			var ctr string
 			step, err := firstError([]namedStep{
 				{"runp", func() error { return n.crictlID(&p.id, "runp", "--runtime", tc.handler, p.config) }},

@@ -19,6 +19,7 @@ func soakFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 	fs.IntVar(&o.Parallel, "parallel", 8, "restores at a `time`")
 	fs.Float64Var(&o.KillRate, "kill-rate", 0.1, "`share` of restores whose task, shim or QEMU is killed")
 	fs.Float64Var(&o.OrdinaryShare, "ordinary", 0.25, "`share` of restores of an ordinary busybox image on the base snapshot (0: none)")
+	fs.IntVar(&o.Pods, "pods", 50, "`pods` among the restores: a sandbox restoring the pod's VM and containers joining it, one killed and replaced (0: none)")
 	fs.Float64Var(&o.HostileShare, "hostile", 0.05, "`share` of restores given a hostile input to refuse or take without harm (FIFO or nfs mounts, a FIFO as the network namespace, links out of a bind, an empty dir)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "`seed` of the plan (0: random)")
 	fs.DurationVar(&o.SettleTimeout, "settle", 0, "how long the counts may take to come back after the last restore (default 2m)")
@@ -34,6 +35,13 @@ func soakFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 			return err
 		}
 		o.Image = soak.Image{Ref: img.Ref, Archive: img.Archive}
+		if o.Pods > 0 {
+			pod, err := stackrun.EnsureImage(ctx, os.Stdout, stackrun.ImageSpec{Guest: f.guest, Cache: f.cache, Memory: f.memory, BinDir: o.BinDir, DiskSlots: soak.PodDiskSlots})
+			if err != nil {
+				return err
+			}
+			o.PodImage = soak.Image{Ref: pod.Ref, Archive: pod.Archive}
+		}
 		o.Progress = os.Stdout
 		return runSoak(ctx, o)
 	}

@@ -88,12 +88,17 @@ type Plan struct {
 	Kill *Kill
 	// Hostile, when set, is a hostile input the restore is given.
 	Hostile Hostile
+	// Pod makes it a pod (podRun): its sandbox and containers, in one VM.
+	Pod bool
 }
 
 // exitCode is what a self-exiting init exits with.
 const exitCode = 7
 
 func (p Plan) String() string {
+	if p.Pod {
+		return fmt.Sprintf("%s (pod: %s, a sandbox and %d containers in one VM, one replaced)", p.ID, p.Mode, podMembers)
+	}
 	s := fmt.Sprintf("%s (%s, %s image, %s network", p.ID, p.Mode, p.Image, p.Net)
 	if p.Kill != nil {
 		s += fmt.Sprintf(", kill %s %s +%s", p.Kill.Kind, p.Kill.Point, p.Kill.Delay)
@@ -149,6 +154,19 @@ func makePlans(prefix string, n int, killRate, ordinaryShare, hostileShare float
 	}
 	addHostile(plans, killed[kills:], int(float64(n)*hostileShare+0.5))
 	return plans
+}
+
+// withPods spreads count pod plans evenly among plans, modes alternating.
+func withPods(plans []Plan, prefix string, count int) []Plan {
+	n := len(plans)
+	out := make([]Plan, 0, n+count)
+	for k := range count {
+		pod := Plan{Index: n + k, ID: fmt.Sprintf("%s-pod%02d", prefix, k), Mode: []hypervisor.Mode{hypervisor.ModeMmap, hypervisor.ModeCopy}[k%2],
+			Image: ImageOrdinary, Net: NetNew, Pod: true}
+		at := (k + 1) * n / (count + 1)
+		out = append(append(out, plans[len(out)-k:at]...), pod)
+	}
+	return append(out, plans[len(out)-count:]...)
 }
 
 // addHostile gives count of the plans, taken in order, a hostile input

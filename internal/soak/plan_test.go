@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -87,5 +88,32 @@ func TestMakePlansHostileWithoutOrdinary(t *testing.T) {
 	}
 	if n != 10 {
 		t.Fatalf("%d plans with a FIFO as their namespace, want 10", n)
+	}
+}
+
+// TestWithPods: pods are spread among the plans, which keep their order,
+// with ids and indexes of their own.
+func TestWithPods(t *testing.T) {
+	plans := makePlans("r", 10, 0, 0, 0, 1)
+	out := withPods(plans, "r", 3)
+	var kept []Plan
+	ids := map[string]bool{}
+	var at []int
+	for i, p := range out {
+		if ids[p.ID] {
+			t.Fatalf("id %s twice", p.ID)
+		}
+		ids[p.ID] = true
+		if p.Pod {
+			at = append(at, i)
+			if p.Index < 10 || p.Image != ImageOrdinary {
+				t.Errorf("pod plan %s: index %d, image %s; want an index after the restores' and the ordinary image", p, p.Index, p.Image)
+			}
+			continue
+		}
+		kept = append(kept, p)
+	}
+	if len(at) != 3 || at[0] == 0 || at[2] == len(out)-1 || !reflect.DeepEqual(kept, plans) {
+		t.Fatalf("pods at %v of %d plans, the rest %v; want 3 pods among the plans, which keep their order", at, len(out), kept)
 	}
 }

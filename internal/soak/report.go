@@ -92,6 +92,9 @@ func (r *Result) mix() string {
 		if p.Hostile != "" {
 			counts["hostile "+string(p.Hostile)]++
 		}
+		if p.Pod {
+			counts["pod"]++
+		}
 	}
 	part := func(label string, keys ...string) string {
 		var parts []string
@@ -108,6 +111,7 @@ func (r *Result) mix() string {
 		part("network", "net "+string(NetHost), "net "+string(NetNew), "net "+string(NetPair)) +
 			" (host: none; new: ctr's default, a namespace the shim makes; veth: a namespace the soak made with a veth to a peer namespace, which the guest pings)",
 		fmt.Sprintf("%d with an exec", counts["exec"]),
+		fmt.Sprintf("%d pods (a sandbox whose task restores the pod's VM with a pod base snapshot's disk slots, %d busybox containers joining it, one killed and a new one joining in its place, one running an exec)", counts["pod"], podMembers),
 		part("hostile", hostileKeys()...) + " (fifo-bind, nfs, fifo-netns: refused at create, naming the input; links: a bind whose links point out of it, nothing outside reaches the guest; empty-dir: mounted and written)",
 	}, "; ")
 }

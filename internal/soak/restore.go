@@ -69,10 +69,15 @@ type run struct {
 	// stuck is set when the task never exited after a kill: a failure
 	// even for a killed restore.
 	stuck error
+	// pod, when set, makes the container a part of a pod (podRole).
+	pod *podRole
 }
 
 // restore runs plan p through containerd and removes everything it made.
 func (s *soak) restore(ctx context.Context, p Plan) Outcome {
+	if p.Pod {
+		return s.runPod(ctx, p)
+	}
 	start := time.Now()
 	r := &run{s: s, plan: p, last: start}
 	err := r.lifecycle(ctx)
@@ -148,11 +153,16 @@ func (r *run) createContainer(ctx context.Context) error {
 	}
 	// After the network's, so a hostile namespace path takes its place.
 	opts = append(opts, r.s.hostile.specOpt(r.plan.Hostile))
+	var runtimeOpts any
+	if r.pod != nil {
+		opts = append(opts, oci.WithAnnotations(r.pod.annotations()))
+		runtimeOpts = r.s.podOptions
+	}
 	c, err := r.s.client.NewContainer(ctx, r.plan.ID,
 		client.WithImage(img),
 		client.WithSnapshotter(devstack.Snapshotter),
 		client.WithNewSnapshot(r.plan.ID, img),
-		client.WithRuntime(devstack.Runtime, nil),
+		client.WithRuntime(devstack.Runtime, runtimeOpts),
 		client.WithNewSpec(opts...))
 	if err != nil {
 		return fmt.Errorf("create container: %w", err)
@@ -172,9 +182,14 @@ func (r *run) script() string {
 	if r.plan.Net == NetPair {
 		lines = append(lines, fmt.Sprintf("ping -c 1 -W 10 %s >/dev/null && echo %s || echo net-failed", peerAddr.IP, netOK))
 	}
-	if r.plan.SelfExit {
+	switch {
+	case r.plan.SelfExit:
 		lines = append(lines, fmt.Sprintf("exit %d", exitCode))
-	} else {
+	case r.pod != nil:
+		// Pid 1 of its PID namespace, as a pod's processes are, gets no
+		// signal it does not handle: the soak's SIGTERM needs a trap.
+		lines = append(lines, "trap 'exit 143' TERM", "sleep 600 & wait")
+	default:
 		lines = append(lines, "exec sleep 600")
 	}
 	return strings.Join(lines, "\n")

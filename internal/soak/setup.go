@@ -16,8 +16,9 @@ import (
 const busyboxRef = "localhost/cocoon-soak/busybox:1"
 
 // setup connects to containerd and the snapshotter and imports the images
-// into the cocoon snapshotter: the snapshot image and, when the soak runs
-// ordinary images, a two-layer busybox image it builds. It lays out the
+// into the cocoon snapshotter: the snapshot image, the pods' when it runs
+// pods, and, when it runs ordinary images or pods, a two-layer busybox
+// image it builds. It lays out the
 // files the hostile inputs name.
 func (s *soak) setup(ctx context.Context) error {
 	var err error
@@ -34,7 +35,15 @@ func (s *soak) setup(ctx context.Context) error {
 	if s.images[ImageChain], err = s.importImage(ctx, s.opts.Image); err != nil {
 		return err
 	}
-	if s.opts.OrdinaryShare == 0 {
+	if s.opts.Pods > 0 {
+		if _, err := s.importImage(ctx, s.opts.PodImage); err != nil {
+			return err
+		}
+		if s.podOptions, err = s.writePodConfig(); err != nil {
+			return err
+		}
+	}
+	if s.opts.OrdinaryShare == 0 && s.opts.Pods == 0 {
 		return nil
 	}
 	bb, err := testimage.Busybox(testimage.BusyboxOptions{

@@ -53,6 +53,14 @@ type Options struct {
 	// OrdinaryShare is the share of restores of the busybox image on the
 	// base snapshot; 0 runs none.
 	OrdinaryShare float64
+	// Pods is how many pods run among the restores: a sandbox whose task
+	// restores the pod's VM from PodImage (shim.pod_vm = "pod") and
+	// containers of the busybox image joining it, one killed and replaced,
+	// one running an exec.
+	Pods int
+	// PodImage is the pods' base snapshot, baked with disk slots for
+	// their containers; needed when Pods > 0.
+	PodImage Image
 	// HostileShare is the share of restores given a hostile input (a
 	// FIFO or an nfs mount to refuse, links out of a bind, ...); those
 	// needing mounts go to ordinary-image restores only.
@@ -82,6 +90,8 @@ func (o *Options) check() error {
 		return errors.New("soak: no snapshot image: want its archive and reference")
 	case o.Restores < 1:
 		return fmt.Errorf("soak: %d restores: want at least 1", o.Restores)
+	case o.Pods < 0 || (o.Pods > 0 && (o.PodImage.Ref == "" || o.PodImage.Archive == "")):
+		return fmt.Errorf("soak: %d pods with pod image %q: want none, or a pod image (a snapshot image baked with disk slots)", o.Pods, o.PodImage.Ref)
 	case o.Parallel < 0, o.KillRate < 0 || o.KillRate > 1, o.OrdinaryShare < 0 || o.OrdinaryShare > 1,
 		o.HostileShare < 0 || o.HostileShare > 1:
 		return fmt.Errorf("soak: parallel %d, kill rate %g, ordinary share %g, hostile share %g: want parallel >= 0 and shares in [0, 1]",
@@ -115,6 +125,9 @@ type soak struct {
 	pairs    pairs
 	hostile  *hostileFixture
 	tapNames map[string]struct{}
+	// podOptions are the pods' runtime options: the config with one VM
+	// per pod.
+	podOptions any
 	// randomContent is the busybox image's testimage.RandomFile.
 	randomContent string
 }
@@ -153,7 +166,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if err := s.setup(ctx); err != nil {
 		return nil, err
 	}
-	plans := makePlans(runID, opts.Restores, opts.KillRate, opts.OrdinaryShare, opts.HostileShare, opts.Seed)
+	plans := withPods(makePlans(runID, opts.Restores, opts.KillRate, opts.OrdinaryShare, opts.HostileShare, opts.Seed), runID, opts.Pods)
 	for _, p := range append(plans, s.warmups(runID)...) {
 		s.tapNames[network.TapName(p.ID)] = struct{}{}
 	}
@@ -218,6 +231,9 @@ func (s *soak) warmups(runID string) []Plan {
 		for _, m := range []hypervisor.Mode{hypervisor.ModeCopy, hypervisor.ModeMmap} {
 			out = append(out, Plan{Index: -1, ID: fmt.Sprintf("%s-warm-%s-%s", runID, img, m), Mode: m, Image: img, Net: NetPair})
 		}
+	}
+	if s.opts.Pods > 0 {
+		out = append(out, Plan{Index: -1, ID: runID + "-warm-pod", Mode: hypervisor.ModeMmap, Image: ImageOrdinary, Net: NetNew, Pod: true})
 	}
 	return out
 }

@@ -13,26 +13,32 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
-// shortRestores is the soak `make test` runs; `make soak` runs 1000.
-const shortRestores = 50
+// shortRestores and shortPods are the soak `make test` runs; `make soak`
+// runs 1000 restores and 50 pods.
+const (
+	shortRestores = 50
+	shortPods     = 2
+)
 
 // TestSoak is the short soak: 50 restores through containerd, mixed copy
 // and mmap, 8 at a time, a tenth of them killed (task, shim or QEMU), a
-// quarter of them of an ordinary image. It fails on a restore that failed
-// other than by its kill, and on any count that did not come back.
+// quarter of them of an ordinary image, and two pods (a sandbox and two
+// containers in one VM, one container killed and replaced). It fails on a
+// restore that failed other than by its kill, and on any count that did
+// not come back.
 func TestSoak(t *testing.T) {
 	testenv.QEMU(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
 	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server", "cocoonctl"} {
 		testenv.Bin(t, name)
 	}
-	img := image(t, bin)
+	img, podImg := image(t, bin, 0), image(t, bin, PodDiskSlots)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	logs := filepath.Join(t.TempDir(), "daemons.log")
 	res, err := Run(ctx, Options{
 		BinDir: bin, Image: img, Restores: shortRestores, Parallel: 8, KillRate: 0.1, OrdinaryShare: 0.25, HostileShare: 0.1,
-		Progress: testWriter{t}, Logs: logs,
+		Pods: shortPods, PodImage: podImg, Progress: testWriter{t}, Logs: logs,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -52,13 +58,14 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// image is the soak's snapshot image: the project's guest booted on QEMU,
-// snapshotted and packed as an OCI archive, cached in build/snapshots as
-// for the demo and the benchmark.
-func image(t *testing.T, bin string) Image {
+// image is a soak's snapshot image: the project's guest booted on QEMU,
+// snapshotted with slots spare disk slots and packed as an OCI archive,
+// cached in build/snapshots as for the demo and the benchmark.
+func image(t *testing.T, bin string, slots int) Image {
 	t.Helper()
 	img, err := stackrun.EnsureImage(context.Background(), io.Discard, stackrun.ImageSpec{
 		Guest: testenv.Guest(t), Cache: filepath.Join(testenv.RepoRoot(), "build", "snapshots"), Memory: "512M", BinDir: bin,
+		DiskSlots: slots,
 	})
 	if err != nil {
 		t.Fatal(err)

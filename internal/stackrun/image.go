@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -46,6 +47,9 @@ type ImageSpec struct {
 	Cache  string // parent dir of the cached images
 	Memory string // guest memory, e.g. 512M
 	BinDir string // holds cocoonctl
+	// DiskSlots are spare disk slots for the containers of a pod's VM
+	// (cocoonctl bake --disk-slots); 0 bakes none.
+	DiskSlots int
 }
 
 // EnsureImage returns the cached snapshot image for spec, baking and
@@ -57,7 +61,7 @@ func EnsureImage(ctx context.Context, out io.Writer, spec ImageSpec) (SnapshotIm
 	if err != nil {
 		return SnapshotImage{}, fmt.Errorf("guest dir: %w", err)
 	}
-	key, err := imageKey(ctx, guest, spec.Memory)
+	key, err := imageKey(ctx, guest, spec.Memory, spec.DiskSlots)
 	if err != nil {
 		return SnapshotImage{}, err
 	}
@@ -114,7 +118,7 @@ func bakeInto(ctx context.Context, out io.Writer, spec ImageSpec, img SnapshotIm
 	defer os.RemoveAll(tmp)
 	fmt.Fprintf(out, "baking %s guest snapshot %s (cached for later runs)\n", spec.Memory, img.Ref)
 	cmd := exec.CommandContext(ctx, filepath.Join(spec.BinDir, "cocoonctl"), "bake",
-		"--guest", spec.Guest, "--memory", spec.Memory, "--vcpus", "1", "--cmdline", Cmdline,
+		"--guest", spec.Guest, "--memory", spec.Memory, "--vcpus", "1", "--cmdline", Cmdline, "--disk-slots", strconv.Itoa(spec.DiskSlots),
 		"--out", filepath.Join(tmp, "link"), "--image", img.Ref, "--archive", filepath.Join(tmp, "image.tar"),
 		"--timeout", bakeTimeout.String())
 	cmd.Stdout, cmd.Stderr = out, out
@@ -129,7 +133,7 @@ func bakeInto(ctx context.Context, out io.Writer, spec ImageSpec, img SnapshotIm
 }
 
 // imageKey hashes what the baked snapshot depends on.
-func imageKey(ctx context.Context, guest, memory string) (string, error) {
+func imageKey(ctx context.Context, guest, memory string, slots int) (string, error) {
 	info, err := os.ReadFile(filepath.Join(guest, "BUILDINFO"))
 	if err != nil {
 		return "", fmt.Errorf("guest build: %w (make guest)", err)
@@ -143,7 +147,12 @@ func imageKey(ctx context.Context, guest, memory string) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
-	for _, part := range []string{string(info), memory, Cmdline, build} {
+	parts := []string{string(info), memory, Cmdline, build}
+	if slots > 0 {
+		// Only then, so the keys of images without slots stay as they were.
+		parts = append(parts, "disk-slots="+strconv.Itoa(slots))
+	}
+	for _, part := range parts {
 		fmt.Fprintf(h, "%d:%s\n", len(part), part)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -65,8 +66,12 @@ func (s *soak) runPod(ctx context.Context, p Plan) Outcome {
 	}
 	var steps []Step
 	for _, r := range pr.runs {
+		who := strings.TrimPrefix(r.plan.ID[len(p.ID):], "-")
+		if who == "" {
+			who = "sandbox"
+		}
 		for _, st := range r.steps {
-			steps = append(steps, Step{Name: r.plan.ID[len(p.ID):] + " " + st.Name, Took: st.Took})
+			steps = append(steps, Step{Name: who + " " + st.Name, Took: st.Took})
 		}
 	}
 	return Outcome{Plan: p, Err: errors.Join(append(cleanup, err)...), Took: time.Since(start), Steps: steps}

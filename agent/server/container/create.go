@@ -26,7 +26,7 @@ type Container struct {
 	init   *proc
 	disk   string // the serial of its root's disk, "" for a directory
 	// Phases are how long its create's steps took (api.CreatePhases).
-	Phases []Phase
+	Phases []*api.Phase
 
 	startMu sync.Mutex
 	started bool

@@ -28,7 +28,7 @@ func startSleeper(t *testing.T, m *Manager, id, rootfs string, opts ...oci.SpecO
 	}
 	var names []string
 	for _, p := range c.Phases {
-		names = append(names, p.Name)
+		names = append(names, p.GetName())
 	}
 	if !slices.Equal(names, api.CreatePhases) {
 		t.Errorf("create %s timed %v, want %v", id, names, api.CreatePhases)

@@ -1,23 +1,21 @@
 package container
 
-import "time"
+import (
+	"time"
 
-// Phase is how long one step of a create took.
-type Phase struct {
-	Name     string
-	Duration time.Duration
-}
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+)
 
-// clock times a create's steps one after another.
+// clock times a create's steps one after another, as the API reports them.
 type clock struct {
 	last   time.Time
-	phases []Phase
+	phases []*api.Phase
 }
 
 func newClock() *clock { return &clock{last: time.Now()} }
 
 func (c *clock) lap(name string) {
 	now := time.Now()
-	c.phases = append(c.phases, Phase{Name: name, Duration: now.Sub(c.last)})
+	c.phases = append(c.phases, &api.Phase{Name: name, Nanos: now.Sub(c.last).Nanoseconds()})
 	c.last = now
 }

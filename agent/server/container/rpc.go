@@ -28,11 +28,7 @@ func (r *RPC) CreateContainer(ctx context.Context, req *api.CreateContainerReque
 	if err != nil {
 		return nil, err
 	}
-	resp := &api.ContainerProcessResponse{Pid: uint32(c.init.pid)}
-	for _, p := range c.Phases {
-		resp.Phases = append(resp.Phases, &api.Phase{Name: p.Name, Nanos: p.Duration.Nanoseconds()})
-	}
-	return resp, nil
+	return &api.ContainerProcessResponse{Pid: uint32(c.init.pid), Phases: c.Phases}, nil
 }
 
 // StartContainer starts a created container's process.

@@ -67,9 +67,7 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	req.Containerd = s.containerd
 	req.Process = &init.spec
 	if host == nil {
-		if req.Sysctls, err = s.guestSysctls(spec); err != nil {
-			return 0, err
-		}
+		req.Sysctls = s.guestSysctls(spec)
 	}
 	h, err := newOCIHooks(req)
 	if err != nil {
@@ -88,6 +86,9 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 		return 0, err
 	}
 	t.hooks = h
+	if IsPodSandbox(spec) {
+		t.sysctls = sysctlsOf(spec)
+	}
 	s.mu.Lock()
 	s.tasks[r.ID] = t
 	s.mu.Unlock()

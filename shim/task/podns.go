@@ -3,6 +3,7 @@ package task
 import (
 	"fmt"
 	"maps"
+	"slices"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -30,7 +31,7 @@ func refuseHostNamespaces(id string, spec *specs.Spec) error {
 		return nil
 	}
 	for _, h := range hostNamespaces {
-		if !hasNamespace(spec.Linux.Namespaces, h.ns) {
+		if !slices.ContainsFunc(spec.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == h.ns }) {
 			return HostNamespaceError(id, h.field)
 		}
 	}
@@ -44,36 +45,22 @@ func HostNamespaceError(id, field string) error {
 		id, field, field, errdefs.ErrInvalidArgument)
 }
 
-func hasNamespace(in []specs.LinuxNamespace, t specs.LinuxNamespaceType) bool {
-	for _, ns := range in {
-		if ns.Type == t {
-			return true
-		}
-	}
-	return false
-}
-
 // guestSysctls are the sysctls a task's VM sets in its guest, whose
 // namespaces are its pod's: the spec's, over its pod's when the pod's
 // sandbox is a task of this shim (CRI puts a pod's sysctls on its
 // sandbox's spec alone). A container joining its pod's VM sets none: the
 // VM has its pod's.
-func (s *Service) guestSysctls(spec *specs.Spec) (map[string]string, error) {
+func (s *Service) guestSysctls(spec *specs.Spec) map[string]string {
 	out := map[string]string{}
 	if id := spec.Annotations[sandboxIDAnnotation]; id != "" && !IsPodSandbox(spec) {
 		s.mu.Lock()
-		sandbox, ok := s.tasks[id]
-		s.mu.Unlock()
-		if ok {
-			pod, err := readSpec(sandbox.bundle)
-			if err != nil {
-				return nil, fmt.Errorf("read the sysctls of pod %s: %w", id, err)
-			}
-			maps.Copy(out, sysctlsOf(pod))
+		if sandbox, ok := s.tasks[id]; ok {
+			maps.Copy(out, sandbox.sysctls)
 		}
+		s.mu.Unlock()
 	}
 	maps.Copy(out, sysctlsOf(spec))
-	return out, nil
+	return out
 }
 
 func sysctlsOf(spec *specs.Spec) map[string]string {

@@ -37,6 +37,9 @@ type task struct {
 	hooks     *ociHooks
 	// host is the pod VM this container joined; nil for a VM of its own.
 	host Host
+	// sysctls are a pod sandbox's linux.sysctl, the pod's, which its
+	// containers' VMs set (guestSysctls).
+	sysctls map[string]string
 
 	ctx    context.Context // ends when the hypervisor process exits
 	cancel context.CancelFunc

@@ -103,6 +103,8 @@ const (
 	apiVersion5 = 5
 	// apiVersion6 is the first whose Init sets sysctls.
 	apiVersion6 = 6
+	// apiVersion7 is the first with the port calls.
+	apiVersion7 = 7
 )
 
 // requireVersion fails unless the agent speaks API version v: an older one

@@ -232,7 +232,7 @@ func (p *ContainerProcess) CloseStdin(ctx context.Context) error {
 // Stdio returns the process's streams, as Process.Stdio does.
 func (p *ContainerProcess) Stdio() (stdin io.WriteCloser, stdout, stderr io.ReadCloser) {
 	if p.stdin {
-		stdin = newPusher(p.String(), func(ctx context.Context, data []byte) error {
+		stdin = newPusher(fmt.Sprintf("stdin of %s", p), func(ctx context.Context, data []byte) error {
 			_, err := p.c.api.WriteContainerStdin(ctx, &api.WriteContainerStdinRequest{Id: p.ContainerID, ExecId: p.ExecID, Data: data})
 			return err
 		}, p.CloseStdin)
@@ -245,7 +245,7 @@ func (p *ContainerProcess) Stdio() (stdin io.WriteCloser, stdout, stderr io.Read
 }
 
 func (p *ContainerProcess) reader(stream api.Stream) io.ReadCloser {
-	return newPuller(p.String(), stream, func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) {
+	return newPuller(fmt.Sprintf("%s of %s", stream, p), func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) {
 		return p.c.api.ReadContainerOutput(ctx, &api.ReadContainerOutputRequest{Id: p.ContainerID, ExecId: p.ExecID, Stream: stream, MaxBytes: max})
 	})
 }

@@ -58,8 +58,7 @@ func (p *Process) Stdio() (stdin io.WriteCloser, stdout, stderr io.ReadCloser) {
 // outputReader pulls one output stream with ReadOutput calls, so the guest
 // sends only what the reader asks for.
 type outputReader struct {
-	id     string
-	stream api.Stream
+	what   string                                                                 // the stream, as errors name it
 	pull   func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) // one read call
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -67,14 +66,19 @@ type outputReader struct {
 }
 
 func newOutputReader(c *Client, id string, stream api.Stream) *outputReader {
-	return newPuller(id, stream, func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) {
+	return newPuller(streamName(stream, id), func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) {
 		return c.api.ReadOutput(ctx, &api.ReadOutputRequest{Id: id, Stream: stream, MaxBytes: max})
 	})
 }
 
-func newPuller(id string, stream api.Stream, pull func(context.Context, uint32) (*api.ReadOutputResponse, error)) *outputReader {
+// streamName is how errors name a process's output stream.
+func streamName(stream api.Stream, id string) string {
+	return fmt.Sprintf("%s of %q", stream, id)
+}
+
+func newPuller(what string, pull func(context.Context, uint32) (*api.ReadOutputResponse, error)) *outputReader {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &outputReader{id: id, stream: stream, pull: pull, ctx: ctx, cancel: cancel}
+	return &outputReader{what: what, pull: pull, ctx: ctx, cancel: cancel}
 }
 
 func (r *outputReader) Read(p []byte) (int, error) {
@@ -86,8 +90,8 @@ func (r *outputReader) Read(p []byte) (int, error) {
 	}
 	for empty := 0; ; empty++ {
 		if empty == maxEmptyReads {
-			return 0, fmt.Errorf("read %s of %q: the guest answered %d reads with neither data nor end of stream: %w",
-				r.stream, r.id, empty, errdefs.ErrDataLoss)
+			return 0, fmt.Errorf("read %s: the guest answered %d reads with neither data nor end of stream: %w",
+				r.what, empty, errdefs.ErrDataLoss)
 		}
 		if empty > 0 && !sleepCtx(r.ctx, emptyReadBackoff<<(empty-1)) {
 			return 0, os.ErrClosed
@@ -98,11 +102,11 @@ func (r *outputReader) Read(p []byte) (int, error) {
 			if r.ctx.Err() != nil {
 				return 0, os.ErrClosed
 			}
-			return 0, fmt.Errorf("read %s of %q: %w", r.stream, r.id, native(err))
+			return 0, fmt.Errorf("read %s: %w", r.what, native(err))
 		}
 		if len(resp.Data) > want {
-			return 0, fmt.Errorf("read %s of %q: the guest sent %d bytes, %d were asked for: %w",
-				r.stream, r.id, len(resp.Data), want, errdefs.ErrDataLoss)
+			return 0, fmt.Errorf("read %s: the guest sent %d bytes, %d were asked for: %w",
+				r.what, len(resp.Data), want, errdefs.ErrDataLoss)
 		}
 		r.eof = resp.Eof
 		if n := copy(p, resp.Data); n > 0 || r.eof {
@@ -136,7 +140,7 @@ func (r *outputReader) Close() error {
 // a write in progress: an agent that does not answer (a paused VM) cannot
 // hold the writer, or the caller closing it, for ever.
 type stdinWriter struct {
-	id     string
+	what   string                                       // the stream, as errors name it
 	push   func(ctx context.Context, data []byte) error // one write call
 	end    func(ctx context.Context) error              // the close call
 	ctx    context.Context
@@ -145,15 +149,15 @@ type stdinWriter struct {
 }
 
 func newStdinWriter(c *Client, id string) *stdinWriter {
-	return newPusher(id, func(ctx context.Context, data []byte) error {
+	return newPusher(fmt.Sprintf("stdin of %q", id), func(ctx context.Context, data []byte) error {
 		_, err := c.api.WriteStdin(ctx, &api.WriteStdinRequest{Id: id, Data: data})
 		return err
 	}, func(ctx context.Context) error { return c.CloseStdin(ctx, id) })
 }
 
-func newPusher(id string, push func(context.Context, []byte) error, end func(context.Context) error) *stdinWriter {
+func newPusher(what string, push func(context.Context, []byte) error, end func(context.Context) error) *stdinWriter {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &stdinWriter{id: id, push: push, end: end, ctx: ctx, cancel: cancel}
+	return &stdinWriter{what: what, push: push, end: end, ctx: ctx, cancel: cancel}
 }
 
 func (w *stdinWriter) Write(p []byte) (int, error) {
@@ -164,7 +168,7 @@ func (w *stdinWriter) Write(p []byte) (int, error) {
 			if w.ctx.Err() != nil {
 				return n, os.ErrClosed
 			}
-			return n, fmt.Errorf("write stdin of %q: %w", w.id, native(err))
+			return n, fmt.Errorf("write %s: %w", w.what, native(err))
 		}
 		n += len(chunk)
 		p = p[len(chunk):]

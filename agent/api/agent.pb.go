@@ -2305,6 +2305,252 @@ func (x *ResizeContainerPtyRequest) GetHeight() uint32 {
 	return 0
 }
 
+type OpenPortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortRequest) Reset() {
+	*x = OpenPortRequest{}
+	mi := &file_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortRequest) ProtoMessage() {}
+
+func (x *OpenPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortRequest.ProtoReflect.Descriptor instead.
+func (*OpenPortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *OpenPortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type OpenPortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortResponse) Reset() {
+	*x = OpenPortResponse{}
+	mi := &file_agent_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortResponse) ProtoMessage() {}
+
+func (x *OpenPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortResponse.ProtoReflect.Descriptor instead.
+func (*OpenPortResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *OpenPortResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type ReadPortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	MaxBytes      uint32                 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadPortRequest) Reset() {
+	*x = ReadPortRequest{}
+	mi := &file_agent_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadPortRequest) ProtoMessage() {}
+
+func (x *ReadPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadPortRequest.ProtoReflect.Descriptor instead.
+func (*ReadPortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ReadPortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ReadPortRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type WritePortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WritePortRequest) Reset() {
+	*x = WritePortRequest{}
+	mi := &file_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WritePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WritePortRequest) ProtoMessage() {}
+
+func (x *WritePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WritePortRequest.ProtoReflect.Descriptor instead.
+func (*WritePortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *WritePortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *WritePortRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ClosePortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// write_only closes the connection for writing only: the guest's peer
+	// reads its end, and what it sends back can still be read.
+	WriteOnly     bool `protobuf:"varint,2,opt,name=write_only,json=writeOnly,proto3" json:"write_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosePortRequest) Reset() {
+	*x = ClosePortRequest{}
+	mi := &file_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosePortRequest) ProtoMessage() {}
+
+func (x *ClosePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosePortRequest.ProtoReflect.Descriptor instead.
+func (*ClosePortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ClosePortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ClosePortRequest) GetWriteOnly() bool {
+	if x != nil {
+		return x.WriteOnly
+	}
+	return false
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2470,12 +2716,26 @@ const file_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x14\n" +
 	"\x05width\x18\x03 \x01(\rR\x05width\x12\x16\n" +
-	"\x06height\x18\x04 \x01(\rR\x06height* \n" +
+	"\x06height\x18\x04 \x01(\rR\x06height\"%\n" +
+	"\x0fOpenPortRequest\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\"\"\n" +
+	"\x10OpenPortResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\">\n" +
+	"\x0fReadPortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\rR\bmaxBytes\"6\n" +
+	"\x10WritePortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"A\n" +
+	"\x10ClosePortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"write_only\x18\x02 \x01(\bR\twriteOnly* \n" +
 	"\x06Stream\x12\n" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\x9f\x10\n" +
+	"\x06STDERR\x10\x012\xd3\x12\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Ping\x12\x16.google.protobuf.Empty\x1a\x1d.cocoon.agent.v1.PingResponse\x12C\n" +
 	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x1d.cocoon.agent.v1.InitResponse\x12C\n" +
@@ -2505,7 +2765,11 @@ const file_agent_proto_rawDesc = "" +
 	"\x13ReadContainerOutput\x12+.cocoon.agent.v1.ReadContainerOutputRequest\x1a#.cocoon.agent.v1.ReadOutputResponse\x12Z\n" +
 	"\x13WriteContainerStdin\x12+.cocoon.agent.v1.WriteContainerStdinRequest\x1a\x16.google.protobuf.Empty\x12P\n" +
 	"\x13CloseContainerStdin\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.google.protobuf.Empty\x12X\n" +
-	"\x12ResizeContainerPty\x12*.cocoon.agent.v1.ResizeContainerPtyRequest\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
+	"\x12ResizeContainerPty\x12*.cocoon.agent.v1.ResizeContainerPtyRequest\x1a\x16.google.protobuf.Empty\x12O\n" +
+	"\bOpenPort\x12 .cocoon.agent.v1.OpenPortRequest\x1a!.cocoon.agent.v1.OpenPortResponse\x12Q\n" +
+	"\bReadPort\x12 .cocoon.agent.v1.ReadPortRequest\x1a#.cocoon.agent.v1.ReadOutputResponse\x12F\n" +
+	"\tWritePort\x12!.cocoon.agent.v1.WritePortRequest\x1a\x16.google.protobuf.Empty\x12F\n" +
+	"\tClosePort\x12!.cocoon.agent.v1.ClosePortRequest\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -2520,7 +2784,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                        // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),               // 1: cocoon.agent.v1.PingResponse
@@ -2556,31 +2820,36 @@ var file_agent_proto_goTypes = []any{
 	(*ReadContainerOutputRequest)(nil), // 31: cocoon.agent.v1.ReadContainerOutputRequest
 	(*WriteContainerStdinRequest)(nil), // 32: cocoon.agent.v1.WriteContainerStdinRequest
 	(*ResizeContainerPtyRequest)(nil),  // 33: cocoon.agent.v1.ResizeContainerPtyRequest
-	nil,                                // 34: cocoon.agent.v1.InitRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),      // 35: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                  // 36: google.protobuf.Any
-	(*emptypb.Empty)(nil),              // 37: google.protobuf.Empty
+	(*OpenPortRequest)(nil),            // 34: cocoon.agent.v1.OpenPortRequest
+	(*OpenPortResponse)(nil),           // 35: cocoon.agent.v1.OpenPortResponse
+	(*ReadPortRequest)(nil),            // 36: cocoon.agent.v1.ReadPortRequest
+	(*WritePortRequest)(nil),           // 37: cocoon.agent.v1.WritePortRequest
+	(*ClosePortRequest)(nil),           // 38: cocoon.agent.v1.ClosePortRequest
+	nil,                                // 39: cocoon.agent.v1.InitRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),      // 40: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                  // 41: google.protobuf.Any
+	(*emptypb.Empty)(nil),              // 42: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	35, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	40, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
 	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
-	34, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
+	39, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
 	6,  // 6: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
 	8,  // 7: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
 	10, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
 	0,  // 9: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	35, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	40, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	19, // 11: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
 	7,  // 12: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
 	4,  // 13: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
 	25, // 14: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
-	36, // 15: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	35, // 16: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	41, // 15: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	40, // 16: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
 	0,  // 17: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	37, // 18: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	42, // 18: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
 	2,  // 19: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
 	9,  // 20: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
 	15, // 21: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
@@ -2591,9 +2860,9 @@ var file_agent_proto_depIdxs = []int32{
 	17, // 26: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
 	18, // 27: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
 	15, // 28: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	37, // 29: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	37, // 30: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	37, // 31: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	42, // 29: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	42, // 30: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	42, // 31: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
 	22, // 32: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
 	23, // 33: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
 	23, // 34: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
@@ -2606,34 +2875,42 @@ var file_agent_proto_depIdxs = []int32{
 	32, // 41: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
 	23, // 42: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
 	33, // 43: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
-	1,  // 44: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 45: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	11, // 46: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	11, // 47: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	13, // 48: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	37, // 49: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	37, // 50: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	16, // 51: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	37, // 52: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	37, // 53: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	37, // 54: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	20, // 55: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	21, // 56: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	37, // 57: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	24, // 58: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	24, // 59: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	37, // 60: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	37, // 61: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	27, // 62: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	24, // 63: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	37, // 64: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	30, // 65: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	13, // 66: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	37, // 67: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	37, // 68: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	37, // 69: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	44, // [44:70] is the sub-list for method output_type
-	18, // [18:44] is the sub-list for method input_type
+	34, // 44: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
+	36, // 45: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
+	37, // 46: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
+	38, // 47: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
+	1,  // 48: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 49: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	11, // 50: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	11, // 51: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	13, // 52: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	42, // 53: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	42, // 54: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	16, // 55: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	42, // 56: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	42, // 57: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	42, // 58: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	20, // 59: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	21, // 60: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	42, // 61: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	24, // 62: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	24, // 63: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	42, // 64: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	42, // 65: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	27, // 66: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	24, // 67: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	42, // 68: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	30, // 69: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	13, // 70: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	42, // 71: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	42, // 72: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	42, // 73: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	35, // 74: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
+	13, // 75: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
+	42, // 76: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
+	42, // 77: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
+	48, // [48:78] is the sub-list for method output_type
+	18, // [18:48] is the sub-list for method input_type
 	18, // [18:18] is the sub-list for extension type_name
 	18, // [18:18] is the sub-list for extension extendee
 	0,  // [0:18] is the sub-list for field type_name
@@ -2651,7 +2928,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,10 @@ type AgentService interface {
 	WriteContainerStdin(context.Context, *WriteContainerStdinRequest) (*emptypb.Empty, error)
 	CloseContainerStdin(context.Context, *ContainerRequest) (*emptypb.Empty, error)
 	ResizeContainerPty(context.Context, *ResizeContainerPtyRequest) (*emptypb.Empty, error)
+	OpenPort(context.Context, *OpenPortRequest) (*OpenPortResponse, error)
+	ReadPort(context.Context, *ReadPortRequest) (*ReadOutputResponse, error)
+	WritePort(context.Context, *WritePortRequest) (*emptypb.Empty, error)
+	ClosePort(context.Context, *ClosePortRequest) (*emptypb.Empty, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -221,6 +225,34 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ResizeContainerPty(ctx, &req)
+			},
+			"OpenPort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req OpenPortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.OpenPort(ctx, &req)
+			},
+			"ReadPort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ReadPortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ReadPort(ctx, &req)
+			},
+			"WritePort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WritePortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WritePort(ctx, &req)
+			},
+			"ClosePort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ClosePortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ClosePort(ctx, &req)
 			},
 		},
 	})
@@ -439,6 +471,38 @@ func (c *agentClient) CloseContainerStdin(ctx context.Context, req *ContainerReq
 func (c *agentClient) ResizeContainerPty(ctx context.Context, req *ResizeContainerPtyRequest) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ResizeContainerPty", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) OpenPort(ctx context.Context, req *OpenPortRequest) (*OpenPortResponse, error) {
+	var resp OpenPortResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "OpenPort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ReadPort(ctx context.Context, req *ReadPortRequest) (*ReadOutputResponse, error) {
+	var resp ReadOutputResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ReadPort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) WritePort(ctx context.Context, req *WritePortRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "WritePort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ClosePort(ctx context.Context, req *ClosePortRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ClosePort", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -23,3 +23,6 @@ const (
 	MaxSysctlKey   = 256
 	MaxSysctlValue = 4096
 )
+
+// MaxPortConns bounds the port-forward connections open in a guest at once.
+const MaxPortConns = 256

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/container"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/ports"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/rpcerr"
 )
 
@@ -22,8 +23,8 @@ import (
 // and rootfs; Exec carries rlimits, umask and no_new_privileges. 3: Init
 // prepares a process that Start starts, and answers with the version. 4:
 // the container calls (runc in the guest). 5: Exec's own_pid_namespace.
-// 6: Init's sysctls.
-const Version = "6"
+// 6: Init's sysctls. 7: the port calls.
+const Version = "7"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond
@@ -35,6 +36,7 @@ const DefaultStateDir = "/run/cocoon"
 // Service implements api.AgentService.
 type Service struct {
 	*container.RPC // the container calls
+	*ports.Conns   // the port calls
 
 	sys      System
 	net      Network // nil: the agent manages no NIC
@@ -96,6 +98,7 @@ func New(sys System, opts ...Option) *Service {
 		cfg.Roots = containerRoots{s}
 	}
 	s.RPC = container.NewRPC(container.New(cfg))
+	s.Conns = ports.New()
 	s.findRootfs()
 	return s
 }

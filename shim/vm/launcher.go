@@ -223,6 +223,10 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 	if err != nil {
 		return nil, nil, err
 	}
+	phases := res.Report.Phases
+	if began := time.Now(); p.net.forwardPorts(ctx, res.Agent, cfg.Agent.CallTimeout.D()) {
+		phases = append(phases, restore.Phase{Name: PhasePortForward, Duration: config.Duration(time.Since(began))})
+	}
 	var host task.Host
 	guest := NewGuest(res.Agent, cfg.Agent.CallTimeout.D())
 	if task.IsPodSandbox(r.Spec) {
@@ -244,7 +248,7 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		NetworkRecord: spawn.Network,
 		Base:          p.src.base,
 		BaseRecord:    spawn.Base,
-	}, res.Report.Phases, nil
+	}, phases, nil
 }
 
 func (s source) diskPath() string {

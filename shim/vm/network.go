@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -28,6 +29,7 @@ type vmNetwork struct {
 	path  string // the spec's namespace path; "" for one the shim made
 	tap   *network.Tap
 	iface *network.Interface // nil until connected, or with nothing to take over
+	fwd   *portForward       // nil until forwardPorts, or in a namespace the shim made
 }
 
 // openNetwork prepares the network of task id's VM from its spec: none
@@ -123,6 +125,26 @@ func (n *vmNetwork) guest() *agent.Network {
 	return guestNetwork(n.iface)
 }
 
+// forwardPorts carries the connections made over the loopback of the
+// spec's namespace (kubectl port-forward) to the guest. A namespace the
+// shim made has no one to make them. Without a forward the task still
+// runs: the failure is logged, and a port-forward then finds no listener.
+// It says whether it tried.
+func (n *vmNetwork) forwardPorts(ctx context.Context, c *agent.Client, callTimeout time.Duration) bool {
+	if n == nil || n.path == "" {
+		return false
+	}
+	fwd, err := startPortForward(ctx, n.id, n.ns, c, callTimeout)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("id", n.id).Warn("no port-forward into the VM")
+		return true
+	}
+	n.mu.Lock()
+	n.fwd = fwd
+	n.mu.Unlock()
+	return true
+}
+
 // record is what `shim delete` needs to release the network after a crash:
 // names only. A namespace the shim made dies with the hypervisor, taking
 // the tap with it, so it is not recorded.
@@ -154,14 +176,15 @@ func (n *vmNetwork) Release() error {
 		return nil
 	}
 	n.closeTap()
+	err := n.fwd.stop()
+	n.fwd = nil
 	var ifaceName string
 	if n.iface != nil {
 		ifaceName = n.iface.Name
 	}
 	// By the handle held, not the path: a namespace whose bind mount went
 	// away meanwhile still lives, and so would the tap and redirects.
-	err := n.ns.ReleaseTap(ifaceName, n.tap.Name)
-	err = errors.Join(err, n.ns.Close())
+	err = errors.Join(err, n.ns.ReleaseTap(ifaceName, n.tap.Name), n.ns.Close())
 	n.ns = nil
 	return err
 }

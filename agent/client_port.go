@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
@@ -41,6 +43,7 @@ func (c *Client) DialPort(ctx context.Context, port uint16) (*PortConn, error) {
 		_, err := c.api.WritePort(ctx, &api.WritePortRequest{Id: p.id, Data: data})
 		return err
 	}, func(ctx context.Context) error { return p.close(ctx, true) })
+	p.r.chunk, p.w.chunk = api.MaxPortChunk, api.MaxPortChunk
 	return p, nil
 }
 
@@ -49,6 +52,40 @@ func (p *PortConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // Write sends b to the guest's side.
 func (p *PortConn) Write(b []byte) (int, error) { return p.w.Write(b) }
+
+// WriteTo copies what the guest's side sends to w until its end, a call
+// of up to api.MaxPortChunk bytes at a time (io.Copy's buffer would make
+// each call carry 32 KiB).
+func (p *PortConn) WriteTo(w io.Writer) (int64, error) {
+	return copyChunks(w, p.r)
+}
+
+// ReadFrom sends what r reads to the guest's side until r's end, up to
+// api.MaxPortChunk bytes a call.
+func (p *PortConn) ReadFrom(r io.Reader) (int64, error) {
+	return copyChunks(p.w, r)
+}
+
+func copyChunks(w io.Writer, r io.Reader) (int64, error) {
+	buf := make([]byte, api.MaxPortChunk)
+	var total int64
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			m, werr := w.Write(buf[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
 
 // CloseWrite tells the guest's side that nothing more comes; what it sends
 // back can still be read.

@@ -59,6 +59,7 @@ func (p *Process) Stdio() (stdin io.WriteCloser, stdout, stderr io.ReadCloser) {
 // sends only what the reader asks for.
 type outputReader struct {
 	what   string                                                                 // the stream, as errors name it
+	chunk  int                                                                    // bounds one read call
 	pull   func(ctx context.Context, max uint32) (*api.ReadOutputResponse, error) // one read call
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -78,7 +79,7 @@ func streamName(stream api.Stream, id string) string {
 
 func newPuller(what string, pull func(context.Context, uint32) (*api.ReadOutputResponse, error)) *outputReader {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &outputReader{what: what, pull: pull, ctx: ctx, cancel: cancel}
+	return &outputReader{what: what, chunk: stdioChunk, pull: pull, ctx: ctx, cancel: cancel}
 }
 
 func (r *outputReader) Read(p []byte) (int, error) {
@@ -96,7 +97,7 @@ func (r *outputReader) Read(p []byte) (int, error) {
 		if empty > 0 && !sleepCtx(r.ctx, emptyReadBackoff<<(empty-1)) {
 			return 0, os.ErrClosed
 		}
-		want := min(len(p), stdioChunk)
+		want := min(len(p), r.chunk)
 		resp, err := r.pull(r.ctx, uint32(want))
 		if err != nil {
 			if r.ctx.Err() != nil {
@@ -141,6 +142,7 @@ func (r *outputReader) Close() error {
 // hold the writer, or the caller closing it, for ever.
 type stdinWriter struct {
 	what   string                                       // the stream, as errors name it
+	chunk  int                                          // bounds one write call
 	push   func(ctx context.Context, data []byte) error // one write call
 	end    func(ctx context.Context) error              // the close call
 	ctx    context.Context
@@ -157,13 +159,13 @@ func newStdinWriter(c *Client, id string) *stdinWriter {
 
 func newPusher(what string, push func(context.Context, []byte) error, end func(context.Context) error) *stdinWriter {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &stdinWriter{what: what, push: push, end: end, ctx: ctx, cancel: cancel}
+	return &stdinWriter{what: what, chunk: stdioChunk, push: push, end: end, ctx: ctx, cancel: cancel}
 }
 
 func (w *stdinWriter) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
-		chunk := p[:min(len(p), stdioChunk)]
+		chunk := p[:min(len(p), w.chunk)]
 		if err := w.push(w.ctx, chunk); err != nil {
 			if w.ctx.Err() != nil {
 				return n, os.ErrClosed

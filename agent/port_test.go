@@ -45,7 +45,7 @@ func upperServer(t *testing.T) uint16 {
 func TestDialPortConcurrent(t *testing.T) {
 	c := newHarness(t).client(t)
 	port := upperServer(t)
-	payload := strings.Repeat("abcdefgh", 10<<10) // 80 KiB: several reads and writes
+	payload := strings.Repeat("abcdefgh", 320<<10) // 2.5 MiB: several reads and writes
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for i := range 16 {
@@ -71,18 +71,20 @@ func roundTrip(t *testing.T, c *agent.Client, port uint16, msg string) error {
 		return err
 	}
 	defer p.Close()
-	if _, err := io.WriteString(p, msg); err != nil {
+	// io.Copy takes PortConn's ReadFrom and WriteTo, the relay's path.
+	if _, err := io.Copy(p, strings.NewReader(msg)); err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
 	if err := p.CloseWrite(); err != nil {
 		return fmt.Errorf("half-close: %w", err)
 	}
-	got, err := io.ReadAll(p)
+	var got strings.Builder
+	_, err = io.Copy(&got, p)
 	if err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
-	if want := strings.ToUpper(msg); string(got) != want {
-		return fmt.Errorf("got %d bytes %.20q..., want %d bytes %.20q...", len(got), got, len(want), want)
+	if want := strings.ToUpper(msg); got.String() != want {
+		return fmt.Errorf("got %d bytes %.20q..., want %d bytes %.20q...", got.Len(), got.String(), len(want), want)
 	}
 	return nil
 }

@@ -24,5 +24,10 @@ const (
 	MaxSysctlValue = 4096
 )
 
-// MaxPortConns bounds the port-forward connections open in a guest at once.
-const MaxPortConns = 256
+// Bounds of the port calls: the connections open in a guest at once, and
+// the bytes of one ReadPort reply or WritePort request. A chunk this large
+// pays a call's round trip once for many of the peer's writes.
+const (
+	MaxPortConns = 256
+	MaxPortChunk = 1 << 20
+)

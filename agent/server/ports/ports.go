@@ -12,13 +12,14 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
-	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/procio"
 )
 
 // dialTimeout bounds a connect to the guest's own loopback, which answers
@@ -40,7 +41,7 @@ type Conns struct {
 	conns   map[uint64]*conn
 }
 
-// conn is one open connection; one read at a time, as procio's outputs.
+// conn is one open connection; one read at a time.
 type conn struct {
 	net.Conn
 	rmu sync.Mutex
@@ -103,15 +104,16 @@ func (r *Conns) connect(ctx context.Context, port uint32) (net.Conn, error) {
 }
 
 // ReadPort blocks until the connection has data, reaches its end, or the
-// call ends; it returns at most max_bytes (procio.MaxRead when 0).
+// call ends, and returns that data with whatever else arrived meanwhile:
+// at most max_bytes (api.MaxPortChunk when 0).
 func (r *Conns) ReadPort(ctx context.Context, req *api.ReadPortRequest) (*api.ReadOutputResponse, error) {
 	c, err := r.get(req.Id)
 	if err != nil {
 		return nil, err
 	}
 	max := int(req.MaxBytes)
-	if max <= 0 || max > procio.MaxRead {
-		max = procio.MaxRead
+	if max <= 0 || max > api.MaxPortChunk {
+		max = api.MaxPortChunk
 	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
@@ -120,6 +122,9 @@ func (r *Conns) ReadPort(ctx context.Context, req *api.ReadPortRequest) (*api.Re
 	defer stop()
 	buf := make([]byte, max)
 	n, err := c.Read(buf)
+	if err == nil {
+		n += c.readQueued(buf[n:])
+	}
 	switch {
 	case err == nil:
 		return &api.ReadOutputResponse{Data: buf[:n]}, nil
@@ -131,8 +136,27 @@ func (r *Conns) ReadPort(ctx context.Context, req *api.ReadPortRequest) (*api.Re
 	return nil, fmt.Errorf("read port connection %d: %w", req.Id, err)
 }
 
+// readQueued reads into buf what the socket holds already, without
+// waiting for more.
+func (c *conn) readQueued(buf []byte) int {
+	rc, err := c.Conn.(syscall.Conn).SyscallConn()
+	if err != nil {
+		return 0
+	}
+	queued := 0
+	_ = rc.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	if queued <= 0 || len(buf) == 0 {
+		return 0
+	}
+	n, _ := io.ReadFull(c.Conn, buf[:min(queued, len(buf))])
+	return n
+}
+
 // WritePort writes all of req's data, giving up when the call ends.
 func (r *Conns) WritePort(ctx context.Context, req *api.WritePortRequest) (*emptypb.Empty, error) {
+	if len(req.Data) > api.MaxPortChunk {
+		return nil, fmt.Errorf("write port connection %d: %d bytes, at most %d a call: %w", req.Id, len(req.Data), api.MaxPortChunk, errdefs.ErrInvalidArgument)
+	}
 	c, err := r.get(req.Id)
 	if err != nil {
 		return nil, err

@@ -89,7 +89,7 @@ func runPodWorkload(t *testing.T, n *node, handler string, podVM func(*testing.T
 func runWorkload(t *testing.T, w *podWorkload) {
 	n := w.n
 	all := []step{{"runp", w.runp}, {"init container", w.initContainer}, {"app and sidecar", w.appAndSidecar},
-		{"port-forward", w.checkPortForward}}
+		{"port-forward", w.checkPortForward}, {"shared volume", w.sharedVolume}}
 	all = append(all, w.vmStep("one VM")...)
 	all = append(all, step{"replace the sidecar", w.replaceSidecar})
 	all = append(all, w.vmStep("same VM after the sidecar's restart")...)
@@ -120,6 +120,26 @@ func (w *podWorkload) appAndSidecar(t *testing.T) {
 	w.sidecar = w.n.startBusybox(t, w.p, "sidecar", sidecarArgs, nil)
 	w.n.waitState(t, w.app, runtimeapi.ContainerState_CONTAINER_RUNNING)
 	w.n.waitLogs(t, w.sidecar, podPage)
+}
+
+// sharedVolume runs two containers binding one host directory, as two
+// containers of a pod mount one emptyDir: what the first writes in it the
+// second reads.
+func (w *podWorkload) sharedVolume(t *testing.T) {
+	dir := t.TempDir()
+	mount := func(c *runtimeapi.ContainerConfig) {
+		c.Mounts = append(c.Mounts, &runtimeapi.Mount{ContainerPath: "/shared", HostPath: dir})
+	}
+	const msg = "written-by-the-pods-writer"
+	writer := w.n.startBusybox(t, w.p, "writer", []string{"sh", "-c", "echo " + msg + " > /shared/msg"}, mount)
+	if st := w.n.waitState(t, writer, runtimeapi.ContainerState_CONTAINER_EXITED); st.Status.ExitCode != 0 {
+		t.Fatalf("the writer exited with %d, want 0", st.Status.ExitCode)
+	}
+	reader := w.n.startBusybox(t, w.p, "reader", []string{"sh", "-c", "until cat /shared/msg; do sleep 0.2; done"}, mount)
+	w.n.waitLogs(t, reader, msg)
+	for _, id := range []string{writer, reader} {
+		w.n.crictl(t, "rm", "-f", id)
+	}
 }
 
 // replaceSidecar stops and removes the sidecar and runs it again under the

@@ -27,6 +27,11 @@ type binds struct {
 	files []agent.File
 	size  int // bytes of file data in files
 	n     int
+	// pod, when set, holds the pod's copies of directories: a directory
+	// another container of the pod binds is bound again, not copied, and
+	// a new one is copied where the pod keeps it, added to copied.
+	pod    *sharedDirs
+	copied map[string]string
 }
 
 // translate turns one spec mount into the guest's.
@@ -47,6 +52,8 @@ func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
 		// The pod's shared memory is shared with no other VM: the
 		// container gets its own.
 		return specs.Mount{Destination: m.Destination, Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "noexec", "mode=1777"}}, nil
+	case st.IsDir() && b.pod != nil:
+		return b.podDir(m)
 	case st.Mode().IsRegular(), st.IsDir():
 		dir := b.dir
 		if dir == "" {
@@ -61,6 +68,27 @@ func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
 		return m, nil
 	}
 	return specs.Mount{}, fmt.Errorf("bind source %s is a %s: a cocoon VM takes copies of regular files and directories only: %w", m.Source, fsmode.TypeName(st.Mode()), errdefs.ErrInvalidArgument)
+}
+
+// podDir binds the pod's copy of directory m.Source, copying it in the
+// first time a container of the pod binds it.
+func (b *binds) podDir(m specs.Mount) (specs.Mount, error) {
+	host := filepath.Clean(m.Source)
+	src, ok := b.pod.find(host)
+	if !ok {
+		if src, ok = b.copied[host]; !ok {
+			src = b.pod.place()
+			if err := b.copy(m.Source, src); err != nil {
+				return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)
+			}
+			if b.copied == nil {
+				b.copied = map[string]string{}
+			}
+			b.copied[host] = src
+		}
+	}
+	m.Source, m.Type = src, "bind"
+	return m, nil
 }
 
 // copy adds the regular file, or the directory tree, at host path src to

@@ -281,3 +281,53 @@ func TestIdentityFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestBindPodDirs: a pod's containers binding one host directory get one
+// copy of it in the guest, made by the first; files stay each container's.
+func TestBindPodDirs(t *testing.T) {
+	host := t.TempDir()
+	dir := filepath.Join(host, "empty-dir")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(host, "hosts")
+	if err := os.WriteFile(file, []byte("127.0.0.1 localhost\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pod := newSharedDirs(podBindSources)
+	mounts := []specs.Mount{
+		{Destination: "/data", Type: "bind", Source: dir, Options: []string{"rbind", "rw"}},
+		{Destination: "/again", Type: "bind", Source: dir + "/", Options: []string{"rbind", "ro"}},
+		{Destination: "/etc/hosts", Type: "bind", Source: file, Options: []string{"rbind", "ro"}},
+	}
+	translate := func(id string) (*binds, []specs.Mount) {
+		b := &binds{dir: path.Join(bindSources, id), pod: pod}
+		var out []specs.Mount
+		for _, m := range mounts {
+			gm, err := b.translate(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, gm)
+		}
+		return b, out
+	}
+	first, a := translate("a")
+	if a[0].Source != a[1].Source || !strings.HasPrefix(a[0].Source, podBindSources+"/") {
+		t.Fatalf("one directory bound twice went to %s and %s, want one copy under %s", a[0].Source, a[1].Source, podBindSources)
+	}
+	if len(first.copied) != 1 || len(first.files) != 2 {
+		t.Fatalf("the first container copies the directory once and its file: copied %v, files %+v", first.copied, first.files)
+	}
+	pod.keep(first.copied)
+	second, b := translate("b")
+	if b[0].Source != a[0].Source {
+		t.Fatalf("the second container binds %s, want the pod's copy %s", b[0].Source, a[0].Source)
+	}
+	if len(second.copied) != 0 || len(second.files) != 1 || second.files[0].Path != b[2].Source || b[2].Source == a[2].Source {
+		t.Fatalf("the second container copies only its own file: copied %v, files %+v", second.copied, second.files)
+	}
+	if b[1].Options[1] != "ro" {
+		t.Fatalf("a bind's own options stay: %v", b[1].Options)
+	}
+}

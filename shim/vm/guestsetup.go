@@ -20,6 +20,10 @@ import (
 // snapshot of its source, taken at create.
 const bindSources = "/run/cocoon/binds"
 
+// podBindSources is where a pod's VM keeps the copies of the directories
+// its containers bind, one per host directory (sharedDirs).
+const podBindSources = bindSources + "/.pod"
+
 // guestFiles are the files CRI and nerdctl bind-mount into a container for
 // its identity on the network; without a container root the guest's own
 // are replaced.

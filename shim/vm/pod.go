@@ -56,6 +56,8 @@ type pod struct {
 	memory      int64 // the guest's RAM, which the containers' limits share
 	callTimeout time.Duration
 
+	dirs *sharedDirs // the copies of directories the containers bind
+
 	mu    sync.Mutex
 	slots []string // the container holding each slot, "" when free
 	// pidHolder is the guest pid of the container whose PID namespace the
@@ -74,7 +76,7 @@ func newPod(res hypervisorVM, c *agent.Client, memory int64, callTimeout time.Du
 			config.PodVMPod, errdefs.ErrFailedPrecondition)
 	}
 	return &pod{agent: c, disks: disks, pid: res.PID(), memory: memory, callTimeout: callTimeout,
-		slots: make([]string, disks.DiskSlots())}, nil
+		dirs: newSharedDirs(podBindSources), slots: make([]string, disks.DiskSlots())}, nil
 }
 
 // hypervisorVM is the part of hypervisor.VM a pod needs.
@@ -91,7 +93,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 	if err := p.checkMemory(r.ID, resourcesOf(r.Spec)); err != nil {
 		return nil, err
 	}
-	spec, files, sharedPID, err := p.guestSpec(r)
+	g, err := p.guestSpec(r)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +101,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
-	m := &member{pod: p, id: r.ID, slot: slot, spec: spec, gone: make(chan struct{}), execs: map[string]*agent.ContainerProcess{}}
+	m := &member{pod: p, id: r.ID, slot: slot, spec: g.spec, gone: make(chan struct{}), execs: map[string]*agent.ContainerProcess{}}
 	defer func() {
 		if retErr != nil {
 			m.release(ctx)
@@ -116,13 +118,14 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 		}
 		clock.lap(PhaseHooks)
 	}
-	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial}, Files: files}
-	if m.init, err = p.agent.CreateContainerFrom(ctx, r.ID, spec, root, r.Process != nil && r.Process.Stdin); err != nil {
+	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial}, Files: g.files}
+	if m.init, err = p.agent.CreateContainerFrom(ctx, r.ID, g.spec, root, r.Process != nil && r.Process.Stdin); err != nil {
 		return nil, err
 	}
 	m.created = true
+	p.dirs.keep(g.copied)
 	clock.lapWithin(PhaseContainer, m.init.Phases)
-	if sharedPID {
+	if g.sharedPID {
 		p.holdPIDs(m.init.Pid)
 	}
 	return &task.Sandbox{
@@ -168,27 +171,40 @@ func (p *pod) bounded(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, p.callTimeout)
 }
 
-// guestSpec is r's spec as the guest's runc takes it, with the copies of
-// its bind sources, which go under a directory of the container's own.
-func (p *pod) guestSpec(r task.LaunchRequest) (_ *specs.Spec, _ []agent.File, sharedPID bool, _ error) {
+// guestContainer is a container as the guest takes it: the spec its runc
+// runs, the copies of bind sources to write first, the directories among
+// them the pod keeps (by host path), and whether it shares the pod's PID
+// namespace.
+type guestContainer struct {
+	spec      *specs.Spec
+	files     []agent.File
+	copied    map[string]string
+	sharedPID bool
+}
+
+// guestSpec is r's container as the guest takes it. Its bind sources that
+// are files are copied under a directory of its own; directories are the
+// pod's (sharedDirs).
+func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 	spec := *r.Spec
-	b := binds{dir: path.Join(bindSources, r.ID)}
+	b := binds{dir: path.Join(bindSources, r.ID), pod: p.dirs}
 	spec.Mounts = nil
 	for _, m := range r.Spec.Mounts {
 		gm, err := b.translate(m)
 		if err != nil {
-			return nil, nil, false, fmt.Errorf("container %s: mount at %s: %w", r.ID, m.Destination, err)
+			return guestContainer{}, fmt.Errorf("container %s: mount at %s: %w", r.ID, m.Destination, err)
 		}
 		spec.Mounts = append(spec.Mounts, gm)
 	}
 	// Hooks run on the host, by the shim; the guest has no host binaries.
 	spec.Hooks = nil
+	g := guestContainer{spec: &spec, files: b.files, copied: b.copied}
 	if spec.Linux != nil {
 		linux := *spec.Linux
-		linux.Namespaces, sharedPID = p.guestNamespaces(linux.Namespaces)
+		linux.Namespaces, g.sharedPID = p.guestNamespaces(linux.Namespaces)
 		spec.Linux = &linux
 	}
-	return &spec, b.files, sharedPID, nil
+	return g, nil
 }
 
 // guestNamespaces maps the host's namespace paths, which CRI gives to

@@ -103,7 +103,7 @@ const (
 	apiVersion5 = 5
 	// apiVersion6 is the first whose Init sets sysctls.
 	apiVersion6 = 6
-	// apiVersion7 is the first with the port calls.
+	// apiVersion7 is the first with the port calls and UpdateFiles.
 	apiVersion7 = 7
 )
 

@@ -2551,6 +2551,58 @@ func (x *ClosePortRequest) GetWriteOnly() bool {
 	return false
 }
 
+type UpdateFilesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Files         []*File                `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	Remove        []string               `protobuf:"bytes,2,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateFilesRequest) Reset() {
+	*x = UpdateFilesRequest{}
+	mi := &file_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateFilesRequest) ProtoMessage() {}
+
+func (x *UpdateFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateFilesRequest.ProtoReflect.Descriptor instead.
+func (*UpdateFilesRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *UpdateFilesRequest) GetFiles() []*File {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *UpdateFilesRequest) GetRemove() []string {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2730,12 +2782,15 @@ const file_agent_proto_rawDesc = "" +
 	"\x10ClosePortRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
 	"\n" +
-	"write_only\x18\x02 \x01(\bR\twriteOnly* \n" +
+	"write_only\x18\x02 \x01(\bR\twriteOnly\"Y\n" +
+	"\x12UpdateFilesRequest\x12+\n" +
+	"\x05files\x18\x01 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x12\x16\n" +
+	"\x06remove\x18\x02 \x03(\tR\x06remove* \n" +
 	"\x06Stream\x12\n" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\xd3\x12\n" +
+	"\x06STDERR\x10\x012\x9f\x13\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Ping\x12\x16.google.protobuf.Empty\x1a\x1d.cocoon.agent.v1.PingResponse\x12C\n" +
 	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x1d.cocoon.agent.v1.InitResponse\x12C\n" +
@@ -2769,7 +2824,8 @@ const file_agent_proto_rawDesc = "" +
 	"\bOpenPort\x12 .cocoon.agent.v1.OpenPortRequest\x1a!.cocoon.agent.v1.OpenPortResponse\x12Q\n" +
 	"\bReadPort\x12 .cocoon.agent.v1.ReadPortRequest\x1a#.cocoon.agent.v1.ReadOutputResponse\x12F\n" +
 	"\tWritePort\x12!.cocoon.agent.v1.WritePortRequest\x1a\x16.google.protobuf.Empty\x12F\n" +
-	"\tClosePort\x12!.cocoon.agent.v1.ClosePortRequest\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
+	"\tClosePort\x12!.cocoon.agent.v1.ClosePortRequest\x1a\x16.google.protobuf.Empty\x12J\n" +
+	"\vUpdateFiles\x12#.cocoon.agent.v1.UpdateFilesRequest\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -2784,7 +2840,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                        // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),               // 1: cocoon.agent.v1.PingResponse
@@ -2825,95 +2881,99 @@ var file_agent_proto_goTypes = []any{
 	(*ReadPortRequest)(nil),            // 36: cocoon.agent.v1.ReadPortRequest
 	(*WritePortRequest)(nil),           // 37: cocoon.agent.v1.WritePortRequest
 	(*ClosePortRequest)(nil),           // 38: cocoon.agent.v1.ClosePortRequest
-	nil,                                // 39: cocoon.agent.v1.InitRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),      // 40: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                  // 41: google.protobuf.Any
-	(*emptypb.Empty)(nil),              // 42: google.protobuf.Empty
+	(*UpdateFilesRequest)(nil),         // 39: cocoon.agent.v1.UpdateFilesRequest
+	nil,                                // 40: cocoon.agent.v1.InitRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                  // 42: google.protobuf.Any
+	(*emptypb.Empty)(nil),              // 43: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	40, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	41, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
 	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
-	39, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
+	40, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
 	6,  // 6: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
 	8,  // 7: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
 	10, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
 	0,  // 9: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	40, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	41, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	19, // 11: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
 	7,  // 12: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
 	4,  // 13: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
 	25, // 14: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
-	41, // 15: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	40, // 16: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	42, // 15: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	41, // 16: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
 	0,  // 17: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	42, // 18: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 19: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	9,  // 20: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	15, // 21: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
-	12, // 22: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	14, // 23: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	15, // 24: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	15, // 25: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	17, // 26: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	18, // 27: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	15, // 28: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	42, // 29: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	42, // 30: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	42, // 31: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	22, // 32: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	23, // 33: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	23, // 34: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	26, // 35: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	23, // 36: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	28, // 37: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
-	29, // 38: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
-	23, // 39: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	31, // 40: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
-	32, // 41: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
-	23, // 42: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
-	33, // 43: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
-	34, // 44: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
-	36, // 45: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
-	37, // 46: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
-	38, // 47: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
-	1,  // 48: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 49: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	11, // 50: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	11, // 51: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	13, // 52: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	42, // 53: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	42, // 54: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	16, // 55: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	42, // 56: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	42, // 57: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	42, // 58: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	20, // 59: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	21, // 60: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	42, // 61: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	24, // 62: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	24, // 63: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	42, // 64: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	42, // 65: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	27, // 66: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	24, // 67: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	42, // 68: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	30, // 69: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	13, // 70: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	42, // 71: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	42, // 72: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	42, // 73: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	35, // 74: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
-	13, // 75: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
-	42, // 76: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
-	42, // 77: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
-	48, // [48:78] is the sub-list for method output_type
-	18, // [18:48] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	4,  // 18: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
+	43, // 19: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 20: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 21: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	15, // 22: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	12, // 23: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	14, // 24: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	15, // 25: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	15, // 26: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	17, // 27: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	18, // 28: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	15, // 29: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	43, // 30: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	43, // 31: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	43, // 32: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	22, // 33: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	23, // 34: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	23, // 35: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	26, // 36: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	23, // 37: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	28, // 38: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
+	29, // 39: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
+	23, // 40: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	31, // 41: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
+	32, // 42: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
+	23, // 43: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
+	33, // 44: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
+	34, // 45: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
+	36, // 46: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
+	37, // 47: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
+	38, // 48: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
+	39, // 49: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
+	1,  // 50: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 51: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	11, // 52: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	11, // 53: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	13, // 54: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	43, // 55: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	43, // 56: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	16, // 57: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	43, // 58: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	43, // 59: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	43, // 60: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	20, // 61: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	21, // 62: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	43, // 63: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	24, // 64: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	24, // 65: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	43, // 66: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	43, // 67: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	27, // 68: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	24, // 69: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	43, // 70: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	30, // 71: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	13, // 72: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	43, // 73: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	43, // 74: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	43, // 75: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	35, // 76: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
+	13, // 77: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
+	43, // 78: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
+	43, // 79: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
+	43, // 80: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
+	50, // [50:81] is the sub-list for method output_type
+	19, // [19:50] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2928,7 +2988,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,7 @@ type AgentService interface {
 	ReadPort(context.Context, *ReadPortRequest) (*ReadOutputResponse, error)
 	WritePort(context.Context, *WritePortRequest) (*emptypb.Empty, error)
 	ClosePort(context.Context, *ClosePortRequest) (*emptypb.Empty, error)
+	UpdateFiles(context.Context, *UpdateFilesRequest) (*emptypb.Empty, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -253,6 +254,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ClosePort(ctx, &req)
+			},
+			"UpdateFiles": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateFilesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateFiles(ctx, &req)
 			},
 		},
 	})
@@ -503,6 +511,14 @@ func (c *agentClient) WritePort(ctx context.Context, req *WritePortRequest) (*em
 func (c *agentClient) ClosePort(ctx context.Context, req *ClosePortRequest) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ClosePort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) UpdateFiles(ctx context.Context, req *UpdateFilesRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "UpdateFiles", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io/fs"
 	"os"
@@ -294,7 +295,7 @@ func TestBindPodDirs(t *testing.T) {
 	if err := os.WriteFile(file, []byte("127.0.0.1 localhost\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pod := newSharedDirs(podBindSources)
+	pod := newSharedDirs(podBindSources, nil, 0)
 	mounts := []specs.Mount{
 		{Destination: "/data", Type: "bind", Source: dir, Options: []string{"rbind", "rw"}},
 		{Destination: "/again", Type: "bind", Source: dir + "/", Options: []string{"rbind", "ro"}},
@@ -319,7 +320,7 @@ func TestBindPodDirs(t *testing.T) {
 	if len(first.copied) != 1 || len(first.files) != 2 {
 		t.Fatalf("the first container copies the directory once and its file: copied %v, files %+v", first.copied, first.files)
 	}
-	pod.keep(first.copied)
+	pod.keep(context.Background(), first.copied, first.files)
 	second, b := translate("b")
 	if b[0].Source != a[0].Source {
 		t.Fatalf("the second container binds %s, want the pod's copy %s", b[0].Source, a[0].Source)

@@ -76,7 +76,7 @@ func newPod(res hypervisorVM, c *agent.Client, memory int64, callTimeout time.Du
 			config.PodVMPod, errdefs.ErrFailedPrecondition)
 	}
 	return &pod{agent: c, disks: disks, pid: res.PID(), memory: memory, callTimeout: callTimeout,
-		dirs: newSharedDirs(podBindSources), slots: make([]string, disks.DiskSlots())}, nil
+		dirs: newSharedDirs(podBindSources, c, callTimeout), slots: make([]string, disks.DiskSlots())}, nil
 }
 
 // hypervisorVM is the part of hypervisor.VM a pod needs.
@@ -123,7 +123,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 		return nil, err
 	}
 	m.created = true
-	p.dirs.keep(g.copied)
+	p.dirs.keep(ctx, g.copied, g.files)
 	clock.lapWithin(PhaseContainer, m.init.Phases)
 	if g.sharedPID {
 		p.holdPIDs(m.init.Pid)

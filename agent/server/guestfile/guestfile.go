@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -121,17 +122,48 @@ func writeDir(path string, perm fs.FileMode) error {
 	return os.Chmod(path, perm)
 }
 
-// writeLink makes a link to target, replacing a link already there.
+// writeLink makes a link to target, replacing a link already there in one
+// rename: a reader resolving it finds the old target or the new one (a
+// Kubernetes volume's ..data link swaps its whole set of files so).
 func writeLink(path, target string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	if fi, err := os.Lstat(path); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-		if err := os.Remove(path); err != nil {
-			return err
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&fs.ModeSymlink == 0 {
+		return fmt.Errorf("not a link: %w", fs.ErrExist)
+	}
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".link")
+	_ = os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// Beneath fails unless path is strictly under root with no link between
+// the two: a write or removal there stays under root.
+func Beneath(root, path string) error {
+	rel, err := filepath.Rel(root, path)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return fmt.Errorf("%q: expected a clean path under %s: %w", path, root, errdefs.ErrInvalidArgument)
+	}
+	for d := filepath.Dir(path); d != root && d != "/"; d = filepath.Dir(d) {
+		fi, err := os.Lstat(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%q: %w", path, err)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("%q: under %s, a link: %w", path, d, errdefs.ErrInvalidArgument)
 		}
 	}
-	return os.Symlink(target, path)
+	return nil
 }
 
 // WriteFile writes f to a temporary name beside it and renames it into

@@ -1,0 +1,156 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+)
+
+// liveVolume matches the host directories of the volumes kubelet updates
+// in place: ConfigMap, Secret, downward API and projected (service account
+// tokens). Its atomic writer puts each version in a timestamped directory
+// and renames the ..data link over to it; a volume's keys are links
+// through ..data.
+var liveVolume = regexp.MustCompile(`/volumes/kubernetes\.io~(configmap|secret|projected|downward-api)/[^/]+$`)
+
+const (
+	volumeData = "..data"
+	// volumeSyncInterval is how often a live volume's ..data is read: an
+	// update reaches the guest within about this and the copy's time.
+	volumeSyncInterval = 500 * time.Millisecond
+)
+
+// fileUpdater is the agent's UpdateFiles.
+type fileUpdater interface {
+	UpdateFiles(ctx context.Context, files []agent.File, remove []string) error
+}
+
+// volumeSync keeps the guest's copy of a live volume in step with the
+// host's, in the order kubelet's atomic writer keeps: the new version's
+// directory, ..data swapped to it in one rename, new keys' links, then the
+// old keys' links and the old version removed. A reader in the guest sees
+// the old set or the new, never a mix.
+type volumeSync struct {
+	host, guest string
+	agent       fileUpdater
+	data        string            // the version ..data names in the guest
+	keys        map[string]string // the guest's key links and their targets
+	lastErr     string
+}
+
+// newVolumeSync starts from the copy files made of host at guest.
+func newVolumeSync(host, guest string, a fileUpdater, files []agent.File) *volumeSync {
+	v := &volumeSync{host: host, guest: guest, agent: a, keys: map[string]string{}}
+	for _, f := range files {
+		if f.Mode&fs.ModeSymlink == 0 || path.Dir(f.Path) != guest {
+			continue
+		}
+		switch name := path.Base(f.Path); {
+		case name == volumeData:
+			v.data = string(f.Data)
+		case !strings.HasPrefix(name, ".."):
+			v.keys[name] = string(f.Data)
+		}
+	}
+	return v
+}
+
+// sync brings the guest's copy to the host's version, if it changed.
+func (v *volumeSync) sync(ctx context.Context) error {
+	target, err := os.Readlink(filepath.Join(v.host, volumeData))
+	if err != nil {
+		return fmt.Errorf("read the version of volume %s: %w", v.host, err)
+	}
+	if target == v.data {
+		return nil
+	}
+	if strings.Contains(target, "/") || !strings.HasPrefix(target, "..") || target == ".." {
+		return fmt.Errorf("volume %s: %s names %q, expected a directory of the volume's own", v.host, volumeData, target)
+	}
+	var b binds
+	if err := b.copy(filepath.Join(v.host, target), path.Join(v.guest, target)); err != nil {
+		return fmt.Errorf("copy volume %s: %w", v.host, err)
+	}
+	b.files = append(b.files, guestLink(path.Join(v.guest, volumeData), target))
+	keys, err := hostKeys(v.host)
+	if err != nil {
+		return err
+	}
+	var remove []string
+	for name, to := range keys {
+		if v.keys[name] != to {
+			b.files = append(b.files, guestLink(path.Join(v.guest, name), to))
+		}
+	}
+	for name := range v.keys {
+		if _, ok := keys[name]; !ok {
+			remove = append(remove, path.Join(v.guest, name))
+		}
+	}
+	if v.data != "" {
+		remove = append(remove, path.Join(v.guest, v.data))
+	}
+	if err := v.agent.UpdateFiles(ctx, b.files, remove); err != nil {
+		return fmt.Errorf("update volume %s in the guest: %w", v.host, err)
+	}
+	v.data, v.keys = target, keys
+	return nil
+}
+
+func guestLink(p, target string) agent.File {
+	return agent.File{Path: p, Data: []byte(target), Mode: fs.ModeSymlink | fs.ModePerm}
+}
+
+// hostKeys are the volume's key links, by name, with their targets.
+func hostKeys(dir string) (map[string]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list volume %s: %w", dir, err)
+	}
+	keys := map[string]string{}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "..") || e.Type()&fs.ModeSymlink == 0 {
+			continue
+		}
+		to, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("read volume %s: %w", dir, err)
+		}
+		keys[e.Name()] = to
+	}
+	return keys, nil
+}
+
+// run syncs every volumeSyncInterval until stop closes, each sync bounded
+// by timeout; a failure is logged once until it changes or clears.
+func (v *volumeSync) run(ctx context.Context, stop <-chan struct{}, timeout time.Duration) {
+	t := time.NewTicker(volumeSyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, timeout)
+		err := v.sync(sctx)
+		cancel()
+		switch {
+		case err == nil:
+			v.lastErr = ""
+		case err.Error() != v.lastErr:
+			v.lastErr = err.Error()
+			log.G(ctx).WithError(err).WithField("volume", v.host).Warn("live volume not synced")
+		}
+	}
+}

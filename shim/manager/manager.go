@@ -68,12 +68,18 @@ func (m *Manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (*
 	return &bootapi.BootstrapResult{Version: 3, Protocol: "ttrpc", Address: addr}, nil
 }
 
-// Info describes the runtime and echoes the runtime options it was given.
+// Info describes the runtime, with its features, and echoes the runtime
+// options it was given.
 func (m *Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
 	info := &types.RuntimeInfo{
 		Name:    m.name,
 		Version: &types.RuntimeVersion{Version: version(), Revision: revision()},
 	}
+	feat, err := typeurl.MarshalAnyToProto(runtimeFeatures())
+	if err != nil {
+		return nil, fmt.Errorf("encode runtime features: %w", err)
+	}
+	info.Features = feat
 	opts, err := shim.ReadRuntimeOptions[*runtimeoptions.Options](optionsR)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,6 +26,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/shimtest"
@@ -170,6 +172,15 @@ func TestInfo(t *testing.T) {
 			}
 			if got := infoConfigPath(t, info); got != tt.wantPath {
 				t.Fatalf("echoed config path %q, want %q", got, tt.wantPath)
+			}
+			// containerd's CRI takes recursive read-only mounts for a
+			// runtime whose features list rro.
+			feat, err := typeurl.UnmarshalAny(info.Features)
+			if err != nil {
+				t.Fatalf("features: %v", err)
+			}
+			if f, ok := feat.(*features.Features); !ok || !slices.Contains(f.MountOptions, "rro") || slices.Contains(f.Hooks, "startContainer") {
+				t.Fatalf("features %+v: want rro among the mount options and no startContainer hook", feat)
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	securejoin "github.com/cyphar/filepath-securejoin"
+	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -34,8 +35,49 @@ type binds struct {
 	copied map[string]string
 }
 
-// translate turns one spec mount into the guest's.
-func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
+// translate turns one spec mount into the guest's: one mount, and for a
+// read-only bind of a directory with mounts under it, a read-write bind
+// of each, as runc leaves them (ro is not recursive; rro is).
+func (b *binds) translate(m specs.Mount) ([]specs.Mount, error) {
+	gm, err := b.translateOne(m)
+	if err != nil {
+		return nil, err
+	}
+	out := []specs.Mount{gm}
+	if isBindMount(m) && gm.Type == "bind" && slices.Contains(m.Options, "ro") {
+		subs, err := submounts(m.Source)
+		if err != nil {
+			return nil, err
+		}
+		for _, rel := range subs {
+			out = append(out, specs.Mount{Destination: path.Join(m.Destination, rel), Type: "bind",
+				Source: path.Join(gm.Source, rel), Options: []string{"rbind", "rw"}})
+		}
+	}
+	return out, nil
+}
+
+// submounts are the mount points under directory src, relative to it, in
+// mount order; the copy of src holds their content.
+func submounts(src string) ([]string, error) {
+	real, err := filepath.EvalSymlinks(src)
+	if err != nil {
+		return nil, fmt.Errorf("bind source: %w", err)
+	}
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(real))
+	if err != nil {
+		return nil, fmt.Errorf("mounts under bind source %s: %w", src, err)
+	}
+	var rels []string
+	for _, mi := range infos {
+		if rel, err := filepath.Rel(real, mi.Mountpoint); err == nil && rel != "." && !slices.Contains(rels, rel) {
+			rels = append(rels, rel)
+		}
+	}
+	return rels, nil
+}
+
+func (b *binds) translateOne(m specs.Mount) (specs.Mount, error) {
 	if !isBindMount(m) {
 		if !slices.Contains(kernelMounts, m.Type) {
 			return specs.Mount{}, fmt.Errorf("mount of type %q from %q: a cocoon VM takes bind mounts and mounts of type %v only: %w", m.Type, m.Source, kernelMounts, errdefs.ErrInvalidArgument)
@@ -64,7 +106,7 @@ func (b *binds) translate(m specs.Mount) (specs.Mount, error) {
 		if err := b.copy(m.Source, src); err != nil {
 			return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)
 		}
-		m.Source, m.Type = src, "bind"
+		m.Source, m.Type, m.Options = src, "bind", copyOptions(m.Options)
 		return m, nil
 	}
 	return specs.Mount{}, fmt.Errorf("bind source %s is a %s: a cocoon VM takes copies of regular files and directories only: %w", m.Source, fsmode.TypeName(st.Mode()), errdefs.ErrInvalidArgument)
@@ -87,8 +129,21 @@ func (b *binds) podDir(m specs.Mount) (specs.Mount, error) {
 			b.copied[host] = src
 		}
 	}
-	m.Source, m.Type = src, "bind"
+	m.Source, m.Type, m.Options = src, "bind", copyOptions(m.Options)
 	return m, nil
+}
+
+// copyOptions are a bind's options for its copy: a copy is one tree with
+// no mounts under it, so a recursive read-only bind (rro) is a read-only
+// one there.
+func copyOptions(opts []string) []string {
+	out := slices.Clone(opts)
+	for i, o := range out {
+		if o == "rro" {
+			out[i] = "ro"
+		}
+	}
+	return out
 }
 
 // copy adds the regular file, or the directory tree, at host path src to

@@ -309,7 +309,7 @@ func TestBindPodDirs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out = append(out, gm)
+			out = append(out, gm...)
 		}
 		return b, out
 	}
@@ -330,5 +330,45 @@ func TestBindPodDirs(t *testing.T) {
 	}
 	if b[1].Options[1] != "ro" {
 		t.Fatalf("a bind's own options stay: %v", b[1].Options)
+	}
+}
+
+// TestBindSubmounts: a read-only bind leaves the mounts under its source
+// writable, as runc's does; a recursive one (rro) does not.
+func TestBindSubmounts(t *testing.T) {
+	testenv.RequireRoot(t)
+	src := t.TempDir()
+	sub := filepath.Join(src, "tmpfs")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("none", sub, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	for _, tc := range []struct {
+		opts []string
+		want []string // each mount: destination and options
+	}{
+		{[]string{"rbind", "rprivate", "ro"}, []string{"/mnt rbind rprivate ro", "/mnt/tmpfs rbind rw"}},
+		{[]string{"rbind", "rprivate", "rro"}, []string{"/mnt rbind rprivate ro"}},
+		{[]string{"rbind", "rprivate", "rw"}, []string{"/mnt rbind rprivate rw"}},
+	} {
+		t.Run(strings.Join(tc.opts, ","), func(t *testing.T) {
+			got, err := (&binds{}).translate(specs.Mount{Destination: "/mnt", Type: "bind", Source: src, Options: tc.opts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var desc []string
+			for _, m := range got {
+				desc = append(desc, m.Destination+" "+strings.Join(m.Options, " "))
+			}
+			if !slices.Equal(desc, tc.want) {
+				t.Fatalf("got %q, want %q", desc, tc.want)
+			}
+			if len(got) == 2 && got[1].Source != got[0].Source+"/tmpfs" {
+				t.Fatalf("the submount binds %s, want the copy's %s", got[1].Source, got[0].Source+"/tmpfs")
+			}
+		})
 	}
 }

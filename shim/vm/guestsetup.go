@@ -63,7 +63,7 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs) ([]agent.File, *agen
 		if err != nil {
 			return nil, nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
 		}
-		root.Mounts = append(root.Mounts, gm)
+		root.Mounts = append(root.Mounts, gm...)
 	}
 	return b.files, root, nil
 }

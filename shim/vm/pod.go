@@ -194,7 +194,7 @@ func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 		if err != nil {
 			return guestContainer{}, fmt.Errorf("container %s: mount at %s: %w", r.ID, m.Destination, err)
 		}
-		spec.Mounts = append(spec.Mounts, gm)
+		spec.Mounts = append(spec.Mounts, gm...)
 	}
 	// Hooks run on the host, by the shim; the guest has no host binaries.
 	spec.Hooks = nil

@@ -13,7 +13,7 @@ import (
 
 // TestCocoonOrdinaryImage runs the busybox image (ordinary layers) with the
 // cocoon handler: a VM restored from the base snapshot with the image as
-// its root, logging the image's file.
+// its root, logging the image's file, then reading a live volume.
 func TestCocoonOrdinaryImage(t *testing.T) {
 	n := startCocoonNode(t)
 	ociImages(t)
@@ -21,14 +21,18 @@ func TestCocoonOrdinaryImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := n.runPod(t, "cocoon-busybox", devstack.CocoonHandler, nil)
-	cfg := n.ctrConfig(t, "app", busyboxRef, []string{"sh", "-c", "cat " + testimage.RandomFile + "; exec sleep 3600"}, func(c *runtimeapi.ContainerConfig) {
+	dir, mount := liveVolumeDir(t)
+	args := []string{"sh", "-c", "cat " + testimage.RandomFile + "; " + volumeReaderArgs[2]}
+	cfg := n.ctrConfig(t, "app", busyboxRef, args, func(c *runtimeapi.ContainerConfig) {
 		c.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: cocoonMemoryLimit}
+		mount(c)
 	})
 	ctr := n.crictl(t, "create", p.id, cfg, p.config)
 	n.startCocoon(t, ctr)
 	oneVM(t, p, ctr)
 	n.waitLogs(t, ctr, strings.TrimSpace(images.busybox.RandomContent))
 	n.checkAddress(t, ctr, p)
+	n.checkLiveVolume(t, ctr, dir)
 	n.crictl(t, "rmp", "-f", p.id)
 	n.waitIdle(t, "the removed busybox pod")
 }

@@ -30,8 +30,9 @@ type binds struct {
 	n     int
 	// pod, when set, holds the pod's copies of directories: a directory
 	// another container of the pod binds is bound again, not copied, and
-	// a new one is copied where the pod keeps it, added to copied.
-	pod    *sharedDirs
+	// a new one is copied where the pod keeps it.
+	pod *sharedDirs
+	// copied are the directories copied, by host path, and their copies.
 	copied map[string]string
 }
 
@@ -106,6 +107,9 @@ func (b *binds) translateOne(m specs.Mount) (specs.Mount, error) {
 		if err := b.copy(m.Source, src); err != nil {
 			return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)
 		}
+		if st.IsDir() {
+			b.keepCopy(m.Source, src)
+		}
 		m.Source, m.Type, m.Options = src, "bind", copyOptions(m.Options)
 		return m, nil
 	}
@@ -123,14 +127,19 @@ func (b *binds) podDir(m specs.Mount) (specs.Mount, error) {
 			if err := b.copy(m.Source, src); err != nil {
 				return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)
 			}
-			if b.copied == nil {
-				b.copied = map[string]string{}
-			}
-			b.copied[host] = src
+			b.keepCopy(host, src)
 		}
 	}
 	m.Source, m.Type, m.Options = src, "bind", copyOptions(m.Options)
 	return m, nil
+}
+
+// keepCopy records that host directory src is copied to guest.
+func (b *binds) keepCopy(src, guest string) {
+	if b.copied == nil {
+		b.copied = map[string]string{}
+	}
+	b.copied[filepath.Clean(src)] = guest
 }
 
 // copyOptions are a bind's options for its copy: a copy is one tree with

@@ -265,7 +265,7 @@ func TestIdentityFiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := &specs.Spec{Mounts: []specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: tc.source, Options: []string{"rbind", "ro"}}}}
-			files, _, err := guestSetup(spec, nil)
+			files, _, _, err := guestSetup(spec, nil)
 			if tc.want == "" {
 				if err != nil || len(files) != 1 || string(files[0].Data) != "10.0.0.2 c1\n" || files[0].Mode != 0o640 {
 					t.Fatalf("guestSetup: %+v, %v", files, err)

@@ -46,26 +46,27 @@ func guestNetwork(iface *network.Interface) *agent.Network {
 
 // guestSetup is what Init gives the guest besides its identity and network:
 // the files the spec bind-mounts, and for an ordinary image its root (the
-// disk with the image's layers) with the spec's mounts inside it.
-func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs) ([]agent.File, *agent.Rootfs, error) {
+// disk with the image's layers) with the spec's mounts inside it. copied
+// are the copies of directories among the files, by host directory.
+func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs) (files []agent.File, root *agent.Rootfs, copied map[string]string, _ error) {
 	var mounts []specs.Mount
 	if spec != nil {
 		mounts = spec.Mounts
 	}
 	if disk == nil {
 		files, err := identityFiles(mounts)
-		return files, nil, err
+		return files, nil, nil, err
 	}
 	b := binds{}
-	root := &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
+	root = &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
 	for _, m := range mounts {
 		gm, err := b.translate(m)
 		if err != nil {
-			return nil, nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
+			return nil, nil, nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
 		}
 		root.Mounts = append(root.Mounts, gm...)
 	}
-	return b.files, root, nil
+	return b.files, root, b.copied, nil
 }
 
 // identityFiles copies the resolver, hosts and hostname files the spec

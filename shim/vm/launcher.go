@@ -172,6 +172,8 @@ type prepared struct {
 	runDir string
 	guest  restore.GuestSetup
 	net    *vmNetwork
+	// copied are the guest's copies of directories, by host directory.
+	copied map[string]string
 }
 
 func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source) (prepared, error) {
@@ -190,7 +192,7 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 	if p.runDir, err = runDirOf(cfg, r); err != nil {
 		return prepared{}, err
 	}
-	if p.guest.Files, p.guest.Rootfs, err = guestSetup(r.Spec, src.disk); err != nil {
+	if p.guest.Files, p.guest.Rootfs, p.copied, err = guestSetup(r.Spec, src.disk); err != nil {
 		return prepared{}, fmt.Errorf("container of %s: %w", r.ID, err)
 	}
 	p.guest.Process, p.guest.Sysctls = r.Process, r.Sysctls
@@ -235,6 +237,10 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
 		host, guest = pod, pauseGuest{Guest: guest, pod: pod}
+	} else if live := liveCopies(p.copied); len(live) > 0 {
+		dirs := newSharedDirs(bindSources, res.Agent, cfg.Agent.CallTimeout.D())
+		dirs.keep(ctx, live, p.guest.Files)
+		guest = volumeGuest{Guest: guest, dirs: dirs}
 	}
 	return &task.Sandbox{
 		Host:          host,

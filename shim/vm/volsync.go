@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
 // liveVolume matches the host directories of the volumes kubelet updates
@@ -153,4 +154,28 @@ func (v *volumeSync) run(ctx context.Context, stop <-chan struct{}, timeout time
 			log.G(ctx).WithError(err).WithField("volume", v.host).Warn("live volume not synced")
 		}
 	}
+}
+
+// liveCopies are the copies of live volumes among copied.
+func liveCopies(copied map[string]string) map[string]string {
+	live := map[string]string{}
+	for src, g := range copied {
+		if liveVolume.MatchString(src) {
+			live[src] = g
+		}
+	}
+	return live
+}
+
+// volumeGuest is a task's guest whose live volumes are kept in step
+// until it closes.
+type volumeGuest struct {
+	task.Guest
+	dirs *sharedDirs
+}
+
+// Close ends the volumes' syncs, then the guest.
+func (g volumeGuest) Close() error {
+	g.dirs.close()
+	return g.Guest.Close()
 }

@@ -15,9 +15,6 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
 )
 
-// PhasePortForward starts taking the namespace's loopback connections.
-const PhasePortForward = "port-forward"
-
 // portForward carries kubectl port-forward into the VM: containerd's CRI
 // dials localhost:PORT inside the pod's network namespace, where the
 // namespace's loopback listener takes the connection, and the guest agent
@@ -41,7 +38,7 @@ func startPortForward(ctx context.Context, id string, ns *network.Namespace, c *
 		return nil, err
 	}
 	f := &portForward{id: id, ln: ln, agent: c, callTimeout: callTimeout, slots: make(chan struct{}, api.MaxPortConns)}
-	f.ctx, f.cancel = context.WithCancel(log.WithLogger(context.Background(), log.G(ctx)))
+	f.ctx, f.cancel = context.WithCancel(ctx)
 	f.wg.Add(1)
 	go f.serve()
 	return f, nil

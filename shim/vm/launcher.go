@@ -225,10 +225,7 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 	if err != nil {
 		return nil, nil, err
 	}
-	phases := res.Report.Phases
-	if began := time.Now(); p.net.forwardPorts(ctx, res.Agent, cfg.Agent.CallTimeout.D()) {
-		phases = append(phases, restore.Phase{Name: PhasePortForward, Duration: config.Duration(time.Since(began))})
-	}
+	p.net.forwardPorts(log.WithLogger(context.Background(), log.G(ctx)), res.Agent, cfg.Agent.CallTimeout.D())
 	var host task.Host
 	guest := NewGuest(res.Agent, cfg.Agent.CallTimeout.D())
 	if task.IsPodSandbox(r.Spec) {
@@ -254,7 +251,7 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		NetworkRecord: spawn.Network,
 		Base:          p.src.base,
 		BaseRecord:    spawn.Base,
-	}, phases, nil
+	}, res.Report.Phases, nil
 }
 
 func (s source) diskPath() string {

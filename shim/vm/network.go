@@ -30,6 +30,8 @@ type vmNetwork struct {
 	tap   *network.Tap
 	iface *network.Interface // nil until connected, or with nothing to take over
 	fwd   *portForward       // nil until forwardPorts, or in a namespace the shim made
+	// forwarding is closed once forwardPorts' setup, which uses ns, ended.
+	forwarding chan struct{}
 }
 
 // openNetwork prepares the network of task id's VM from its spec: none
@@ -126,23 +128,27 @@ func (n *vmNetwork) guest() *agent.Network {
 }
 
 // forwardPorts carries the connections made over the loopback of the
-// spec's namespace (kubectl port-forward) to the guest. A namespace the
+// spec's namespace (kubectl port-forward) to the guest, from a moment
+// after it returns: setting it up (an nftables table in the namespace)
+// takes tens of milliseconds, which no start waits for. A namespace the
 // shim made has no one to make them. Without a forward the task still
 // runs: the failure is logged, and a port-forward then finds no listener.
-// It says whether it tried.
-func (n *vmNetwork) forwardPorts(ctx context.Context, c *agent.Client, callTimeout time.Duration) bool {
+func (n *vmNetwork) forwardPorts(ctx context.Context, c *agent.Client, callTimeout time.Duration) {
 	if n == nil || n.path == "" {
-		return false
+		return
 	}
-	fwd, err := startPortForward(ctx, n.id, n.ns, c, callTimeout)
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("id", n.id).Warn("no port-forward into the VM")
-		return true
-	}
-	n.mu.Lock()
-	n.fwd = fwd
-	n.mu.Unlock()
-	return true
+	n.forwarding = make(chan struct{})
+	go func() {
+		defer close(n.forwarding)
+		fwd, err := startPortForward(ctx, n.id, n.ns, c, callTimeout)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("id", n.id).Warn("no port-forward into the VM")
+			return
+		}
+		n.mu.Lock()
+		n.fwd = fwd
+		n.mu.Unlock()
+	}()
 }
 
 // record is what `shim delete` needs to release the network after a crash:
@@ -169,6 +175,9 @@ func (n *vmNetwork) closeTap() {
 func (n *vmNetwork) Release() error {
 	if n == nil {
 		return nil
+	}
+	if n.forwarding != nil {
+		<-n.forwarding
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -58,6 +58,15 @@ type ContainerRoot struct {
 	Disk *Rootfs
 	// Files are the copies of the spec's bind sources, bounded as Init's.
 	Files []File
+	// Volumes are disks the guest mounts read-only, each at its Path,
+	// for the spec's binds (agent API 7).
+	Volumes []VolumeDisk
+}
+
+// VolumeDisk is a disk mounted read-only at Path in the guest: an image
+// volume's filesystem on a disk slot.
+type VolumeDisk struct {
+	Serial, FSType, Path string
 }
 
 // CreateContainerFrom has the guest's runc create container id from spec
@@ -69,6 +78,11 @@ func (c *Client) CreateContainerFrom(ctx context.Context, id string, spec *specs
 	}
 	if err := c.requireVersion(ctx, apiVersion4, "a container in the VM"); err != nil {
 		return nil, fmt.Errorf("create container %q in guest: %w", id, err)
+	}
+	if len(root.Volumes) > 0 {
+		if err := c.requireVersion(ctx, apiVersion7, "an image volume"); err != nil {
+			return nil, fmt.Errorf("create container %q in guest: %w", id, err)
+		}
 	}
 	began := time.Now()
 	resp, err := c.api.CreateContainer(ctx, req)
@@ -120,6 +134,9 @@ func createContainerRequest(id string, spec *specs.Spec, root ContainerRoot, std
 		if req.RootDisk, err = initRootfs(root.Disk); err != nil {
 			return nil, fmt.Errorf("container %q: %w", id, err)
 		}
+	}
+	for _, v := range root.Volumes {
+		req.VolumeDisks = append(req.VolumeDisks, &api.VolumeDisk{Serial: v.Serial, Fstype: v.FSType, Path: v.Path})
 	}
 	return req, nil
 }

@@ -13,31 +13,16 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // upperServer answers each connection with what it read, upper-cased,
 // once its peer half-closed.
 func upperServer(t *testing.T) uint16 {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				b, _ := io.ReadAll(c)
-				_, _ = c.Write([]byte(strings.ToUpper(string(b))))
-			}()
-		}
-	}()
-	return uint16(ln.Addr().(*net.TCPAddr).Port)
+	return testenv.ServeTCP(t, func(c net.Conn) {
+		b, _ := io.ReadAll(c)
+		_, _ = c.Write([]byte(strings.ToUpper(string(b))))
+	})
 }
 
 // TestDialPortConcurrent carries many connections at once through one

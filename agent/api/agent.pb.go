@@ -1563,7 +1563,12 @@ type CreateContainerRequest struct {
 	// runc runs, as Init writes its files. Bounded as Init's. Those under
 	// the container's dir, /run/cocoon/containers/<id>/ (binds/ there,
 	// say), go with the container at DeleteContainer.
-	Files         []*File `protobuf:"bytes,6,rep,name=files,proto3" json:"files,omitempty"`
+	Files []*File `protobuf:"bytes,6,rep,name=files,proto3" json:"files,omitempty"`
+	// volume_disks are disks the agent mounts read-only before runc runs
+	// (API version 7), for the spec's binds of their paths: an image
+	// volume, the image's filesystem on a disk slot. DeleteContainer
+	// unmounts them so the host can detach the disks.
+	VolumeDisks   []*VolumeDisk `protobuf:"bytes,7,rep,name=volume_disks,json=volumeDisks,proto3" json:"volume_disks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1640,6 +1645,75 @@ func (x *CreateContainerRequest) GetFiles() []*File {
 	return nil
 }
 
+func (x *CreateContainerRequest) GetVolumeDisks() []*VolumeDisk {
+	if x != nil {
+		return x.VolumeDisks
+	}
+	return nil
+}
+
+type VolumeDisk struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Serial string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	Fstype string                 `protobuf:"bytes,2,opt,name=fstype,proto3" json:"fstype,omitempty"`
+	// path is where in the guest it is mounted: under the agent's copies
+	// of bind sources.
+	Path          string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeDisk) Reset() {
+	*x = VolumeDisk{}
+	mi := &file_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeDisk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeDisk) ProtoMessage() {}
+
+func (x *VolumeDisk) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeDisk.ProtoReflect.Descriptor instead.
+func (*VolumeDisk) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *VolumeDisk) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *VolumeDisk) GetFstype() string {
+	if x != nil {
+		return x.Fstype
+	}
+	return ""
+}
+
+func (x *VolumeDisk) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 // ContainerRequest names a container, or with exec_id one of its execs.
 type ContainerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1651,7 +1725,7 @@ type ContainerRequest struct {
 
 func (x *ContainerRequest) Reset() {
 	*x = ContainerRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1737,7 @@ func (x *ContainerRequest) String() string {
 func (*ContainerRequest) ProtoMessage() {}
 
 func (x *ContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1750,7 @@ func (x *ContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerRequest.ProtoReflect.Descriptor instead.
 func (*ContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ContainerRequest) GetId() string {
@@ -1707,7 +1781,7 @@ type ContainerProcessResponse struct {
 
 func (x *ContainerProcessResponse) Reset() {
 	*x = ContainerProcessResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1793,7 @@ func (x *ContainerProcessResponse) String() string {
 func (*ContainerProcessResponse) ProtoMessage() {}
 
 func (x *ContainerProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1806,7 @@ func (x *ContainerProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerProcessResponse.ProtoReflect.Descriptor instead.
 func (*ContainerProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ContainerProcessResponse) GetPid() uint32 {
@@ -1760,7 +1834,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1846,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1859,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Phase) GetName() string {
@@ -1813,7 +1887,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1899,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +1912,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UpdateContainerRequest) GetId() string {
@@ -1866,7 +1940,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +1952,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +1965,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContainerStatsResponse) GetMetrics() *anypb.Any {
@@ -1914,7 +1988,7 @@ type ExecContainerRequest struct {
 
 func (x *ExecContainerRequest) Reset() {
 	*x = ExecContainerRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2000,7 @@ func (x *ExecContainerRequest) String() string {
 func (*ExecContainerRequest) ProtoMessage() {}
 
 func (x *ExecContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2013,7 @@ func (x *ExecContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecContainerRequest.ProtoReflect.Descriptor instead.
 func (*ExecContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExecContainerRequest) GetId() string {
@@ -1983,7 +2057,7 @@ type SignalContainerRequest struct {
 
 func (x *SignalContainerRequest) Reset() {
 	*x = SignalContainerRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2069,7 @@ func (x *SignalContainerRequest) String() string {
 func (*SignalContainerRequest) ProtoMessage() {}
 
 func (x *SignalContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2082,7 @@ func (x *SignalContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalContainerRequest.ProtoReflect.Descriptor instead.
 func (*SignalContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SignalContainerRequest) GetId() string {
@@ -2053,7 +2127,7 @@ type ContainerExit struct {
 
 func (x *ContainerExit) Reset() {
 	*x = ContainerExit{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2139,7 @@ func (x *ContainerExit) String() string {
 func (*ContainerExit) ProtoMessage() {}
 
 func (x *ContainerExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2152,7 @@ func (x *ContainerExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerExit.ProtoReflect.Descriptor instead.
 func (*ContainerExit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ContainerExit) GetExitCode() int32 {
@@ -2121,7 +2195,7 @@ type ReadContainerOutputRequest struct {
 
 func (x *ReadContainerOutputRequest) Reset() {
 	*x = ReadContainerOutputRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2207,7 @@ func (x *ReadContainerOutputRequest) String() string {
 func (*ReadContainerOutputRequest) ProtoMessage() {}
 
 func (x *ReadContainerOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2220,7 @@ func (x *ReadContainerOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadContainerOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadContainerOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadContainerOutputRequest) GetId() string {
@@ -2188,7 +2262,7 @@ type WriteContainerStdinRequest struct {
 
 func (x *WriteContainerStdinRequest) Reset() {
 	*x = WriteContainerStdinRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2274,7 @@ func (x *WriteContainerStdinRequest) String() string {
 func (*WriteContainerStdinRequest) ProtoMessage() {}
 
 func (x *WriteContainerStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2287,7 @@ func (x *WriteContainerStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteContainerStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteContainerStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteContainerStdinRequest) GetId() string {
@@ -2249,7 +2323,7 @@ type ResizeContainerPtyRequest struct {
 
 func (x *ResizeContainerPtyRequest) Reset() {
 	*x = ResizeContainerPtyRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2335,7 @@ func (x *ResizeContainerPtyRequest) String() string {
 func (*ResizeContainerPtyRequest) ProtoMessage() {}
 
 func (x *ResizeContainerPtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2348,7 @@ func (x *ResizeContainerPtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeContainerPtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizeContainerPtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResizeContainerPtyRequest) GetId() string {
@@ -2314,7 +2388,7 @@ type OpenPortRequest struct {
 
 func (x *OpenPortRequest) Reset() {
 	*x = OpenPortRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2400,7 @@ func (x *OpenPortRequest) String() string {
 func (*OpenPortRequest) ProtoMessage() {}
 
 func (x *OpenPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2413,7 @@ func (x *OpenPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortRequest.ProtoReflect.Descriptor instead.
 func (*OpenPortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OpenPortRequest) GetPort() uint32 {
@@ -2358,7 +2432,7 @@ type OpenPortResponse struct {
 
 func (x *OpenPortResponse) Reset() {
 	*x = OpenPortResponse{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2444,7 @@ func (x *OpenPortResponse) String() string {
 func (*OpenPortResponse) ProtoMessage() {}
 
 func (x *OpenPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2457,7 @@ func (x *OpenPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortResponse.ProtoReflect.Descriptor instead.
 func (*OpenPortResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OpenPortResponse) GetId() uint64 {
@@ -2403,7 +2477,7 @@ type ReadPortRequest struct {
 
 func (x *ReadPortRequest) Reset() {
 	*x = ReadPortRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2489,7 @@ func (x *ReadPortRequest) String() string {
 func (*ReadPortRequest) ProtoMessage() {}
 
 func (x *ReadPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2502,7 @@ func (x *ReadPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadPortRequest.ProtoReflect.Descriptor instead.
 func (*ReadPortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadPortRequest) GetId() uint64 {
@@ -2455,7 +2529,7 @@ type WritePortRequest struct {
 
 func (x *WritePortRequest) Reset() {
 	*x = WritePortRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2541,7 @@ func (x *WritePortRequest) String() string {
 func (*WritePortRequest) ProtoMessage() {}
 
 func (x *WritePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2554,7 @@ func (x *WritePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WritePortRequest.ProtoReflect.Descriptor instead.
 func (*WritePortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WritePortRequest) GetId() uint64 {
@@ -2509,7 +2583,7 @@ type ClosePortRequest struct {
 
 func (x *ClosePortRequest) Reset() {
 	*x = ClosePortRequest{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2521,7 +2595,7 @@ func (x *ClosePortRequest) String() string {
 func (*ClosePortRequest) ProtoMessage() {}
 
 func (x *ClosePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2534,7 +2608,7 @@ func (x *ClosePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePortRequest.ProtoReflect.Descriptor instead.
 func (*ClosePortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ClosePortRequest) GetId() uint64 {
@@ -2561,7 +2635,7 @@ type UpdateFilesRequest struct {
 
 func (x *UpdateFilesRequest) Reset() {
 	*x = UpdateFilesRequest{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2573,7 +2647,7 @@ func (x *UpdateFilesRequest) String() string {
 func (*UpdateFilesRequest) ProtoMessage() {}
 
 func (x *UpdateFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2586,7 +2660,7 @@ func (x *UpdateFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateFilesRequest.ProtoReflect.Descriptor instead.
 func (*UpdateFilesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UpdateFilesRequest) GetFiles() []*File {
@@ -2717,14 +2791,20 @@ const file_agent_proto_rawDesc = "" +
 	"\x06load15\x18\t \x01(\x01R\x06load15\x12\x1c\n" +
 	"\tprocesses\x18\n" +
 	" \x01(\rR\tprocesses\x12\x1b\n" +
-	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs\"\xcd\x01\n" +
+	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs\"\x8d\x02\n" +
 	"\x16CreateContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12\x14\n" +
 	"\x05stdin\x18\x04 \x01(\bR\x05stdin\x124\n" +
 	"\troot_disk\x18\x05 \x01(\v2\x17.cocoon.agent.v1.RootfsR\brootDisk\x12+\n" +
-	"\x05files\x18\x06 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\";\n" +
+	"\x05files\x18\x06 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x12>\n" +
+	"\fvolume_disks\x18\a \x03(\v2\x1b.cocoon.agent.v1.VolumeDiskR\vvolumeDisks\"P\n" +
+	"\n" +
+	"VolumeDisk\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x16\n" +
+	"\x06fstype\x18\x02 \x01(\tR\x06fstype\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\";\n" +
 	"\x10ContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\\\n" +
@@ -2840,7 +2920,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                        // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),               // 1: cocoon.agent.v1.PingResponse
@@ -2865,115 +2945,117 @@ var file_agent_proto_goTypes = []any{
 	(*ProcessesResponse)(nil),          // 20: cocoon.agent.v1.ProcessesResponse
 	(*StatsResponse)(nil),              // 21: cocoon.agent.v1.StatsResponse
 	(*CreateContainerRequest)(nil),     // 22: cocoon.agent.v1.CreateContainerRequest
-	(*ContainerRequest)(nil),           // 23: cocoon.agent.v1.ContainerRequest
-	(*ContainerProcessResponse)(nil),   // 24: cocoon.agent.v1.ContainerProcessResponse
-	(*Phase)(nil),                      // 25: cocoon.agent.v1.Phase
-	(*UpdateContainerRequest)(nil),     // 26: cocoon.agent.v1.UpdateContainerRequest
-	(*ContainerStatsResponse)(nil),     // 27: cocoon.agent.v1.ContainerStatsResponse
-	(*ExecContainerRequest)(nil),       // 28: cocoon.agent.v1.ExecContainerRequest
-	(*SignalContainerRequest)(nil),     // 29: cocoon.agent.v1.SignalContainerRequest
-	(*ContainerExit)(nil),              // 30: cocoon.agent.v1.ContainerExit
-	(*ReadContainerOutputRequest)(nil), // 31: cocoon.agent.v1.ReadContainerOutputRequest
-	(*WriteContainerStdinRequest)(nil), // 32: cocoon.agent.v1.WriteContainerStdinRequest
-	(*ResizeContainerPtyRequest)(nil),  // 33: cocoon.agent.v1.ResizeContainerPtyRequest
-	(*OpenPortRequest)(nil),            // 34: cocoon.agent.v1.OpenPortRequest
-	(*OpenPortResponse)(nil),           // 35: cocoon.agent.v1.OpenPortResponse
-	(*ReadPortRequest)(nil),            // 36: cocoon.agent.v1.ReadPortRequest
-	(*WritePortRequest)(nil),           // 37: cocoon.agent.v1.WritePortRequest
-	(*ClosePortRequest)(nil),           // 38: cocoon.agent.v1.ClosePortRequest
-	(*UpdateFilesRequest)(nil),         // 39: cocoon.agent.v1.UpdateFilesRequest
-	nil,                                // 40: cocoon.agent.v1.InitRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                  // 42: google.protobuf.Any
-	(*emptypb.Empty)(nil),              // 43: google.protobuf.Empty
+	(*VolumeDisk)(nil),                 // 23: cocoon.agent.v1.VolumeDisk
+	(*ContainerRequest)(nil),           // 24: cocoon.agent.v1.ContainerRequest
+	(*ContainerProcessResponse)(nil),   // 25: cocoon.agent.v1.ContainerProcessResponse
+	(*Phase)(nil),                      // 26: cocoon.agent.v1.Phase
+	(*UpdateContainerRequest)(nil),     // 27: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil),     // 28: cocoon.agent.v1.ContainerStatsResponse
+	(*ExecContainerRequest)(nil),       // 29: cocoon.agent.v1.ExecContainerRequest
+	(*SignalContainerRequest)(nil),     // 30: cocoon.agent.v1.SignalContainerRequest
+	(*ContainerExit)(nil),              // 31: cocoon.agent.v1.ContainerExit
+	(*ReadContainerOutputRequest)(nil), // 32: cocoon.agent.v1.ReadContainerOutputRequest
+	(*WriteContainerStdinRequest)(nil), // 33: cocoon.agent.v1.WriteContainerStdinRequest
+	(*ResizeContainerPtyRequest)(nil),  // 34: cocoon.agent.v1.ResizeContainerPtyRequest
+	(*OpenPortRequest)(nil),            // 35: cocoon.agent.v1.OpenPortRequest
+	(*OpenPortResponse)(nil),           // 36: cocoon.agent.v1.OpenPortResponse
+	(*ReadPortRequest)(nil),            // 37: cocoon.agent.v1.ReadPortRequest
+	(*WritePortRequest)(nil),           // 38: cocoon.agent.v1.WritePortRequest
+	(*ClosePortRequest)(nil),           // 39: cocoon.agent.v1.ClosePortRequest
+	(*UpdateFilesRequest)(nil),         // 40: cocoon.agent.v1.UpdateFilesRequest
+	nil,                                // 41: cocoon.agent.v1.InitRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                  // 43: google.protobuf.Any
+	(*emptypb.Empty)(nil),              // 44: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	41, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	42, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
 	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
-	40, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
+	41, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
 	6,  // 6: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
 	8,  // 7: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
 	10, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
 	0,  // 9: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	41, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	42, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	19, // 11: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
 	7,  // 12: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
 	4,  // 13: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
-	25, // 14: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
-	42, // 15: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	41, // 16: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
-	0,  // 17: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	4,  // 18: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
-	43, // 19: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 20: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	9,  // 21: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	15, // 22: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
-	12, // 23: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	14, // 24: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	15, // 25: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	15, // 26: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	17, // 27: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	18, // 28: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	15, // 29: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	43, // 30: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	43, // 31: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	43, // 32: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	22, // 33: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	23, // 34: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	23, // 35: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	26, // 36: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	23, // 37: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	28, // 38: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
-	29, // 39: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
-	23, // 40: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	31, // 41: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
-	32, // 42: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
-	23, // 43: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
-	33, // 44: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
-	34, // 45: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
-	36, // 46: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
-	37, // 47: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
-	38, // 48: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
-	39, // 49: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
-	1,  // 50: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 51: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	11, // 52: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	11, // 53: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	13, // 54: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	43, // 55: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	43, // 56: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	16, // 57: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	43, // 58: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	43, // 59: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	43, // 60: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	20, // 61: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	21, // 62: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	43, // 63: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	24, // 64: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	24, // 65: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	43, // 66: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	43, // 67: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	27, // 68: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	24, // 69: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	43, // 70: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	30, // 71: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	13, // 72: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	43, // 73: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	43, // 74: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	43, // 75: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	35, // 76: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
-	13, // 77: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
-	43, // 78: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
-	43, // 79: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
-	43, // 80: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
-	50, // [50:81] is the sub-list for method output_type
-	19, // [19:50] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	23, // 14: cocoon.agent.v1.CreateContainerRequest.volume_disks:type_name -> cocoon.agent.v1.VolumeDisk
+	26, // 15: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
+	43, // 16: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	42, // 17: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	0,  // 18: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	4,  // 19: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
+	44, // 20: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 21: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 22: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	15, // 23: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	12, // 24: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	14, // 25: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	15, // 26: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	15, // 27: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	17, // 28: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	18, // 29: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	15, // 30: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	44, // 31: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	44, // 32: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	44, // 33: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	22, // 34: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	24, // 35: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	24, // 36: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	27, // 37: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	24, // 38: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	29, // 39: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
+	30, // 40: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
+	24, // 41: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	32, // 42: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
+	33, // 43: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
+	24, // 44: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
+	34, // 45: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
+	35, // 46: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
+	37, // 47: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
+	38, // 48: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
+	39, // 49: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
+	40, // 50: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
+	1,  // 51: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 52: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	11, // 53: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	11, // 54: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	13, // 55: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	44, // 56: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	44, // 57: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	16, // 58: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	44, // 59: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	44, // 60: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	44, // 61: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	20, // 62: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	21, // 63: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	44, // 64: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	25, // 65: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	25, // 66: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	44, // 67: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	44, // 68: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	28, // 69: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	25, // 70: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	44, // 71: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	31, // 72: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	13, // 73: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	44, // 74: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	44, // 75: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	44, // 76: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	36, // 77: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
+	13, // 78: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
+	44, // 79: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
+	44, // 80: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
+	44, // 81: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
+	51, // [51:82] is the sub-list for method output_type
+	20, // [20:51] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2988,7 +3070,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
@@ -191,6 +192,35 @@ func (c containerRoots) notInitRoot(serial string) error {
 		return fmt.Errorf("disk %q is the root Init mounted: %w", serial, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// MountVolume mounts v's disk read-only at its path, which must be under
+// the copies of bind sources.
+func (c containerRoots) MountVolume(ctx context.Context, v *api.VolumeDisk) error {
+	if err := guestfile.Beneath(filepath.Join(c.s.stateDir, bindCopies), v.Path); err != nil {
+		return err
+	}
+	if err := checkRootfs(&api.Rootfs{Serial: v.Serial, Fstype: v.Fstype}); err != nil {
+		return err
+	}
+	if err := c.notInitRoot(v.Serial); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, diskWait)
+	defer cancel()
+	dev, err := c.s.mnt.Disk(ctx, v.Serial)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(v.Path, 0o755); err != nil {
+		return fmt.Errorf("make mount point %s: %w", v.Path, err)
+	}
+	return c.s.mnt.Mount(dev, v.Path, v.Fstype, unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, "")
+}
+
+// UnmountVolume unmounts what MountVolume mounted.
+func (c containerRoots) UnmountVolume(v *api.VolumeDisk) error {
+	return c.s.mnt.Unmount(v.Path)
 }
 
 // Unmount unmounts what Mount mounted in dir, the overlay first.

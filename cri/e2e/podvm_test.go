@@ -89,7 +89,8 @@ func runPodWorkload(t *testing.T, n *node, handler string, podVM func(*testing.T
 func runWorkload(t *testing.T, w *podWorkload) {
 	n := w.n
 	all := []step{{"runp", w.runp}, {"init container", w.initContainer}, {"app and sidecar", w.appAndSidecar},
-		{"port-forward", w.checkPortForward}, {"shared volume", w.sharedVolume}, {"live volume", w.liveVolume}}
+		{"port-forward", w.checkPortForward}, {"shared volume", w.sharedVolume}, {"live volume", w.liveVolume},
+		{"image volume", w.imageVolume}}
 	all = append(all, w.vmStep("one VM")...)
 	all = append(all, step{"replace the sidecar", w.replaceSidecar})
 	all = append(all, w.vmStep("same VM after the sidecar's restart")...)
@@ -149,6 +150,21 @@ func (w *podWorkload) liveVolume(t *testing.T) {
 	reader := w.n.startBusybox(t, w.p, "cfg-reader", volumeReaderArgs, mount)
 	w.n.checkLiveVolume(t, reader, dir)
 	w.n.crictl(t, "rm", "-f", reader)
+}
+
+// imageVolume runs a container with the busybox image mounted read-only
+// at /vol, as Kubernetes' image volumes are: the image's files are there
+// and cannot be written.
+func (w *podWorkload) imageVolume(t *testing.T) {
+	ctr := w.n.startBusybox(t, w.p, "image-volume", []string{"sh", "-c",
+		"test -x /vol/bin/sh && echo image-files-there; touch /vol/x || echo image-read-only"},
+		func(c *runtimeapi.ContainerConfig) {
+			c.Mounts = append(c.Mounts, &runtimeapi.Mount{ContainerPath: "/vol", Readonly: true,
+				Image: &runtimeapi.ImageSpec{Image: busyboxRef}})
+		})
+	w.n.waitLogs(t, ctr, "image-files-there")
+	w.n.waitLogs(t, ctr, "image-read-only")
+	w.n.crictl(t, "rm", "-f", ctr)
 }
 
 // replaceSidecar stops and removes the sidecar and runs it again under the

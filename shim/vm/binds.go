@@ -34,6 +34,9 @@ type binds struct {
 	pod *sharedDirs
 	// copied are the directories copied, by host path, and their copies.
 	copied map[string]string
+	// images are the image volumes the guest mounts from disks; only a
+	// pod's VM has the disk slots, elsewhere an image volume is copied.
+	images []imageVolume
 }
 
 // translate turns one spec mount into the guest's: one mount, and for a
@@ -96,6 +99,9 @@ func (b *binds) translateOne(m specs.Mount) (specs.Mount, error) {
 		// container gets its own.
 		return specs.Mount{Destination: m.Destination, Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "noexec", "mode=1777"}}, nil
 	case st.IsDir() && b.pod != nil:
+		if img, ok := stagedImage(m.Source); ok {
+			return b.imageMount(m, img), nil
+		}
 		return b.podDir(m)
 	case st.Mode().IsRegular(), st.IsDir():
 		dir := b.dir

@@ -25,6 +25,8 @@ type member struct {
 	slot int
 	spec *specs.Spec // as the guest has it
 	init *agent.ContainerProcess
+	// volumeSlots hold its image volumes' disks.
+	volumeSlots []int
 	// created says the guest has the container (and so its disk mounted).
 	created bool
 
@@ -62,8 +64,10 @@ func (m *member) release(ctx context.Context) {
 			}
 			m.pod.unholdPIDs(m.init.Pid)
 		}
-		logRelease(ctx, m.id, m.pod.disks.DetachDisk(ctx, m.slot))
-		m.pod.free(m.slot)
+		for _, slot := range append([]int{m.slot}, m.volumeSlots...) {
+			logRelease(ctx, m.id, m.pod.disks.DetachDisk(ctx, slot))
+			m.pod.free(slot)
+		}
 	})
 }
 

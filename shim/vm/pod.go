@@ -111,6 +111,10 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 	if err != nil {
 		return nil, fmt.Errorf("attach the image of container %s: %w", r.ID, err)
 	}
+	volumes, err := p.attachVolumes(ctx, m, g.images)
+	if err != nil {
+		return nil, err
+	}
 	clock.lap(PhaseAttach)
 	if r.Created != nil {
 		if err := r.Created(ctx, p.pid); err != nil {
@@ -118,7 +122,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 		}
 		clock.lap(PhaseHooks)
 	}
-	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial}, Files: g.files}
+	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial}, Files: g.files, Volumes: volumes}
 	if m.init, err = p.agent.CreateContainerFrom(ctx, r.ID, g.spec, root, r.Process != nil && r.Process.Stdin); err != nil {
 		return nil, err
 	}
@@ -179,6 +183,7 @@ type guestContainer struct {
 	spec      *specs.Spec
 	files     []agent.File
 	copied    map[string]string
+	images    []imageVolume
 	sharedPID bool
 }
 
@@ -198,7 +203,7 @@ func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 	}
 	// Hooks run on the host, by the shim; the guest has no host binaries.
 	spec.Hooks = nil
-	g := guestContainer{spec: &spec, files: b.files, copied: b.copied}
+	g := guestContainer{spec: &spec, files: b.files, copied: b.copied, images: b.images}
 	if spec.Linux != nil {
 		linux := *spec.Linux
 		linux.Namespaces, g.sharedPID = p.guestNamespaces(linux.Namespaces)

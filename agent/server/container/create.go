@@ -25,6 +25,8 @@ type Container struct {
 	rt     *runc.Runc
 	init   *proc
 	disk   string // the serial of its root's disk, "" for a directory
+	// volumes are the volume disks mounted for it.
+	volumes []*api.VolumeDisk
 	// Phases are how long its create's steps took (api.CreatePhases).
 	Phases []*api.Phase
 
@@ -45,6 +47,8 @@ type CreateOptions struct {
 	// Files are the copies of the spec's bind sources, written before
 	// runc runs.
 	Files []*api.File
+	// Volumes are disks mounted read-only for the spec's binds.
+	Volumes []*api.VolumeDisk
 	// Stdin gives the process a stdin pipe (a terminal always has one).
 	Stdin bool
 }
@@ -113,7 +117,9 @@ func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o
 	}
 	spec.Root.Path = root
 	clk.lap(api.PhaseRoot)
-	if err = guestfile.Write(files); err != nil {
+	if err = m.mountVolumes(ctx, c, o); err != nil {
+		err = fmt.Errorf("container %q: %w", c.ID, err)
+	} else if err = guestfile.Write(files); err != nil {
 		err = fmt.Errorf("files of container %q: %w", c.ID, err)
 	} else if err = writeSpec(c.bundle, spec); err != nil {
 		err = fmt.Errorf("container %q: %w", c.ID, err)
@@ -125,10 +131,13 @@ func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o
 	return nil
 }
 
-// unprepare unmounts c's root, if from a disk, and removes its bundle.
-// A bundle with a root still mounted stays: removing it would write into
-// the root.
+// unprepare unmounts c's volume disks and root, if from a disk, and
+// removes its bundle. A bundle with a root still mounted stays: removing
+// it would write into the root.
 func (m *Manager) unprepare(c *Container) error {
+	if err := m.unmountVolumes(c); err != nil {
+		return err
+	}
 	if err := m.unmountRoot(c); err != nil {
 		return err
 	}

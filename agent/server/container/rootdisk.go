@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -18,6 +19,10 @@ type Roots interface {
 	Mount(ctx context.Context, r *api.Rootfs, dir string) (string, error)
 	// Unmount undoes Mount of dir, so the host can detach the disk.
 	Unmount(dir string) error
+	// MountVolume finds v's disk, as Mount does, and mounts it read-only
+	// at v's path; UnmountVolume undoes it.
+	MountVolume(ctx context.Context, v *api.VolumeDisk) error
+	UnmountVolume(v *api.VolumeDisk) error
 }
 
 // checkRoot wants the root as exactly one of a directory or a disk.
@@ -84,5 +89,41 @@ func (m *Manager) unmountRoot(c *Container) error {
 		return fmt.Errorf("unmount the root of container %q from disk %q: %w", c.ID, c.disk, err)
 	}
 	m.releaseDisk(c.disk)
+	return nil
+}
+
+// mountVolumes mounts o's volume disks for container c, each claimed as
+// c's. A failure leaves none mounted.
+func (m *Manager) mountVolumes(ctx context.Context, c *Container, o CreateOptions) error {
+	if len(o.Volumes) == 0 {
+		return nil
+	}
+	if m.cfg.Roots == nil {
+		return fmt.Errorf("volume disk %q: this agent mounts no disks: %w", o.Volumes[0].Serial, errdefs.ErrFailedPrecondition)
+	}
+	for _, v := range o.Volumes {
+		if err := m.claimDisk(c.ID, v.Serial); err != nil {
+			return errors.Join(err, m.unmountVolumes(c))
+		}
+		if err := m.cfg.Roots.MountVolume(ctx, v); err != nil {
+			m.releaseDisk(v.Serial)
+			return errors.Join(fmt.Errorf("volume disk %q at %s: %w", v.Serial, v.Path, err), m.unmountVolumes(c))
+		}
+		c.volumes = append(c.volumes, v)
+	}
+	return nil
+}
+
+// unmountVolumes unmounts c's volume disks, last first, and frees them;
+// one that stays mounted stays claimed, and c keeps it.
+func (m *Manager) unmountVolumes(c *Container) error {
+	for len(c.volumes) > 0 {
+		v := c.volumes[len(c.volumes)-1]
+		if err := m.cfg.Roots.UnmountVolume(v); err != nil {
+			return fmt.Errorf("unmount volume disk %q of container %q: %w", v.Serial, c.ID, err)
+		}
+		m.releaseDisk(v.Serial)
+		c.volumes = c.volumes[:len(c.volumes)-1]
+	}
 	return nil
 }

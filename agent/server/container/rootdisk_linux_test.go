@@ -48,6 +48,18 @@ func (f *fakeRoots) Unmount(dir string) error {
 	return nil
 }
 
+func (f *fakeRoots) MountVolume(_ context.Context, v *api.VolumeDisk) error {
+	if v.Serial == "broken" {
+		return errors.New("no such disk")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mounted = append(f.mounted, v.Path)
+	return nil
+}
+
+func (f *fakeRoots) UnmountVolume(v *api.VolumeDisk) error { return f.Unmount(v.Path) }
+
 func (f *fakeRoots) left() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -107,6 +119,50 @@ func TestRootDisk(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(m.cfg.StateDir); len(entries) != 0 {
 		t.Errorf("bundles left: %v", entries)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.disks) != 0 {
+		t.Errorf("disks still claimed: %v", m.disks)
+	}
+}
+
+// TestVolumeDisks: a container's volume disks are mounted before runc runs
+// and unmounted at delete; a disk another container holds is refused, and
+// a volume that fails to mount leaves nothing mounted or claimed.
+func TestVolumeDisks(t *testing.T) {
+	m := testManager(t)
+	roots := &fakeRoots{root: busyboxRoot(t)}
+	m.cfg.Roots = roots
+	ctx := context.Background()
+	disk := &api.Rootfs{Fstype: "erofs", Serial: "cocoon-disk-0"}
+	vol := &api.VolumeDisk{Fstype: "erofs", Serial: "cocoon-disk-1", Path: "/run/cocoon/binds/one/image-0"}
+	c, err := m.Create(ctx, "one", CreateOptions{Spec: specJSON(t, "one", oci.WithProcessArgs("true")), RootDisk: disk, Volumes: []*api.VolumeDisk{vol}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := roots.left(); len(got) != 2 || got[1] != vol.Path {
+		t.Fatalf("mounted %q, want the root and the volume", got)
+	}
+	other := &api.Rootfs{Fstype: "erofs", Serial: "cocoon-disk-2"}
+	for _, tc := range []struct {
+		name string
+		vols []*api.VolumeDisk
+		want string
+	}{
+		{"held", []*api.VolumeDisk{vol}, vol.Serial},
+		{"broken", []*api.VolumeDisk{{Fstype: "erofs", Serial: "cocoon-disk-3", Path: "/a"}, {Fstype: "erofs", Serial: "broken", Path: "/b"}}, "no such disk"},
+	} {
+		_, err := m.Create(ctx, tc.name, CreateOptions{Spec: specJSON(t, tc.name), RootDisk: other, Volumes: tc.vols})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %q", tc.name, err, tc.want)
+		}
+	}
+	if err := m.Delete(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := roots.left(); len(got) != 0 {
+		t.Errorf("still mounted: %q", got)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

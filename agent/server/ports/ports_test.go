@@ -11,31 +11,16 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
-// echoServer accepts on 127.0.0.1 and echoes each connection until its
-// peer half-closes, then says "bye" and closes.
+// echoServer echoes each connection until its peer half-closes, then
+// says "bye" and closes.
 func echoServer(t *testing.T) uint32 {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-				_, _ = c.Write([]byte("bye"))
-			}()
-		}
-	}()
-	return uint32(ln.Addr().(*net.TCPAddr).Port)
+	return uint32(testenv.ServeTCP(t, func(c net.Conn) {
+		_, _ = io.Copy(c, c)
+		_, _ = c.Write([]byte("bye"))
+	}))
 }
 
 // freePort is a loopback port nothing listens on.

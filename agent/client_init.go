@@ -79,6 +79,14 @@ type Rootfs struct {
 	FSType string // "erofs" or "ext4"
 	Serial string
 	Mounts []specs.Mount
+	// The spec's confinement of the root, applied after the mounts.
+	MaskedPaths, ReadonlyPaths []string
+	Readonly                   bool
+}
+
+// confined says whether r asks for what agents before API 7 ignore.
+func (r *Rootfs) confined() bool {
+	return r != nil && (r.Readonly || len(r.MaskedPaths) > 0 || len(r.ReadonlyPaths) > 0)
 }
 
 // Init gives the clone its identity, files, network and root, and
@@ -117,6 +125,11 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 	}
 	if len(r.Sysctls) > 0 {
 		if err := c.requireVersion(ctx, apiVersion6, "sysctls"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
+	if r.Rootfs.confined() {
+		if err := c.requireVersion(ctx, apiVersion7, "a read-only root, masked or read-only paths"); err != nil {
 			return fmt.Errorf("init guest: %w", err)
 		}
 	}
@@ -222,7 +235,7 @@ func initNetwork(n *Network) *api.Network {
 }
 
 func initRootfs(r *Rootfs) (*api.Rootfs, error) {
-	out := &api.Rootfs{Fstype: r.FSType, Serial: r.Serial}
+	out := &api.Rootfs{Fstype: r.FSType, Serial: r.Serial, MaskedPaths: r.MaskedPaths, ReadonlyPaths: r.ReadonlyPaths, Readonly: r.Readonly}
 	for _, m := range r.Mounts {
 		if len(m.UIDMappings) > 0 || len(m.GIDMappings) > 0 {
 			return nil, fmt.Errorf("mount at %q: id-mapped mounts are not supported in the guest: %w", m.Destination, errdefs.ErrInvalidArgument)

@@ -525,7 +525,14 @@ type Rootfs struct {
 	Serial string `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
 	// mounts are set up inside the container's root, in order, after it is
 	// mounted read-only under a private writable overlay.
-	Mounts        []*Mount `protobuf:"bytes,3,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Mounts []*Mount `protobuf:"bytes,3,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	// After the mounts, as runc applies them (API version 7): masked_paths
+	// are hidden (a directory under a read-only tmpfs, a file under
+	// /dev/null), readonly_paths made read-only, and with readonly the
+	// root itself; the mounts in it stay as they are.
+	MaskedPaths   []string `protobuf:"bytes,4,rep,name=masked_paths,json=maskedPaths,proto3" json:"masked_paths,omitempty"`
+	ReadonlyPaths []string `protobuf:"bytes,5,rep,name=readonly_paths,json=readonlyPaths,proto3" json:"readonly_paths,omitempty"`
+	Readonly      bool     `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -579,6 +586,27 @@ func (x *Rootfs) GetMounts() []*Mount {
 		return x.Mounts
 	}
 	return nil
+}
+
+func (x *Rootfs) GetMaskedPaths() []string {
+	if x != nil {
+		return x.MaskedPaths
+	}
+	return nil
+}
+
+func (x *Rootfs) GetReadonlyPaths() []string {
+	if x != nil {
+		return x.ReadonlyPaths
+	}
+	return nil
+}
+
+func (x *Rootfs) GetReadonly() bool {
+	if x != nil {
+		return x.Readonly
+	}
+	return false
 }
 
 // Mount is an OCI mount (runtime-spec config.md) inside the container.
@@ -2714,11 +2742,14 @@ const file_agent_proto_rawDesc = "" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x16\n" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12\x16\n" +
 	"\x06metric\x18\x04 \x01(\rR\x06metric\x12\x17\n" +
-	"\aon_link\x18\x05 \x01(\bR\x06onLink\"h\n" +
+	"\aon_link\x18\x05 \x01(\bR\x06onLink\"\xce\x01\n" +
 	"\x06Rootfs\x12\x16\n" +
 	"\x06fstype\x18\x01 \x01(\tR\x06fstype\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12.\n" +
-	"\x06mounts\x18\x03 \x03(\v2\x16.cocoon.agent.v1.MountR\x06mounts\"o\n" +
+	"\x06mounts\x18\x03 \x03(\v2\x16.cocoon.agent.v1.MountR\x06mounts\x12!\n" +
+	"\fmasked_paths\x18\x04 \x03(\tR\vmaskedPaths\x12%\n" +
+	"\x0ereadonly_paths\x18\x05 \x03(\tR\rreadonlyPaths\x12\x1a\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\"o\n" +
 	"\x05Mount\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +

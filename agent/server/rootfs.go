@@ -112,6 +112,9 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
 			return errors.Join(err, m.undo())
 		}
 	}
+	if err := m.confine(l.root, r); err != nil {
+		return errors.Join(err, m.undo())
+	}
 	b, err := proto.Marshal(r)
 	if err == nil {
 		err = guestfile.WriteFile(&api.File{Path: l.marker, Data: b, Mode: 0o600})

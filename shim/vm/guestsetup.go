@@ -59,6 +59,12 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs) (files []agent.File,
 	}
 	b := binds{}
 	root = &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
+	if spec != nil {
+		root.Readonly = spec.Root != nil && spec.Root.Readonly
+		if spec.Linux != nil {
+			root.MaskedPaths, root.ReadonlyPaths = spec.Linux.MaskedPaths, spec.Linux.ReadonlyPaths
+		}
+	}
 	for _, m := range mounts {
 		gm, err := b.translate(m)
 		if err != nil {

@@ -20,7 +20,7 @@ var volumeReaderArgs = []string{"sh", "-c",
 // liveVolumeDir makes a ConfigMap-shaped volume in a kubelet-like path,
 // both keys "one", and returns it with an edit mounting it read-only at
 // /cfg, as kubelet mounts a ConfigMap.
-func liveVolumeDir(t *testing.T) (string, func(*runtimeapi.ContainerConfig)) {
+func liveVolumeDir(t testing.TB) (string, func(*runtimeapi.ContainerConfig)) {
 	dir := filepath.Join(t.TempDir(), "pods", "uid", "volumes", "kubernetes.io~configmap", "cfg")
 	testenv.WriteVolumeVersion(t, dir, "..v1", map[string]string{"a": "one", "b": "one"})
 	return dir, func(c *runtimeapi.ContainerConfig) {

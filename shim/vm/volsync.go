@@ -26,8 +26,9 @@ var liveVolume = regexp.MustCompile(`/volumes/kubernetes\.io~(configmap|secret|p
 
 const (
 	volumeData = "..data"
-	// volumeSyncInterval is how often a live volume's ..data is read: an
-	// update reaches the guest within about this and the copy's time.
+	// volumeSyncInterval is how often a live volume's ..data is read
+	// besides when inotify says it changed: an update inotify missed
+	// reaches the guest within about this and the copy's time.
 	volumeSyncInterval = 500 * time.Millisecond
 )
 
@@ -132,27 +133,47 @@ func hostKeys(dir string) (map[string]string, error) {
 	return keys, nil
 }
 
-// run syncs every volumeSyncInterval until stop closes, each sync bounded
-// by timeout; a failure is logged once until it changes or clears.
+// run syncs when inotify says the volume changed, and every
+// volumeSyncInterval besides, until stop closes; each sync is bounded by
+// timeout, and a failure is logged once until it changes or clears.
 func (v *volumeSync) run(ctx context.Context, stop <-chan struct{}, timeout time.Duration) {
 	t := time.NewTicker(volumeSyncInterval)
 	defer t.Stop()
+	var changed <-chan struct{}
+	if w, err := watchVolume(v.host); err == nil {
+		defer w.close()
+		changed = w.changed
+	} else {
+		log.G(ctx).WithError(err).WithField("volume", v.host).Info("live volume polled only")
+	}
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
+		case _, ok := <-changed:
+			if !ok {
+				changed = nil // the watch ended: poll only
+			}
 		}
-		sctx, cancel := context.WithTimeout(ctx, timeout)
-		err := v.sync(sctx)
-		cancel()
-		switch {
-		case err == nil:
-			v.lastErr = ""
-		case err.Error() != v.lastErr:
-			v.lastErr = err.Error()
-			log.G(ctx).WithError(err).WithField("volume", v.host).Warn("live volume not synced")
-		}
+		v.report(ctx, v.syncWithin(ctx, timeout))
+	}
+}
+
+func (v *volumeSync) syncWithin(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return v.sync(ctx)
+}
+
+// report logs a sync's failure once until it changes or clears.
+func (v *volumeSync) report(ctx context.Context, err error) {
+	switch {
+	case err == nil:
+		v.lastErr = ""
+	case err.Error() != v.lastErr:
+		v.lastErr = err.Error()
+		log.G(ctx).WithError(err).WithField("volume", v.host).Warn("live volume not synced")
 	}
 }
 

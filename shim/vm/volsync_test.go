@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -113,5 +114,21 @@ func TestVolumeSyncRefusesOddData(t *testing.T) {
 	v := newVolumeSync(host, podBindSources+"/1", &dirUpdater{root: t.TempDir()}, nil)
 	if err := v.sync(context.Background()); err == nil || !strings.Contains(err.Error(), "expected a directory of the volume's own") {
 		t.Fatalf("..data naming /etc: %v", err)
+	}
+}
+
+// TestVolumeWatch: kubelet's swap of ..data wakes the watch.
+func TestVolumeWatch(t *testing.T) {
+	dir := t.TempDir()
+	w, err := watchVolume(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	testenv.WriteVolumeVersion(t, dir, "..v1", map[string]string{"a": "1"})
+	select {
+	case <-w.changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake-up within 5 s of an update")
 	}
 }

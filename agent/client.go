@@ -140,6 +140,8 @@ type ExecRequest struct {
 	// OwnPIDNamespace makes the process pid 1 of a PID namespace of its
 	// own (a pod's pause process, which the pod's containers share).
 	OwnPIDNamespace bool
+	// Capabilities, when set, are the process's (agent API 7).
+	Capabilities *specs.LinuxCapabilities
 }
 
 // Exec starts a process in the guest. After an Init with a rootfs, the
@@ -152,6 +154,11 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*Process, error) {
 	}
 	if r.OwnPIDNamespace {
 		if err := c.requireVersion(ctx, apiVersion5, "a PID namespace of its own"); err != nil {
+			return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
+		}
+	}
+	if r.Capabilities != nil {
+		if err := c.requireVersion(ctx, apiVersion7, "a process's capabilities"); err != nil {
 			return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
 		}
 	}
@@ -171,6 +178,10 @@ func execRequest(r ExecRequest) *api.ExecRequest {
 	}
 	for _, l := range r.Rlimits {
 		req.Rlimits = append(req.Rlimits, &api.Rlimit{Type: l.Type, Soft: l.Soft, Hard: l.Hard})
+	}
+	if c := r.Capabilities; c != nil {
+		req.Capabilities = &api.Capabilities{Bounding: c.Bounding, Effective: c.Effective,
+			Permitted: c.Permitted, Inheritable: c.Inheritable, Ambient: c.Ambient}
 	}
 	return req
 }

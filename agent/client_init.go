@@ -128,6 +128,11 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 			return fmt.Errorf("init guest: %w", err)
 		}
 	}
+	if r.Process != nil && r.Process.Capabilities != nil {
+		if err := c.requireVersion(ctx, apiVersion7, "a process's capabilities"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
 	if r.Rootfs.confined() {
 		if err := c.requireVersion(ctx, apiVersion7, "a read-only root, masked or read-only paths"); err != nil {
 			return fmt.Errorf("init guest: %w", err)

@@ -698,8 +698,12 @@ type ExecRequest struct {
 	// own: a pod's pause process, whose namespace the pod's containers
 	// share (API version 5).
 	OwnPidNamespace bool `protobuf:"varint,13,opt,name=own_pid_namespace,json=ownPidNamespace,proto3" json:"own_pid_namespace,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// capabilities, when set, are the process's, as the OCI spec gives
+	// them, by name ("CAP_NET_ADMIN"); unset keeps the agent's (API
+	// version 7).
+	Capabilities  *Capabilities `protobuf:"bytes,14,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
@@ -823,6 +827,89 @@ func (x *ExecRequest) GetOwnPidNamespace() bool {
 	return false
 }
 
+func (x *ExecRequest) GetCapabilities() *Capabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+type Capabilities struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bounding      []string               `protobuf:"bytes,1,rep,name=bounding,proto3" json:"bounding,omitempty"`
+	Effective     []string               `protobuf:"bytes,2,rep,name=effective,proto3" json:"effective,omitempty"`
+	Permitted     []string               `protobuf:"bytes,3,rep,name=permitted,proto3" json:"permitted,omitempty"`
+	Inheritable   []string               `protobuf:"bytes,4,rep,name=inheritable,proto3" json:"inheritable,omitempty"`
+	Ambient       []string               `protobuf:"bytes,5,rep,name=ambient,proto3" json:"ambient,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Capabilities) Reset() {
+	*x = Capabilities{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Capabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Capabilities) ProtoMessage() {}
+
+func (x *Capabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
+func (*Capabilities) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Capabilities) GetBounding() []string {
+	if x != nil {
+		return x.Bounding
+	}
+	return nil
+}
+
+func (x *Capabilities) GetEffective() []string {
+	if x != nil {
+		return x.Effective
+	}
+	return nil
+}
+
+func (x *Capabilities) GetPermitted() []string {
+	if x != nil {
+		return x.Permitted
+	}
+	return nil
+}
+
+func (x *Capabilities) GetInheritable() []string {
+	if x != nil {
+		return x.Inheritable
+	}
+	return nil
+}
+
+func (x *Capabilities) GetAmbient() []string {
+	if x != nil {
+		return x.Ambient
+	}
+	return nil
+}
+
 type Rlimit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// type is the OCI name, e.g. "RLIMIT_NOFILE".
@@ -835,7 +922,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +934,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +947,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Rlimit) GetType() string {
@@ -894,7 +981,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +993,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1006,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecResponse) GetPid() uint32 {
@@ -940,7 +1027,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1039,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1052,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReadOutputRequest) GetId() string {
@@ -1000,7 +1087,7 @@ type ReadOutputResponse struct {
 
 func (x *ReadOutputResponse) Reset() {
 	*x = ReadOutputResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1099,7 @@ func (x *ReadOutputResponse) String() string {
 func (*ReadOutputResponse) ProtoMessage() {}
 
 func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1112,7 @@ func (x *ReadOutputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputResponse.ProtoReflect.Descriptor instead.
 func (*ReadOutputResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReadOutputResponse) GetData() []byte {
@@ -1052,7 +1139,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1151,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1164,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WriteStdinRequest) GetId() string {
@@ -1103,7 +1190,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1202,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1215,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ProcessRequest) GetId() string {
@@ -1149,7 +1236,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1161,7 +1248,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1174,7 +1261,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WaitResponse) GetExitCode() int32 {
@@ -1208,7 +1295,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1307,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1320,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -1261,7 +1348,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1360,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1373,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -1326,7 +1413,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1425,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1438,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1400,7 +1487,7 @@ type ProcessesResponse struct {
 
 func (x *ProcessesResponse) Reset() {
 	*x = ProcessesResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1499,7 @@ func (x *ProcessesResponse) String() string {
 func (*ProcessesResponse) ProtoMessage() {}
 
 func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1512,7 @@ func (x *ProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1461,7 +1548,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1560,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1573,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatsResponse) GetMemoryTotal() uint64 {
@@ -1603,7 +1690,7 @@ type CreateContainerRequest struct {
 
 func (x *CreateContainerRequest) Reset() {
 	*x = CreateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1702,7 @@ func (x *CreateContainerRequest) String() string {
 func (*CreateContainerRequest) ProtoMessage() {}
 
 func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1715,7 @@ func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
 func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateContainerRequest) GetId() string {
@@ -1693,7 +1780,7 @@ type VolumeDisk struct {
 
 func (x *VolumeDisk) Reset() {
 	*x = VolumeDisk{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1792,7 @@ func (x *VolumeDisk) String() string {
 func (*VolumeDisk) ProtoMessage() {}
 
 func (x *VolumeDisk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1805,7 @@ func (x *VolumeDisk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeDisk.ProtoReflect.Descriptor instead.
 func (*VolumeDisk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *VolumeDisk) GetSerial() string {
@@ -1753,7 +1840,7 @@ type ContainerRequest struct {
 
 func (x *ContainerRequest) Reset() {
 	*x = ContainerRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1852,7 @@ func (x *ContainerRequest) String() string {
 func (*ContainerRequest) ProtoMessage() {}
 
 func (x *ContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +1865,7 @@ func (x *ContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerRequest.ProtoReflect.Descriptor instead.
 func (*ContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ContainerRequest) GetId() string {
@@ -1809,7 +1896,7 @@ type ContainerProcessResponse struct {
 
 func (x *ContainerProcessResponse) Reset() {
 	*x = ContainerProcessResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +1908,7 @@ func (x *ContainerProcessResponse) String() string {
 func (*ContainerProcessResponse) ProtoMessage() {}
 
 func (x *ContainerProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +1921,7 @@ func (x *ContainerProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerProcessResponse.ProtoReflect.Descriptor instead.
 func (*ContainerProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ContainerProcessResponse) GetPid() uint32 {
@@ -1862,7 +1949,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +1961,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +1974,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Phase) GetName() string {
@@ -1915,7 +2002,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2014,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2027,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *UpdateContainerRequest) GetId() string {
@@ -1968,7 +2055,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2067,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2080,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ContainerStatsResponse) GetMetrics() *anypb.Any {
@@ -2016,7 +2103,7 @@ type ExecContainerRequest struct {
 
 func (x *ExecContainerRequest) Reset() {
 	*x = ExecContainerRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +2115,7 @@ func (x *ExecContainerRequest) String() string {
 func (*ExecContainerRequest) ProtoMessage() {}
 
 func (x *ExecContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +2128,7 @@ func (x *ExecContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecContainerRequest.ProtoReflect.Descriptor instead.
 func (*ExecContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecContainerRequest) GetId() string {
@@ -2085,7 +2172,7 @@ type SignalContainerRequest struct {
 
 func (x *SignalContainerRequest) Reset() {
 	*x = SignalContainerRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2184,7 @@ func (x *SignalContainerRequest) String() string {
 func (*SignalContainerRequest) ProtoMessage() {}
 
 func (x *SignalContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2197,7 @@ func (x *SignalContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalContainerRequest.ProtoReflect.Descriptor instead.
 func (*SignalContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SignalContainerRequest) GetId() string {
@@ -2155,7 +2242,7 @@ type ContainerExit struct {
 
 func (x *ContainerExit) Reset() {
 	*x = ContainerExit{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2254,7 @@ func (x *ContainerExit) String() string {
 func (*ContainerExit) ProtoMessage() {}
 
 func (x *ContainerExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2267,7 @@ func (x *ContainerExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerExit.ProtoReflect.Descriptor instead.
 func (*ContainerExit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ContainerExit) GetExitCode() int32 {
@@ -2223,7 +2310,7 @@ type ReadContainerOutputRequest struct {
 
 func (x *ReadContainerOutputRequest) Reset() {
 	*x = ReadContainerOutputRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2322,7 @@ func (x *ReadContainerOutputRequest) String() string {
 func (*ReadContainerOutputRequest) ProtoMessage() {}
 
 func (x *ReadContainerOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2335,7 @@ func (x *ReadContainerOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadContainerOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadContainerOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadContainerOutputRequest) GetId() string {
@@ -2290,7 +2377,7 @@ type WriteContainerStdinRequest struct {
 
 func (x *WriteContainerStdinRequest) Reset() {
 	*x = WriteContainerStdinRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2389,7 @@ func (x *WriteContainerStdinRequest) String() string {
 func (*WriteContainerStdinRequest) ProtoMessage() {}
 
 func (x *WriteContainerStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2402,7 @@ func (x *WriteContainerStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteContainerStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteContainerStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WriteContainerStdinRequest) GetId() string {
@@ -2351,7 +2438,7 @@ type ResizeContainerPtyRequest struct {
 
 func (x *ResizeContainerPtyRequest) Reset() {
 	*x = ResizeContainerPtyRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2450,7 @@ func (x *ResizeContainerPtyRequest) String() string {
 func (*ResizeContainerPtyRequest) ProtoMessage() {}
 
 func (x *ResizeContainerPtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2463,7 @@ func (x *ResizeContainerPtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeContainerPtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizeContainerPtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResizeContainerPtyRequest) GetId() string {
@@ -2416,7 +2503,7 @@ type OpenPortRequest struct {
 
 func (x *OpenPortRequest) Reset() {
 	*x = OpenPortRequest{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +2515,7 @@ func (x *OpenPortRequest) String() string {
 func (*OpenPortRequest) ProtoMessage() {}
 
 func (x *OpenPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +2528,7 @@ func (x *OpenPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortRequest.ProtoReflect.Descriptor instead.
 func (*OpenPortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OpenPortRequest) GetPort() uint32 {
@@ -2460,7 +2547,7 @@ type OpenPortResponse struct {
 
 func (x *OpenPortResponse) Reset() {
 	*x = OpenPortResponse{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2472,7 +2559,7 @@ func (x *OpenPortResponse) String() string {
 func (*OpenPortResponse) ProtoMessage() {}
 
 func (x *OpenPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2485,7 +2572,7 @@ func (x *OpenPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenPortResponse.ProtoReflect.Descriptor instead.
 func (*OpenPortResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OpenPortResponse) GetId() uint64 {
@@ -2505,7 +2592,7 @@ type ReadPortRequest struct {
 
 func (x *ReadPortRequest) Reset() {
 	*x = ReadPortRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2517,7 +2604,7 @@ func (x *ReadPortRequest) String() string {
 func (*ReadPortRequest) ProtoMessage() {}
 
 func (x *ReadPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2530,7 +2617,7 @@ func (x *ReadPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadPortRequest.ProtoReflect.Descriptor instead.
 func (*ReadPortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReadPortRequest) GetId() uint64 {
@@ -2557,7 +2644,7 @@ type WritePortRequest struct {
 
 func (x *WritePortRequest) Reset() {
 	*x = WritePortRequest{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2569,7 +2656,7 @@ func (x *WritePortRequest) String() string {
 func (*WritePortRequest) ProtoMessage() {}
 
 func (x *WritePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2582,7 +2669,7 @@ func (x *WritePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WritePortRequest.ProtoReflect.Descriptor instead.
 func (*WritePortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WritePortRequest) GetId() uint64 {
@@ -2611,7 +2698,7 @@ type ClosePortRequest struct {
 
 func (x *ClosePortRequest) Reset() {
 	*x = ClosePortRequest{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2623,7 +2710,7 @@ func (x *ClosePortRequest) String() string {
 func (*ClosePortRequest) ProtoMessage() {}
 
 func (x *ClosePortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2636,7 +2723,7 @@ func (x *ClosePortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePortRequest.ProtoReflect.Descriptor instead.
 func (*ClosePortRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ClosePortRequest) GetId() uint64 {
@@ -2663,7 +2750,7 @@ type UpdateFilesRequest struct {
 
 func (x *UpdateFilesRequest) Reset() {
 	*x = UpdateFilesRequest{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +2762,7 @@ func (x *UpdateFilesRequest) String() string {
 func (*UpdateFilesRequest) ProtoMessage() {}
 
 func (x *UpdateFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +2775,7 @@ func (x *UpdateFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateFilesRequest.ProtoReflect.Descriptor instead.
 func (*UpdateFilesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UpdateFilesRequest) GetFiles() []*File {
@@ -2754,7 +2841,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12\x18\n" +
-	"\aoptions\x18\x04 \x03(\tR\aoptions\"\x84\x03\n" +
+	"\aoptions\x18\x04 \x03(\tR\aoptions\"\xc7\x03\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -2769,8 +2856,15 @@ const file_agent_proto_rawDesc = "" +
 	" \x03(\v2\x17.cocoon.agent.v1.RlimitR\arlimits\x12*\n" +
 	"\x11no_new_privileges\x18\v \x01(\bR\x0fnoNewPrivileges\x12\x19\n" +
 	"\x05umask\x18\f \x01(\rH\x00R\x05umask\x88\x01\x01\x12*\n" +
-	"\x11own_pid_namespace\x18\r \x01(\bR\x0fownPidNamespaceB\b\n" +
-	"\x06_umask\"D\n" +
+	"\x11own_pid_namespace\x18\r \x01(\bR\x0fownPidNamespace\x12A\n" +
+	"\fcapabilities\x18\x0e \x01(\v2\x1d.cocoon.agent.v1.CapabilitiesR\fcapabilitiesB\b\n" +
+	"\x06_umask\"\xa2\x01\n" +
+	"\fCapabilities\x12\x1a\n" +
+	"\bbounding\x18\x01 \x03(\tR\bbounding\x12\x1c\n" +
+	"\teffective\x18\x02 \x03(\tR\teffective\x12\x1c\n" +
+	"\tpermitted\x18\x03 \x03(\tR\tpermitted\x12 \n" +
+	"\vinheritable\x18\x04 \x03(\tR\vinheritable\x12\x18\n" +
+	"\aambient\x18\x05 \x03(\tR\aambient\"D\n" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x04R\x04soft\x12\x12\n" +
@@ -2951,7 +3045,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                        // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),               // 1: cocoon.agent.v1.PingResponse
@@ -2963,130 +3057,132 @@ var file_agent_proto_goTypes = []any{
 	(*Rootfs)(nil),                     // 7: cocoon.agent.v1.Rootfs
 	(*Mount)(nil),                      // 8: cocoon.agent.v1.Mount
 	(*ExecRequest)(nil),                // 9: cocoon.agent.v1.ExecRequest
-	(*Rlimit)(nil),                     // 10: cocoon.agent.v1.Rlimit
-	(*ExecResponse)(nil),               // 11: cocoon.agent.v1.ExecResponse
-	(*ReadOutputRequest)(nil),          // 12: cocoon.agent.v1.ReadOutputRequest
-	(*ReadOutputResponse)(nil),         // 13: cocoon.agent.v1.ReadOutputResponse
-	(*WriteStdinRequest)(nil),          // 14: cocoon.agent.v1.WriteStdinRequest
-	(*ProcessRequest)(nil),             // 15: cocoon.agent.v1.ProcessRequest
-	(*WaitResponse)(nil),               // 16: cocoon.agent.v1.WaitResponse
-	(*SignalRequest)(nil),              // 17: cocoon.agent.v1.SignalRequest
-	(*ResizePtyRequest)(nil),           // 18: cocoon.agent.v1.ResizePtyRequest
-	(*ProcessInfo)(nil),                // 19: cocoon.agent.v1.ProcessInfo
-	(*ProcessesResponse)(nil),          // 20: cocoon.agent.v1.ProcessesResponse
-	(*StatsResponse)(nil),              // 21: cocoon.agent.v1.StatsResponse
-	(*CreateContainerRequest)(nil),     // 22: cocoon.agent.v1.CreateContainerRequest
-	(*VolumeDisk)(nil),                 // 23: cocoon.agent.v1.VolumeDisk
-	(*ContainerRequest)(nil),           // 24: cocoon.agent.v1.ContainerRequest
-	(*ContainerProcessResponse)(nil),   // 25: cocoon.agent.v1.ContainerProcessResponse
-	(*Phase)(nil),                      // 26: cocoon.agent.v1.Phase
-	(*UpdateContainerRequest)(nil),     // 27: cocoon.agent.v1.UpdateContainerRequest
-	(*ContainerStatsResponse)(nil),     // 28: cocoon.agent.v1.ContainerStatsResponse
-	(*ExecContainerRequest)(nil),       // 29: cocoon.agent.v1.ExecContainerRequest
-	(*SignalContainerRequest)(nil),     // 30: cocoon.agent.v1.SignalContainerRequest
-	(*ContainerExit)(nil),              // 31: cocoon.agent.v1.ContainerExit
-	(*ReadContainerOutputRequest)(nil), // 32: cocoon.agent.v1.ReadContainerOutputRequest
-	(*WriteContainerStdinRequest)(nil), // 33: cocoon.agent.v1.WriteContainerStdinRequest
-	(*ResizeContainerPtyRequest)(nil),  // 34: cocoon.agent.v1.ResizeContainerPtyRequest
-	(*OpenPortRequest)(nil),            // 35: cocoon.agent.v1.OpenPortRequest
-	(*OpenPortResponse)(nil),           // 36: cocoon.agent.v1.OpenPortResponse
-	(*ReadPortRequest)(nil),            // 37: cocoon.agent.v1.ReadPortRequest
-	(*WritePortRequest)(nil),           // 38: cocoon.agent.v1.WritePortRequest
-	(*ClosePortRequest)(nil),           // 39: cocoon.agent.v1.ClosePortRequest
-	(*UpdateFilesRequest)(nil),         // 40: cocoon.agent.v1.UpdateFilesRequest
-	nil,                                // 41: cocoon.agent.v1.InitRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                  // 43: google.protobuf.Any
-	(*emptypb.Empty)(nil),              // 44: google.protobuf.Empty
+	(*Capabilities)(nil),               // 10: cocoon.agent.v1.Capabilities
+	(*Rlimit)(nil),                     // 11: cocoon.agent.v1.Rlimit
+	(*ExecResponse)(nil),               // 12: cocoon.agent.v1.ExecResponse
+	(*ReadOutputRequest)(nil),          // 13: cocoon.agent.v1.ReadOutputRequest
+	(*ReadOutputResponse)(nil),         // 14: cocoon.agent.v1.ReadOutputResponse
+	(*WriteStdinRequest)(nil),          // 15: cocoon.agent.v1.WriteStdinRequest
+	(*ProcessRequest)(nil),             // 16: cocoon.agent.v1.ProcessRequest
+	(*WaitResponse)(nil),               // 17: cocoon.agent.v1.WaitResponse
+	(*SignalRequest)(nil),              // 18: cocoon.agent.v1.SignalRequest
+	(*ResizePtyRequest)(nil),           // 19: cocoon.agent.v1.ResizePtyRequest
+	(*ProcessInfo)(nil),                // 20: cocoon.agent.v1.ProcessInfo
+	(*ProcessesResponse)(nil),          // 21: cocoon.agent.v1.ProcessesResponse
+	(*StatsResponse)(nil),              // 22: cocoon.agent.v1.StatsResponse
+	(*CreateContainerRequest)(nil),     // 23: cocoon.agent.v1.CreateContainerRequest
+	(*VolumeDisk)(nil),                 // 24: cocoon.agent.v1.VolumeDisk
+	(*ContainerRequest)(nil),           // 25: cocoon.agent.v1.ContainerRequest
+	(*ContainerProcessResponse)(nil),   // 26: cocoon.agent.v1.ContainerProcessResponse
+	(*Phase)(nil),                      // 27: cocoon.agent.v1.Phase
+	(*UpdateContainerRequest)(nil),     // 28: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil),     // 29: cocoon.agent.v1.ContainerStatsResponse
+	(*ExecContainerRequest)(nil),       // 30: cocoon.agent.v1.ExecContainerRequest
+	(*SignalContainerRequest)(nil),     // 31: cocoon.agent.v1.SignalContainerRequest
+	(*ContainerExit)(nil),              // 32: cocoon.agent.v1.ContainerExit
+	(*ReadContainerOutputRequest)(nil), // 33: cocoon.agent.v1.ReadContainerOutputRequest
+	(*WriteContainerStdinRequest)(nil), // 34: cocoon.agent.v1.WriteContainerStdinRequest
+	(*ResizeContainerPtyRequest)(nil),  // 35: cocoon.agent.v1.ResizeContainerPtyRequest
+	(*OpenPortRequest)(nil),            // 36: cocoon.agent.v1.OpenPortRequest
+	(*OpenPortResponse)(nil),           // 37: cocoon.agent.v1.OpenPortResponse
+	(*ReadPortRequest)(nil),            // 38: cocoon.agent.v1.ReadPortRequest
+	(*WritePortRequest)(nil),           // 39: cocoon.agent.v1.WritePortRequest
+	(*ClosePortRequest)(nil),           // 40: cocoon.agent.v1.ClosePortRequest
+	(*UpdateFilesRequest)(nil),         // 41: cocoon.agent.v1.UpdateFilesRequest
+	nil,                                // 42: cocoon.agent.v1.InitRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),      // 43: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                  // 44: google.protobuf.Any
+	(*emptypb.Empty)(nil),              // 45: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	42, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	43, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
 	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
-	41, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
+	42, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
 	6,  // 6: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
 	8,  // 7: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
-	10, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
-	0,  // 9: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	42, // 10: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	19, // 11: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	7,  // 12: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
-	4,  // 13: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
-	23, // 14: cocoon.agent.v1.CreateContainerRequest.volume_disks:type_name -> cocoon.agent.v1.VolumeDisk
-	26, // 15: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
-	43, // 16: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	42, // 17: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
-	0,  // 18: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	4,  // 19: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
-	44, // 20: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 21: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	9,  // 22: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	15, // 23: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
-	12, // 24: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	14, // 25: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	15, // 26: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	15, // 27: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	17, // 28: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	18, // 29: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	15, // 30: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	44, // 31: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	44, // 32: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	44, // 33: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	22, // 34: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	24, // 35: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	24, // 36: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	27, // 37: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	24, // 38: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	29, // 39: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
-	30, // 40: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
-	24, // 41: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	32, // 42: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
-	33, // 43: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
-	24, // 44: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
-	34, // 45: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
-	35, // 46: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
-	37, // 47: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
-	38, // 48: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
-	39, // 49: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
-	40, // 50: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
-	1,  // 51: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 52: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	11, // 53: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	11, // 54: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	13, // 55: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	44, // 56: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	44, // 57: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	16, // 58: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	44, // 59: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	44, // 60: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	44, // 61: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	20, // 62: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	21, // 63: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	44, // 64: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	25, // 65: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	25, // 66: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	44, // 67: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	44, // 68: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	28, // 69: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	25, // 70: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	44, // 71: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	31, // 72: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	13, // 73: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	44, // 74: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	44, // 75: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	44, // 76: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	36, // 77: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
-	13, // 78: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
-	44, // 79: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
-	44, // 80: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
-	44, // 81: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
-	51, // [51:82] is the sub-list for method output_type
-	20, // [20:51] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	11, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
+	10, // 9: cocoon.agent.v1.ExecRequest.capabilities:type_name -> cocoon.agent.v1.Capabilities
+	0,  // 10: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	43, // 11: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	20, // 12: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
+	7,  // 13: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
+	4,  // 14: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
+	24, // 15: cocoon.agent.v1.CreateContainerRequest.volume_disks:type_name -> cocoon.agent.v1.VolumeDisk
+	27, // 16: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
+	44, // 17: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	43, // 18: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	0,  // 19: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	4,  // 20: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
+	45, // 21: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 22: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 23: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	16, // 24: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	13, // 25: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	15, // 26: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	16, // 27: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	16, // 28: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	18, // 29: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	19, // 30: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	16, // 31: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	45, // 32: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	45, // 33: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	45, // 34: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	23, // 35: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	25, // 36: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	25, // 37: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	28, // 38: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	25, // 39: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	30, // 40: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
+	31, // 41: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
+	25, // 42: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	33, // 43: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
+	34, // 44: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
+	25, // 45: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
+	35, // 46: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
+	36, // 47: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
+	38, // 48: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
+	39, // 49: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
+	40, // 50: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
+	41, // 51: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
+	1,  // 52: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 53: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	12, // 54: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	12, // 55: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	14, // 56: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	45, // 57: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	45, // 58: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	17, // 59: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	45, // 60: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	45, // 61: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	45, // 62: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	21, // 63: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	22, // 64: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	45, // 65: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	26, // 66: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	26, // 67: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	45, // 68: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	45, // 69: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	29, // 70: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	26, // 71: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	45, // 72: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	32, // 73: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	14, // 74: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	45, // 75: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	45, // 76: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	45, // 77: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	37, // 78: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
+	14, // 79: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
+	45, // 80: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
+	45, // 81: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
+	45, // 82: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
+	52, // [52:83] is the sub-list for method output_type
+	21, // [21:52] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -3101,7 +3197,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

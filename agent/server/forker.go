@@ -34,9 +34,10 @@ var forkers = sync.OnceValue(func() [2]*forker {
 
 // forkerFor is the forker for s; nil when s's process must fork on a
 // thread of its own: its rlimits are set as its user (see forked), which
-// no thread can stop being.
+// no thread can stop being, or it has capabilities of its own, which no
+// thread can take back once dropped from its bounding set.
 func forkerFor(s *procSpec) *forker {
-	if len(s.rlimits) > 0 && (s.uid != 0 || s.gid != 0) && !canSetRlimits() {
+	if s.caps != nil || len(s.rlimits) > 0 && (s.uid != 0 || s.gid != 0) && !canSetRlimits() {
 		return nil
 	}
 	if s.noNewPrivileges {
@@ -107,7 +108,8 @@ func (j forkJob) alone() {
 	j.f.err = j.f.forkOnThread(j.s, j.childEnds, true)
 }
 
-// takeSettings gives this thread s's umask and no_new_privileges.
+// takeSettings gives this thread s's umask, no_new_privileges and
+// capabilities.
 func takeSettings(s *procSpec) error {
 	if s.umask != nil {
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
@@ -119,6 +121,9 @@ func takeSettings(s *procSpec) error {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return fmt.Errorf("set no_new_privileges: %w", err)
 		}
+	}
+	if s.caps != nil {
+		return s.caps.take()
 	}
 	return nil
 }

@@ -37,6 +37,7 @@ type procSpec struct {
 	noNewPrivileges bool
 	ownPIDNamespace bool      // pid 1 of a PID namespace of its own
 	boot            *bootRoot // what the guest's root held at boot; nil in a container root
+	caps            *capSet   // nil: the agent's
 }
 
 // newProcSpec checks r and resolves what the process needs in root (the
@@ -55,6 +56,9 @@ func newProcSpec(r *api.ExecRequest, root string, boot *bootRoot) (*procSpec, er
 	}
 	if root == "" {
 		spec.boot = boot
+	}
+	if spec.caps, err = newCapSet(r.Capabilities); err != nil {
+		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
 	}
 	home, err := spec.home(r.Uid)
 	if err != nil {
@@ -254,6 +258,9 @@ func (s *procSpec) command() *exec.Cmd {
 	}
 	if s.ownPIDNamespace {
 		attr.Cloneflags = syscall.CLONE_NEWPID
+	}
+	if s.caps != nil {
+		attr.AmbientCaps = s.caps.ambientList()
 	}
 	return &exec.Cmd{Path: s.path, Args: s.args, Env: s.env, Dir: s.cwd, SysProcAttr: attr}
 }

@@ -250,6 +250,7 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 		Rlimits:         p.Rlimits,
 		NoNewPrivileges: p.NoNewPrivileges,
 		Umask:           p.User.Umask,
+		Capabilities:    p.Capabilities,
 	}, nil
 }
 

@@ -139,7 +139,7 @@ func (w *podWorkload) sharedVolume(t *testing.T) {
 	reader := w.n.startBusybox(t, w.p, "reader", []string{"sh", "-c", "until cat /shared/msg; do sleep 0.2; done"}, mount)
 	w.n.waitLogs(t, reader, msg)
 	for _, id := range []string{writer, reader} {
-		w.n.crictl(t, "rm", "-f", id)
+		w.n.removeExited(t, id)
 	}
 }
 
@@ -164,7 +164,16 @@ func (w *podWorkload) imageVolume(t *testing.T) {
 		})
 	w.n.waitLogs(t, ctr, "image-files-there")
 	w.n.waitLogs(t, ctr, "image-read-only")
-	w.n.crictl(t, "rm", "-f", ctr)
+	w.n.removeExited(t, ctr)
+}
+
+// removeExited removes ctr once it has exited on its own: crictl rm -f on
+// a container in the middle of exiting can find it neither running nor
+// stopped.
+func (n *node) removeExited(t *testing.T, ctr string) {
+	t.Helper()
+	n.waitState(t, ctr, runtimeapi.ContainerState_CONTAINER_EXITED)
+	n.crictl(t, "rm", ctr)
 }
 
 // replaceSidecar stops and removes the sidecar and runs it again under the

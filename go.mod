@@ -24,6 +24,7 @@ require (
 	github.com/google/nftables v0.3.0
 	github.com/mdlayher/vsock v1.3.0
 	github.com/moby/locker v1.0.1
+	github.com/moby/sys/capability v0.4.0
 	github.com/moby/sys/mountinfo v0.7.2
 	github.com/moby/sys/user v0.4.1
 	github.com/opencontainers/go-digest v1.0.0

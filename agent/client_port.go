@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -66,25 +65,11 @@ func (p *PortConn) ReadFrom(r io.Reader) (int64, error) {
 	return copyChunks(p.w, r)
 }
 
+// copyChunks copies through a buffer of api.MaxPortChunk bytes. The
+// wrappers hide w's ReadFrom and r's WriteTo, which io.CopyBuffer would
+// take instead of the buffer (a net.Conn's copies with 32 KiB of its own).
 func copyChunks(w io.Writer, r io.Reader) (int64, error) {
-	buf := make([]byte, api.MaxPortChunk)
-	var total int64
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			m, werr := w.Write(buf[:n])
-			total += int64(m)
-			if werr != nil {
-				return total, werr
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
+	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, make([]byte, api.MaxPortChunk))
 }
 
 // CloseWrite tells the guest's side that nothing more comes; what it sends

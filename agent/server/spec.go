@@ -260,7 +260,7 @@ func (s *procSpec) command() *exec.Cmd {
 		attr.Cloneflags = syscall.CLONE_NEWPID
 	}
 	if s.caps != nil {
-		attr.AmbientCaps = s.caps.ambientList()
+		attr.AmbientCaps = s.caps.ambient
 	}
 	return &exec.Cmd{Path: s.path, Args: s.args, Env: s.env, Dir: s.cwd, SysProcAttr: attr}
 }

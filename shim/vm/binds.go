@@ -8,6 +8,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	securejoin "github.com/cyphar/filepath-securejoin"
@@ -37,6 +38,8 @@ type binds struct {
 	// images are the image volumes the guest mounts from disks; only a
 	// pod's VM has the disk slots, elsewhere an image volume is copied.
 	images []imageVolume
+	// mounts are the host's mounts once hostMounts read them.
+	mounts []*mountinfo.Info
 }
 
 // translate turns one spec mount into the guest's: one mount, and for a
@@ -49,7 +52,7 @@ func (b *binds) translate(m specs.Mount) ([]specs.Mount, error) {
 	}
 	out := []specs.Mount{gm}
 	if isBindMount(m) && gm.Type == "bind" && slices.Contains(m.Options, "ro") {
-		subs, err := submounts(m.Source)
+		subs, err := b.submounts(m.Source)
 		if err != nil {
 			return nil, err
 		}
@@ -61,20 +64,34 @@ func (b *binds) translate(m specs.Mount) ([]specs.Mount, error) {
 	return out, nil
 }
 
+// hostMounts are the host's mounts, read once for all of a container's
+// binds: mountinfo is long on a busy node, and the restore waits for it.
+func (b *binds) hostMounts() ([]*mountinfo.Info, error) {
+	if b.mounts == nil {
+		infos, err := mountinfo.GetMounts(nil)
+		if err != nil {
+			return nil, fmt.Errorf("read the host's mounts: %w", err)
+		}
+		b.mounts = infos
+	}
+	return b.mounts, nil
+}
+
 // submounts are the mount points under directory src, relative to it, in
 // mount order; the copy of src holds their content.
-func submounts(src string) ([]string, error) {
+func (b *binds) submounts(src string) ([]string, error) {
 	real, err := filepath.EvalSymlinks(src)
 	if err != nil {
 		return nil, fmt.Errorf("bind source: %w", err)
 	}
-	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(real))
+	infos, err := b.hostMounts()
 	if err != nil {
-		return nil, fmt.Errorf("mounts under bind source %s: %w", src, err)
+		return nil, err
 	}
 	var rels []string
 	for _, mi := range infos {
-		if rel, err := filepath.Rel(real, mi.Mountpoint); err == nil && rel != "." && !slices.Contains(rels, rel) {
+		rel, err := filepath.Rel(real, mi.Mountpoint)
+		if err == nil && rel != "." && !strings.HasPrefix(rel, "../") && rel != ".." && !slices.Contains(rels, rel) {
 			rels = append(rels, rel)
 		}
 	}
@@ -99,7 +116,7 @@ func (b *binds) translateOne(m specs.Mount) (specs.Mount, error) {
 		// container gets its own.
 		return specs.Mount{Destination: m.Destination, Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "noexec", "mode=1777"}}, nil
 	case st.IsDir() && b.pod != nil:
-		if img, ok := stagedImage(m.Source); ok {
+		if img, ok := b.stagedImage(m.Source); ok {
 			return b.imageMount(m, img), nil
 		}
 		return b.podDir(m)

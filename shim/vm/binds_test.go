@@ -295,7 +295,7 @@ func TestBindPodDirs(t *testing.T) {
 	if err := os.WriteFile(file, []byte("127.0.0.1 localhost\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pod := newSharedDirs(podBindSources, nil, 0)
+	pod := newSharedDirs(podBindSources, nil)
 	mounts := []specs.Mount{
 		{Destination: "/data", Type: "bind", Source: dir, Options: []string{"rbind", "rw"}},
 		{Destination: "/again", Type: "bind", Source: dir + "/", Options: []string{"rbind", "ro"}},

@@ -26,17 +26,22 @@ type imageVolume struct {
 // src is the mount of a snapshot the cocoon snapshotter prepared (as
 // containerd's CRI mounts an image volume on the host): an overlay whose
 // upper dir's parent holds the staged image.
-func stagedImage(src string) (*chain.StagedRootfs, bool) {
+func (b *binds) stagedImage(src string) (*chain.StagedRootfs, bool) {
 	real, err := filepath.EvalSymlinks(src)
 	if err != nil {
 		return nil, false
 	}
-	infos, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(real))
-	if err != nil || len(infos) == 0 {
+	infos, err := b.hostMounts()
+	if err != nil {
 		return nil, false
 	}
-	top := infos[len(infos)-1] // the one a path walk finds
-	if top.FSType != "overlay" {
+	var top *mountinfo.Info // the last mount at real: the one a path walk finds
+	for _, mi := range infos {
+		if mi.Mountpoint == real {
+			top = mi
+		}
+	}
+	if top == nil || top.FSType != "overlay" {
 		return nil, false
 	}
 	dir, err := chain.StagedRootfsDir(strings.Split(top.VFSOptions, ","))

@@ -233,11 +233,9 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		if err != nil {
 			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
-		host, guest = pod, pauseGuest{Guest: guest, pod: pod}
-	} else if live := liveCopies(p.copied); len(live) > 0 {
-		dirs := newSharedDirs(bindSources, res.Agent, cfg.Agent.CallTimeout.D())
-		dirs.keep(ctx, live, p.guest.Files)
-		guest = volumeGuest{Guest: guest, dirs: dirs}
+		host, guest = pod, volumeGuest{Guest: pauseGuest{Guest: guest, pod: pod}, live: pod.dirs.live}
+	} else if live := newLiveVolumes(res.Agent, cfg.Agent.CallTimeout.D()); live.watch(ctx, p.copied, p.guest.Files) > 0 {
+		guest = volumeGuest{Guest: guest, live: live}
 	}
 	return &task.Sandbox{
 		Host:          host,

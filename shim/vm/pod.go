@@ -76,7 +76,7 @@ func newPod(res hypervisorVM, c *agent.Client, memory int64, callTimeout time.Du
 			config.PodVMPod, errdefs.ErrFailedPrecondition)
 	}
 	return &pod{agent: c, disks: disks, pid: res.PID(), memory: memory, callTimeout: callTimeout,
-		dirs: newSharedDirs(podBindSources, c, callTimeout), slots: make([]string, disks.DiskSlots())}, nil
+		dirs: newSharedDirs(podBindSources, newLiveVolumes(c, callTimeout)), slots: make([]string, disks.DiskSlots())}, nil
 }
 
 // hypervisorVM is the part of hypervisor.VM a pod needs.

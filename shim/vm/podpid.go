@@ -23,9 +23,3 @@ func (g pauseGuest) Exec(ctx context.Context, p task.ProcessSpec) (task.Started,
 	}
 	return s, err
 }
-
-// Close ends what the pod keeps in step with the host, then the guest.
-func (g pauseGuest) Close() error {
-	g.pod.dirs.close()
-	return g.Guest.Close()
-}

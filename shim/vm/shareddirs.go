@@ -17,23 +17,19 @@ import (
 // bind-mount, one per host directory: what one container writes in an
 // emptyDir (or any directory volume) the pod's other containers see, as
 // under runc, where the bind is the same directory. A copy lives as long
-// as the pod's VM, as an emptyDir lives as long as the pod. A copy of a
-// volume kubelet updates in place is kept in step with it (volumeSync).
+// as the pod's VM, as an emptyDir lives as long as the pod; those of live
+// volumes are kept in step with the host's (live).
 type sharedDirs struct {
-	dir     string      // where the copies go in the guest
-	agent   fileUpdater // nil: no volume is kept in step
-	timeout time.Duration
+	dir  string // where the copies go in the guest
+	live *liveVolumes
 
 	mu     sync.Mutex
 	byHost map[string]string // host directory -> its copy in the guest
 	n      int
-	stop   chan struct{} // closed when the pod's VM ends
-	closed bool
-	wg     sync.WaitGroup
 }
 
-func newSharedDirs(dir string, a fileUpdater, timeout time.Duration) *sharedDirs {
-	return &sharedDirs{dir: dir, agent: a, timeout: timeout, byHost: map[string]string{}, stop: make(chan struct{})}
+func newSharedDirs(dir string, live *liveVolumes) *sharedDirs {
+	return &sharedDirs{dir: dir, live: live, byHost: map[string]string{}}
 }
 
 // find returns the guest's copy of host directory src, if a container
@@ -55,31 +51,63 @@ func (s *sharedDirs) place() string {
 
 // keep records copies the guest now has (a container carrying them, as
 // files, was created), by host directory, and keeps those of live volumes
-// in step until close.
+// in step.
 func (s *sharedDirs) keep(ctx context.Context, copies map[string]string, files []agent.File) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for src, g := range copies {
 		s.byHost[filepath.Clean(src)] = g
-		if s.agent == nil || s.closed || !liveVolume.MatchString(src) {
-			continue
-		}
-		v := newVolumeSync(src, g, s.agent, files)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			v.run(log.WithLogger(context.Background(), log.G(ctx)), s.stop, s.timeout)
-		}()
+	}
+	s.mu.Unlock()
+	if s.live != nil {
+		s.live.watch(ctx, copies, files)
 	}
 }
 
-// close stops keeping volumes in step, and waits for a sync in progress.
-func (s *sharedDirs) close() {
-	s.mu.Lock()
-	if !s.closed {
-		s.closed = true
-		close(s.stop)
+// liveVolumes keeps the guest's copies of live volumes (liveVolume) in
+// step with the host's until close: the pod's for a pod's VM, the
+// container's for a VM of its own.
+type liveVolumes struct {
+	agent   fileUpdater
+	timeout time.Duration
+
+	mu     sync.Mutex
+	stop   chan struct{} // closed when the VM's guest closes
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func newLiveVolumes(a fileUpdater, timeout time.Duration) *liveVolumes {
+	return &liveVolumes{agent: a, timeout: timeout, stop: make(chan struct{})}
+}
+
+// watch starts keeping in step the live volumes among copies (host
+// directory -> its copy in the guest, made of files), and says how many.
+func (l *liveVolumes) watch(ctx context.Context, copies map[string]string, files []agent.File) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for src, g := range copies {
+		if l.closed || !liveVolume.MatchString(src) {
+			continue
+		}
+		n++
+		v := newVolumeSync(src, g, l.agent, files)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			v.run(log.WithLogger(context.Background(), log.G(ctx)), l.stop, l.timeout)
+		}()
 	}
-	s.mu.Unlock()
-	s.wg.Wait()
+	return n
+}
+
+// close stops keeping volumes in step, and waits for a sync in progress.
+func (l *liveVolumes) close() {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.stop)
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
 }

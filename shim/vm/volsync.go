@@ -177,26 +177,15 @@ func (v *volumeSync) report(ctx context.Context, err error) {
 	}
 }
 
-// liveCopies are the copies of live volumes among copied.
-func liveCopies(copied map[string]string) map[string]string {
-	live := map[string]string{}
-	for src, g := range copied {
-		if liveVolume.MatchString(src) {
-			live[src] = g
-		}
-	}
-	return live
-}
-
-// volumeGuest is a task's guest whose live volumes are kept in step
-// until it closes.
+// volumeGuest is a guest whose live volumes are kept in step until it
+// closes: a pod VM's sandbox, or a container's own VM.
 type volumeGuest struct {
 	task.Guest
-	dirs *sharedDirs
+	live *liveVolumes
 }
 
 // Close ends the volumes' syncs, then the guest.
 func (g volumeGuest) Close() error {
-	g.dirs.close()
+	g.live.close()
 	return g.Guest.Close()
 }

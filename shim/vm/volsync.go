@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"github.com/fsnotify/fsnotify"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
@@ -133,16 +135,18 @@ func hostKeys(dir string) (map[string]string, error) {
 	return keys, nil
 }
 
-// run syncs when inotify says the volume changed, and every
-// volumeSyncInterval besides, until stop closes; each sync is bounded by
-// timeout, and a failure is logged once until it changes or clears.
+// run syncs when inotify says the volume changed (kubelet's atomic
+// writer moves the new ..data link in), and every volumeSyncInterval
+// besides, for what inotify misses, until stop closes. The sync reads
+// ..data itself, so an event too many costs a readlink.
 func (v *volumeSync) run(ctx context.Context, stop <-chan struct{}, timeout time.Duration) {
 	t := time.NewTicker(volumeSyncInterval)
 	defer t.Stop()
-	var changed <-chan struct{}
+	var events <-chan fsnotify.Event
+	var errs <-chan error
 	if w, err := watchVolume(v.host); err == nil {
-		defer w.close()
-		changed = w.changed
+		defer w.Close()
+		events, errs = w.Events, w.Errors
 	} else {
 		log.G(ctx).WithError(err).WithField("volume", v.host).Info("live volume polled only")
 	}
@@ -151,13 +155,29 @@ func (v *volumeSync) run(ctx context.Context, stop <-chan struct{}, timeout time
 		case <-stop:
 			return
 		case <-t.C:
-		case _, ok := <-changed:
+		case _, ok := <-events:
 			if !ok {
-				changed = nil // the watch ended: poll only
+				events, errs = nil, nil // the watch ended: poll only
+			}
+		case _, ok := <-errs: // an overflowed queue: look now
+			if !ok {
+				events, errs = nil, nil
 			}
 		}
 		v.report(ctx, v.syncWithin(ctx, timeout))
 	}
+}
+
+// watchVolume watches the volume's directory for links moved or made in it.
+func watchVolume(dir string) (*fsnotify.Watcher, error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("watch volume %s: %w", dir, err)
+	}
+	if err := w.Add(dir); err != nil {
+		return nil, errors.Join(fmt.Errorf("watch volume %s: %w", dir, err), w.Close())
+	}
+	return w, nil
 }
 
 func (v *volumeSync) syncWithin(ctx context.Context, timeout time.Duration) error {

@@ -124,10 +124,10 @@ func TestVolumeWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.close()
+	defer w.Close()
 	testenv.WriteVolumeVersion(t, dir, "..v1", map[string]string{"a": "1"})
 	select {
-	case <-w.changed:
+	case <-w.Events:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no wake-up within 5 s of an update")
 	}

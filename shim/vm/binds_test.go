@@ -302,7 +302,7 @@ func TestBindPodDirs(t *testing.T) {
 		{Destination: "/etc/hosts", Type: "bind", Source: file, Options: []string{"rbind", "ro"}},
 	}
 	translate := func(id string) (*binds, []specs.Mount) {
-		b := &binds{dir: path.Join(bindSources, id), pod: pod}
+		b := &binds{dir: memberBindSources(id), pod: pod}
 		var out []specs.Mount
 		for _, m := range mounts {
 			gm, err := b.translate(m)
@@ -327,6 +327,10 @@ func TestBindPodDirs(t *testing.T) {
 	}
 	if len(second.copied) != 0 || len(second.files) != 1 || second.files[0].Path != b[2].Source || b[2].Source == a[2].Source {
 		t.Fatalf("the second container copies only its own file: copied %v, files %+v", second.copied, second.files)
+	}
+	// The agent removes a container's dir with it: its files go too.
+	if !strings.HasPrefix(b[2].Source, "/run/cocoon/containers/b/") {
+		t.Fatalf("the second container's file went to %s, want under its own dir /run/cocoon/containers/b/", b[2].Source)
 	}
 	if b[1].Options[1] != "ro" {
 		t.Fatalf("a bind's own options stay: %v", b[1].Options)

@@ -24,6 +24,14 @@ const bindSources = "/run/cocoon/binds"
 // its containers bind, one per host directory (sharedDirs).
 const podBindSources = bindSources + "/.pod"
 
+// memberBindSources is where a pod's VM keeps the copies of the files one
+// container binds: under the container's own dir in the guest, which the
+// agent removes with the container (DeleteContainer), so that containers
+// re-created in a long-lived pod leave nothing behind.
+func memberBindSources(id string) string {
+	return path.Join("/run/cocoon/containers", id, "binds")
+}
+
 // guestFiles are the files CRI and nerdctl bind-mount into a container for
 // its identity on the network; without a container root the guest's own
 // are replaced.

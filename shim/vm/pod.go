@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 	"sync"
 	"time"
 
@@ -192,7 +191,7 @@ type guestContainer struct {
 // pod's (sharedDirs).
 func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 	spec := *r.Spec
-	b := binds{dir: path.Join(bindSources, r.ID), pod: p.dirs}
+	b := binds{dir: memberBindSources(r.ID), pod: p.dirs}
 	spec.Mounts = nil
 	for _, m := range r.Spec.Mounts {
 		gm, err := b.translate(m)

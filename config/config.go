@@ -100,10 +100,11 @@ type Shim struct {
 	// poststop hook that never ends would hold the task's delete, and its
 	// shim, for good.
 	HookTimeout Duration `toml:"hook_timeout"`
-	// PodVM says what a Kubernetes pod's VM is: "pod", one VM for the
-	// whole pod, restored for its sandbox, with every container joining
-	// it; or "container", a VM per app container (the sandbox a host
-	// process).
+	// PodVM says what a Kubernetes pod's VM is: "pod" (the default), one
+	// VM for the whole pod, restored for its sandbox, with every container
+	// joining it, as Kubernetes expects of a pod; or "container", a VM per
+	// app container (the sandbox a host process), which a pod whose
+	// container is a snapshot image needs.
 	PodVM string `toml:"pod_vm"`
 }
 
@@ -162,7 +163,7 @@ func Default() Config {
 			RestoreTimeout: Duration(60 * time.Second),
 			MemoryHeadroom: Size(256 << 20),
 			HookTimeout:    Duration(time.Minute),
-			PodVM:          PodVMContainer,
+			PodVM:          PodVMPod,
 		},
 		QEMU:            QEMU{Binary: "qemu-system-x86_64", Accel: "auto"},
 		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},

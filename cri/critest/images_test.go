@@ -118,8 +118,8 @@ func chainImage(t *testing.T) string {
 
 // chainBakeOptions shapes the chain image for the cocoon handler's run.
 func chainBakeOptions() testimage.BakeOptions {
-	if *podVM {
-		return testimage.BakeOptions{DiskSlots: podVMDiskSlots}
+	if *containerVM {
+		return testimage.BakeOptions{}
 	}
-	return testimage.BakeOptions{}
+	return testimage.BakeOptions{DiskSlots: podVMDiskSlots}
 }

@@ -24,18 +24,25 @@ import (
 // network namespace: no other address is reached.
 const registryAddr = "127.0.0.1:5000"
 
-// cocoonConfig runs ordinary images in VMs restored from the chain image.
-const cocoonConfig = `
+// restoreConfig restores ordinary images' VMs from the chain image.
+const restoreConfig = `
 [restore]
 base_image = "` + chainRef + `"
 `
 
 // podVMConfig gives each pod one VM restored from the chain image, which
-// every container of the pod joins (issue 21).
-const podVMConfig = cocoonConfig + `
+// every container of the pod joins (issue 21); containerVMConfig each
+// container a VM of its own.
+const (
+	podVMConfig = restoreConfig + `
 [shim]
 pod_vm = "pod"
 `
+	containerVMConfig = restoreConfig + `
+[shim]
+pod_vm = "container"
+`
+)
 
 // node is a network namespace with a CNI bridge, a registry serving
 // critest's images and mirroring every registry critest pulls from, and a
@@ -67,9 +74,9 @@ func startNode(t *testing.T, handler string) *node {
 	n.nriSocket = filepath.Join(dir, "nri.sock")
 	startRegistry(t, n.net, bin)
 	hosts := writeHosts(t, dir)
-	body := cocoonConfig
-	if *podVM {
-		body = podVMConfig
+	body := podVMConfig
+	if *containerVM {
+		body = containerVMConfig
 	}
 	cfg, err := config.Parse([]byte(body))
 	if err != nil {

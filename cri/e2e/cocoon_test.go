@@ -17,14 +17,21 @@ import (
 // The cocoon handler's tests (issue 10's acceptance). Run them alone with
 // go test -run TestCocoon ./cri/e2e/.
 
-// cocoonConfig lets a pod choose the restore mode by annotation, makes a
+// restoreConfig lets a pod choose the restore mode by annotation, makes a
 // mode QEMU cannot do an error, not a fallback, and runs ordinary images
 // in VMs restored from the chain image.
-const cocoonConfig = `
+const restoreConfig = `
 [restore]
 allow_annotation = true
 strict = true
 base_image = "` + chainRef + `"
+`
+
+// cocoonConfig is restoreConfig with a VM for each container: these tests
+// run the chain image itself, a snapshot image, which restores its own.
+const cocoonConfig = restoreConfig + `
+[shim]
+pod_vm = "container"
 `
 
 // cocoonImage is what the cocoon handler's containers run: the chain image

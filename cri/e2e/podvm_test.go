@@ -16,10 +16,10 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
 )
 
-// podVMConfig is cocoonConfig with one VM per pod (issue 21): the sandbox
-// restores the chain image with the pause image as its root, and every
-// container of the pod joins that VM.
-const podVMConfig = cocoonConfig + `
+// podVMConfig is restoreConfig with one VM per pod (issue 21): the
+// sandbox restores the chain image with the pause image as its root, and
+// every container of the pod joins that VM.
+const podVMConfig = restoreConfig + `
 [shim]
 pod_vm = "pod"
 `

@@ -328,9 +328,9 @@ func TestBindPodDirs(t *testing.T) {
 	if len(second.copied) != 0 || len(second.files) != 1 || second.files[0].Path != b[2].Source || b[2].Source == a[2].Source {
 		t.Fatalf("the second container copies only its own file: copied %v, files %+v", second.copied, second.files)
 	}
-	// The agent removes a container's dir with it: its files go too.
-	if !strings.HasPrefix(b[2].Source, "/run/cocoon/containers/b/") {
-		t.Fatalf("the second container's file went to %s, want under its own dir /run/cocoon/containers/b/", b[2].Source)
+	// Its copies are under a dir of its own, which goes with it.
+	if !strings.HasPrefix(b[2].Source, memberBindSources("b")+"/") {
+		t.Fatalf("the second container's file went to %s, want under its own dir %s", b[2].Source, memberBindSources("b"))
 	}
 	if b[1].Options[1] != "ro" {
 		t.Fatalf("a bind's own options stay: %v", b[1].Options)

@@ -25,11 +25,10 @@ const bindSources = "/run/cocoon/binds"
 const podBindSources = bindSources + "/.pod"
 
 // memberBindSources is where a pod's VM keeps the copies of the files one
-// container binds: under the container's own dir in the guest, which the
-// agent removes with the container (DeleteContainer), so that containers
-// re-created in a long-lived pod leave nothing behind.
+// container binds, and its image volumes' mount points: the pod's VM
+// outlives the container, so they are removed when it goes (member.release).
 func memberBindSources(id string) string {
-	return path.Join("/run/cocoon/containers", id, "binds")
+	return path.Join(bindSources, id)
 }
 
 // guestFiles are the files CRI and nerdctl bind-mount into a container for

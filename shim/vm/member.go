@@ -63,6 +63,8 @@ func (m *member) release(ctx context.Context) {
 				return
 			}
 			m.pod.unholdPIDs(m.init.Pid)
+			// Its volumes are unmounted: its copies can go.
+			logRelease(ctx, m.id, m.pod.agent.UpdateFiles(ctx, nil, []string{memberBindSources(m.id)}))
 		}
 		for _, slot := range append([]int{m.slot}, m.volumeSlots...) {
 			logRelease(ctx, m.id, m.pod.disks.DetachDisk(ctx, slot))

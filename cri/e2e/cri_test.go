@@ -20,11 +20,23 @@ type pod struct {
 	ip               net.IP
 }
 
+// podEdit changes a pod sandbox config before it is written.
+type podEdit func(*runtimeapi.PodSandboxConfig)
+
+// privilegedPod makes a pod whose containers may be privileged.
+func privilegedPod(c *runtimeapi.PodSandboxConfig) {
+	c.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{Privileged: true}
+}
+
 // podConfig writes a pod sandbox config for crictl and returns its path:
 // the pod lives in the node's cgroup parent and logs under its pod log dir.
-func (n *node) podConfig(t *testing.T, name string, annotations map[string]string) string {
+func (n *node) podConfig(t *testing.T, name string, annotations map[string]string, edits ...podEdit) string {
 	t.Helper()
-	return n.writeJSON(t, name+"-pod.json", n.podSandboxConfig(name, annotations))
+	c := n.podSandboxConfig(name, annotations)
+	for _, edit := range edits {
+		edit(c)
+	}
+	return n.writeJSON(t, name+"-pod.json", c)
 }
 
 // podSandboxConfig is the config podConfig writes.
@@ -76,9 +88,9 @@ func (n *node) writeJSON(t *testing.T, name string, v any) string {
 
 // runPod runs a pod with handler and checks it is ready, from the pause
 // image, with an address in the node's subnet.
-func (n *node) runPod(t *testing.T, name, handler string, annotations map[string]string) *pod {
+func (n *node) runPod(t *testing.T, name, handler string, annotations map[string]string, edits ...podEdit) *pod {
 	t.Helper()
-	p := &pod{name: name, config: n.podConfig(t, name, annotations)}
+	p := &pod{name: name, config: n.podConfig(t, name, annotations, edits...)}
 	p.id = n.crictl(t, "runp", "--runtime", handler, p.config)
 	st := n.inspectPod(t, p.id)
 	if st.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY.String() || st.Info.Image != pauseRef {

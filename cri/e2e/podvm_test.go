@@ -73,7 +73,7 @@ type podWorkload struct {
 	n            *node
 	handler      string
 	podVM        func(*testing.T, *pod, ...string) int
-	runPod       func(t *testing.T, name, handler string) *pod
+	runPod       func(t *testing.T, name, handler string, edits ...podEdit) *pod
 	p            *pod
 	app, sidecar string
 	vm           int
@@ -90,7 +90,8 @@ func runWorkload(t *testing.T, w *podWorkload) {
 	n := w.n
 	all := []step{{"runp", w.runp}, {"init container", w.initContainer}, {"app and sidecar", w.appAndSidecar},
 		{"port-forward", w.checkPortForward}, {"shared volume", w.sharedVolume}, {"live volume", w.liveVolume},
-		{"image volume", w.imageVolume}}
+		{"image volume", w.imageVolume}, {"restricted container", w.restricted},
+		{"privileged container", w.privileged}}
 	all = append(all, w.vmStep("one VM")...)
 	all = append(all, step{"replace the sidecar", w.replaceSidecar})
 	all = append(all, w.vmStep("same VM after the sidecar's restart")...)
@@ -101,11 +102,15 @@ func runWorkload(t *testing.T, w *podWorkload) {
 }
 
 func (w *podWorkload) runp(t *testing.T) {
+	w.p = w.startPod(t, "pod-vm")
+}
+
+// startPod runs another pod with the workload's handler.
+func (w *podWorkload) startPod(t *testing.T, name string, edits ...podEdit) *pod {
 	if w.runPod != nil {
-		w.p = w.runPod(t, "pod-vm", w.handler)
-		return
+		return w.runPod(t, name, w.handler, edits...)
 	}
-	w.p = w.n.runPod(t, "pod-vm", w.handler, nil)
+	return w.n.runPod(t, name, w.handler, nil, edits...)
 }
 
 func (w *podWorkload) initContainer(t *testing.T) {

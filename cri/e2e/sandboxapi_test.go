@@ -76,9 +76,9 @@ func startSandboxAPINode(t *testing.T) *node {
 // runImagelessPod runs a pod whose sandbox has no image (no pause
 // container: the sandbox API's pod VM) and checks it is ready with an
 // address of the node's network.
-func (n *node) runImagelessPod(t *testing.T, name, handler string) *pod {
+func (n *node) runImagelessPod(t *testing.T, name, handler string, edits ...podEdit) *pod {
 	t.Helper()
-	p := &pod{name: name, config: n.podConfig(t, name, nil)}
+	p := &pod{name: name, config: n.podConfig(t, name, nil, edits...)}
 	p.id = n.crictl(t, "runp", "--runtime", handler, p.config)
 	st := n.inspectPod(t, p.id)
 	if st.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY.String() || st.Info.Image != "" {

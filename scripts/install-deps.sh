@@ -3,6 +3,7 @@
 # does nothing when everything is present.
 set -euo pipefail
 pkgs=(qemu-system-x86 busybox-static cpio protobuf-compiler libprotobuf-dev e2fsprogs erofs-utils runc
+	runsc # gVisor, the bench's peer
 	gcc libc6-dev pkg-config libseccomp-dev) # the last four: the guest's static runc
 missing=()
 for p in "${pkgs[@]}"; do

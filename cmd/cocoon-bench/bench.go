@@ -29,6 +29,7 @@ func benchFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 	fs.StringVar(&o.Baseline, "baseline", "", "`dir`ectory of another build's tree (make build guest there) whose shim path also runs, side by side, in every mode; empty: off")
 	fs.StringVar(&o.BaselineLabel, "baseline-label", "", "what the baseline is, for the results (default its directory)")
 	fs.IntVar(&o.Rounds, "rounds", 5, "times each cell runs; samples are pooled")
+	fs.IntVar(&o.WholeRounds, "whole-rounds", 15, "times each arm of the whole start (ctr run --rm IMAGE ID echo hi, timed as a process: cocoon's two image kinds, runc, gVisor) runs; 0: off")
 	fs.StringVar(&o.Out, "out", "bench/results", "results `dir`ectory: <date>.json, .md and .svg")
 	fs.StringVar(&o.Readme, "readme", "", "also write the latest tables and chart to this markdown `file`")
 	return func(ctx context.Context) error {

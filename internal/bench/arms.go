@@ -43,7 +43,7 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 		}
 		set.stagers = append(set.stagers, stager{name: PathDirect, stage: set.direct.stage})
 	}
-	if has(PathShim) || has(PathRunc) || len(o.NetworkNs)+len(o.OrdinaryNs)+len(o.ConvertPads) > 0 {
+	if has(PathShim) || has(PathRunc) || len(o.NetworkNs)+len(o.OrdinaryNs)+len(o.ConvertPads)+o.WholeRounds > 0 {
 		if err := set.openShim(ctx, o, img, guestKiB); err != nil {
 			return set, err
 		}
@@ -87,13 +87,13 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 // runc or ordinary arms run it.
 func (set *armSet) openShim(ctx context.Context, o Options, img stackrun.SnapshotImage, guestKiB int64) error {
 	var snapshotters []string
-	if slices.Contains(o.Paths, PathRunc) {
+	if slices.Contains(o.Paths, PathRunc) || o.WholeRounds > 0 {
 		if err := checkRunc(o.BinDir); err != nil {
 			return err
 		}
 		snapshotters = append(snapshotters, runcSnapshotter)
 	}
-	if len(o.OrdinaryNs) > 0 {
+	if len(o.OrdinaryNs) > 0 || o.WholeRounds > 0 {
 		snapshotters = append(snapshotters, devstack.Snapshotter)
 	}
 	s, err := newShimStack(ctx, o.BinDir, img, guestKiB)

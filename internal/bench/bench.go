@@ -48,6 +48,9 @@ type Options struct {
 	BaselineLabel string
 	BaselineNs    []int
 	Rounds        int // times each cell runs; samples are pooled
+	// WholeRounds is how many times each arm of the whole start (`ctr run
+	// --rm IMAGE ID echo hi` timed as a process) runs; 0 turns it off.
+	WholeRounds int
 	Guest         string
 	Cache         string // the snapshot image cache
 	Memory        string // the snapshot's guest memory, e.g. 512M
@@ -122,6 +125,11 @@ func run(ctx context.Context, out io.Writer, o Options) (res *results, err error
 	}
 	if set.shim != nil && len(o.ConvertPads) > 0 {
 		if res.Conversions, err = measureConversions(ctx, out, set.shim, o.ConvertPads); err != nil {
+			return nil, err
+		}
+	}
+	if o.WholeRounds > 0 {
+		if res.Whole, err = measureWhole(ctx, out, set.shim, tmp, o.WholeRounds); err != nil {
 			return nil, err
 		}
 	}

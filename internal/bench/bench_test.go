@@ -17,10 +17,12 @@ import (
 // test` keeps every arm working: a real snapshot restored by real QEMU,
 // directly and through containerd and the shim, with a network namespace
 // and with an ordinary image; runc through the same containerd; a cold boot
-// of the same guest; and the first use of an ordinary image.
+// of the same guest; the first use of an ordinary image; and the whole
+// start of each of its arms (cocoon's two image kinds, runc, gVisor).
 func TestBenchSmoke(t *testing.T) {
 	testenv.QEMU(t)
 	testenv.LookPath(t, "runc")
+	testenv.LookPath(t, "runsc")
 	testenv.LookPath(t, "mkfs.erofs")
 	guest := testenv.Guest(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
@@ -33,7 +35,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	res, err := run(t.Context(), io.Discard, Options{
 		Ns: []int{2}, Modes: []hypervisor.Mode{hypervisor.ModeMmap}, Paths: Paths,
-		NetworkNs: []int{2}, OrdinaryNs: []int{2}, ConvertPads: []int64{1 << 20}, Rounds: 1,
+		NetworkNs: []int{2}, OrdinaryNs: []int{2}, ConvertPads: []int64{1 << 20}, Rounds: 1, WholeRounds: 1,
 		Guest: guest, Cache: filepath.Join(testenv.RepoRoot(), "build", "snapshots"), Memory: "512M",
 		BinDir: bin, Out: out, Readme: readme,
 	})
@@ -68,6 +70,21 @@ func checkRatios(t *testing.T, res *results) {
 	}
 	if len(res.Ordinary) != 1 || res.Ordinary[0].P50OverBase <= 0 {
 		t.Errorf("ordinary rows %+v: want one with a ratio", res.Ordinary)
+	}
+	if len(res.Whole) != 4 {
+		t.Fatalf("whole start rows %+v: want one per arm (4)", res.Whole)
+	}
+	for _, w := range res.Whole {
+		var sum float64
+		for _, p := range w.PhaseMs {
+			if p < 0 {
+				t.Errorf("whole start %s: a phase of %v ms", w.Arm, p)
+			}
+			sum += p
+		}
+		if w.Runs != 1 || len(w.PhaseMs) != len(wholePhases) || sum < w.TotalMs*0.99 || sum > w.TotalMs*1.01 {
+			t.Errorf("whole start %s: %d runs, %v ms in phases %v: want 1 run and phases that add up to it", w.Arm, w.Runs, w.TotalMs, w.PhaseMs)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ func (r *results) markdown(chart string) string {
 		r.Snapshot.MemoryBytes>>20, r.Snapshot.DataBytes>>20, r.Rounds)
 	b.WriteString(legend)
 	r.cellTable(&b)
+	r.wholeTable(&b)
 	r.alternativeTable(&b)
 	r.baselineTable(&b)
 	r.ratioTables(&b)

@@ -24,6 +24,7 @@ type results struct {
 	Alternatives []alternative  `json:"alternatives,omitempty"`
 	Network      []variantRatio `json:"network,omitempty"`
 	Ordinary     []variantRatio `json:"ordinary,omitempty"`
+	Whole        []WholeRow     `json:"whole,omitempty"`
 	// Baseline names the build the baseline arms ran (Options.Baseline);
 	// Baselines compare this build with it.
 	Baseline  string          `json:"baseline,omitempty"`

@@ -1,0 +1,289 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	apievents "github.com/containerd/containerd/api/events"
+	"github.com/containerd/typeurl/v2"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+)
+
+// The whole start: `ctr run --rm IMAGE ID echo hi` timed as a process, as
+// a user times it, from ctr's start to its exit: the image and snapshot
+// prepared, the task created and started, the process run, the task and
+// VM torn down, the container and snapshot removed. containerd's events
+// split it: each topic's time is when it was published, on the host's
+// clock. The task's exit and delete are left out: a shim publishes them as
+// it shuts down, and containerd's runc shim drops them at times (its
+// forwarder races the process's exit), so they cannot mark every run.
+const (
+	topicContainerCreate = "/containers/create"
+	topicTaskCreate      = "/tasks/create"
+	topicTaskStart       = "/tasks/start"
+	topicContainerDelete = "/containers/delete"
+)
+
+// wholePhases are the steps of a whole start, between two marks: ctr's
+// start (""), an event's topic, or ctr's exit ("").
+var wholePhases = []struct{ name, from, to string }{
+	{"to container", "", topicContainerCreate},
+	{"task create", topicContainerCreate, topicTaskCreate},
+	{"task start", topicTaskCreate, topicTaskStart},
+	{"process, task delete, container delete", topicTaskStart, topicContainerDelete},
+	{"to exit", topicContainerDelete, ""},
+}
+
+// The whole start's arms.
+const (
+	WholeSnapshot = "cocoon mmap, snapshot image"
+	WholeOrdinary = "cocoon, busybox on the base snapshot"
+	WholeRunc     = "runc, busybox"
+	WholeGVisor   = "gVisor (runsc, ptrace), busybox"
+)
+
+// wholeArm is one way to run the whole start: ctr run's flags and image.
+type wholeArm struct {
+	name  string
+	flags []string
+	image string
+}
+
+// WholeRow is one arm's whole start: medians of the total and of each
+// phase, in wholePhases' order.
+type WholeRow struct {
+	Arm     string    `json:"arm"`
+	Runs    int       `json:"runs"`
+	TotalMs float64   `json:"totalMs"`
+	PhaseMs []float64 `json:"phaseMs"`
+}
+
+// wholeArms are the arms, each on the image and snapshotter a user would
+// use: gVisor through containerd's runc shim with Debian's runsc on the
+// ptrace platform (no KVM for it here) and no network (as an empty
+// namespace is under runc: its netstack takes none from the namespace
+// containerd gives), its flags in a wrapper.
+func wholeArms(s *shimStack, tmp string) ([]wholeArm, error) {
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		return nil, fmt.Errorf("gVisor arm: %w (install Debian's runsc: scripts/install-deps.sh)", err)
+	}
+	wrapper := filepath.Join(tmp, "runsc-ptrace")
+	script := "#!/bin/sh\nexec " + runsc + " --platform=ptrace --network=none \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		return nil, fmt.Errorf("gVisor arm: %w", err)
+	}
+	cocoon := []string{"--runtime", devstack.Runtime, "--snapshotter", devstack.Snapshotter,
+		"--annotation", restore.AnnotationMode + "=" + string(hypervisor.ModeMmap)}
+	return []wholeArm{
+		{name: WholeSnapshot, flags: cocoon, image: s.snapshot.Name()},
+		{name: WholeOrdinary, flags: cocoon, image: s.busybox.Name()},
+		{name: WholeRunc, flags: []string{"--snapshotter", runcSnapshotter}, image: s.busybox.Name()},
+		{name: WholeGVisor, flags: []string{"--snapshotter", runcSnapshotter, "--runc-binary", wrapper}, image: s.busybox.Name()},
+	}, nil
+}
+
+// measureWhole runs each arm rounds times, the arms taking turns (in
+// reverse every other round), and returns each arm's medians.
+func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, rounds int) ([]WholeRow, error) {
+	arms, err := wholeArms(s, tmp)
+	if err != nil {
+		return nil, err
+	}
+	marks, err := watchEvents(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	defer marks.stop()
+	samples := map[string][][]time.Duration{}
+	for round := range rounds {
+		order := slices.Clone(arms)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for i, a := range order {
+			id := fmt.Sprintf("whole-%d-%d", round, i)
+			d, err := runWhole(ctx, s, a, id, marks)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", a.name, err)
+			}
+			fmt.Fprintf(out, "round %d  whole %-36s %8.1f ms\n", round+1, a.name, ms(d[0]))
+			samples[a.name] = append(samples[a.name], d)
+		}
+	}
+	rows := make([]WholeRow, 0, len(arms))
+	for _, a := range arms {
+		rows = append(rows, wholeRow(a.name, samples[a.name]))
+	}
+	return rows, nil
+}
+
+// runWhole runs one whole start and returns its total, then its phases.
+func runWhole(ctx context.Context, s *shimStack, a wholeArm, id string, marks *eventMarks) ([]time.Duration, error) {
+	args := slices.Concat([]string{"--address", s.stack.Address, "--namespace", s.stack.Namespace, "run", "--rm"},
+		a.flags, []string{a.image, id, "echo", "hi"})
+	cmd := exec.CommandContext(ctx, filepath.Join(s.stack.BinDir, "ctr"), args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	began := time.Now()
+	output, err := cmd.Output()
+	ended := time.Now()
+	if err != nil || strings.TrimSpace(string(output)) != "hi" {
+		return nil, fmt.Errorf("ctr run %s: %v, output %q, want \"hi\" (stderr %q)", id, err, output, stderr.String())
+	}
+	at, err := marks.wait(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	at[""] = began
+	d := []time.Duration{ended.Sub(began)}
+	for _, p := range wholePhases {
+		from, to := at[p.from], at[p.to]
+		if p.to == "" {
+			to = ended
+		}
+		d = append(d, to.Sub(from))
+	}
+	return d, nil
+}
+
+func wholeRow(arm string, samples [][]time.Duration) WholeRow {
+	row := WholeRow{Arm: arm, Runs: len(samples)}
+	for i := range len(wholePhases) + 1 {
+		col := make([]time.Duration, 0, len(samples))
+		for _, s := range samples {
+			col = append(col, s[i])
+		}
+		if i == 0 {
+			row.TotalMs = ms(percentile(col, 0.5))
+		} else {
+			row.PhaseMs = append(row.PhaseMs, ms(percentile(col, 0.5)))
+		}
+	}
+	return row
+}
+
+// eventMarks are the times of the whole start's events, by container.
+type eventMarks struct {
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	at     map[string]map[string]time.Time
+	err    error
+}
+
+// watchEvents records the whole start's events of s's namespace.
+func watchEvents(ctx context.Context, s *shimStack) (*eventMarks, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	m := &eventMarks{cancel: cancel, at: map[string]map[string]time.Time{}}
+	ch, errs := s.cl.EventService().Subscribe(ctx, `namespace=="`+s.stack.Namespace+`"`)
+	go func() {
+		for {
+			select {
+			case e := <-ch:
+				m.record(e.Topic, e.Timestamp, e.Event)
+			case err := <-errs:
+				m.mu.Lock()
+				if ctx.Err() == nil {
+					m.err = fmt.Errorf("containerd's events: %w", err)
+				}
+				m.mu.Unlock()
+				return
+			}
+		}
+	}()
+	return m, nil
+}
+
+func (m *eventMarks) record(topic string, at time.Time, event typeurl.Any) {
+	v, err := typeurl.UnmarshalAny(event)
+	if err != nil {
+		return
+	}
+	var id string
+	switch e := v.(type) {
+	case *apievents.ContainerCreate:
+		id = e.ID
+	case *apievents.TaskCreate:
+		id = e.ContainerID
+	case *apievents.TaskStart:
+		id = e.ContainerID
+	case *apievents.ContainerDelete:
+		id = e.ID
+	default:
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.at[id] == nil {
+		m.at[id] = map[string]time.Time{}
+	}
+	m.at[id][topic] = at
+}
+
+// wait returns container id's marks once all have come: containerd
+// forwards events after the calls that cause them return.
+func (m *eventMarks) wait(ctx context.Context, id string) (map[string]time.Time, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m.mu.Lock()
+		at, err := maps.Clone(m.at[id]), m.err
+		m.mu.Unlock()
+		complete := len(at) == len(wholePhases)-1
+		if err != nil {
+			return nil, err
+		}
+		if complete {
+			return at, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("events of %s: have %v, want every one of the whole start's", id, at)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (m *eventMarks) stop() { m.cancel() }
+
+// wholeTable puts the whole start's arms side by side, with the ratios
+// that say how cocoon's two image kinds compare with runc and gVisor.
+func (r *results) wholeTable(b *strings.Builder) {
+	if len(r.Whole) == 0 {
+		return
+	}
+	b.WriteString("\nThe whole start: `ctr run --rm IMAGE ID echo hi` timed as a process, from ctr's start to its exit, the arms taking turns; " +
+		"medians of each part, split by containerd's events (container created, task created, task started, container deleted).\n\n| arm | runs | total ms |")
+	for _, p := range wholePhases {
+		fmt.Fprintf(b, " %s |", p.name)
+	}
+	b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(wholePhases)) + "\n")
+	byArm := map[string]float64{}
+	for _, w := range r.Whole {
+		fmt.Fprintf(b, "| %s | %d | %.0f |", w.Arm, w.Runs, w.TotalMs)
+		for _, p := range w.PhaseMs {
+			fmt.Fprintf(b, " %.0f |", p)
+		}
+		b.WriteString("\n")
+		byArm[w.Arm] = w.TotalMs
+	}
+	b.WriteString("\n")
+	for _, q := range [][2]string{{WholeOrdinary, WholeGVisor}, {WholeOrdinary, WholeRunc}, {WholeSnapshot, WholeRunc}, {WholeSnapshot, WholeGVisor}} {
+		fmt.Fprintf(b, "%s ÷ %s: %s. ", q[0], q[1], times(ratio(byArm[q[0]], byArm[q[1]])))
+	}
+	b.WriteString("\n")
+}

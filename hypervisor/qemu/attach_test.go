@@ -281,11 +281,16 @@ func erofsImage(t testing.TB, size int64) (string, string) {
 	return img, text
 }
 
-// bindRootfs loads virtio_blk, which the guest loads only on demand, as the
-// agent does after a restore with a disk; loading it probes the slot. It
-// prints the rootfs slot's device name.
-const bindRootfs = `insmod /lib/modules/virtio_blk.ko
-for b in /sys/block/vd*; do [ "$(cat $b/serial)" = ` + rootfsSerial + ` ] && echo ${b##*/}; done`
+// bindDisks binds every virtio-blk device virtio_blk has not, as the
+// agent does after a restore with a disk: the guest loads the driver at
+// boot and unbinds its disks before any snapshot, so binding probes them.
+const bindDisks = `for d in /sys/bus/virtio/devices/*; do
+[ "$(cat $d/device)" = 0x0002 ] && [ ! -e $d/driver ] && echo ${d##*/} >/sys/bus/virtio/drivers/virtio_blk/bind
+done
+`
+
+// bindRootfs binds the disks and prints the rootfs slot's device name.
+const bindRootfs = bindDisks + `for b in /sys/block/vd*; do [ "$(cat $b/serial)" = ` + rootfsSerial + ` ] && echo ${b##*/}; done`
 
 // A snapshot's rootfs slot, an empty node at bake, restores with an image
 // of another size; once the guest probes the slot it sees the image's size

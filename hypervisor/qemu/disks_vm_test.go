@@ -79,9 +79,8 @@ func slotImage(t testing.TB, size int64, shell bool) (string, string) {
 }
 
 // slotDevice prints the block device and virtio device of the disk with
-// serial $1, once virtio_blk is loaded (loading it probes every slot).
-const slotDevice = `insmod /lib/modules/virtio_blk.ko 2>/dev/null
-for b in /sys/block/vd*; do [ "$(cat $b/serial)" = "$1" ] && echo ${b##*/} $(basename $(readlink $b/device)); done; true`
+// serial $1, once the disks are bound (binding probes every unbound slot).
+const slotDevice = bindDisks + `for b in /sys/block/vd*; do [ "$(cat $b/serial)" = "$1" ] && echo ${b##*/} $(basename $(readlink $b/device)); done; true`
 
 // reprobeSlot is what the agent's Disk does to a disk the driver probed
 // before the host swapped its backend: unbind and bind virtio device $1.

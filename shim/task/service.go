@@ -45,6 +45,9 @@ type Service struct {
 	launcher   Launcher
 	events     chan any
 	sd         shutdown.Service
+	// draining tells the forwarder to publish what is queued and stop;
+	// forwarded is closed once it has.
+	draining, forwarded chan struct{}
 
 	mu       sync.Mutex
 	tasks    map[string]*task
@@ -63,12 +66,14 @@ func NewService(ctx context.Context, launcher Launcher, publisher events.Publish
 		launcher:  launcher,
 		events:    make(chan any, 128),
 		sd:        sd,
+		draining:  make(chan struct{}),
+		forwarded: make(chan struct{}),
 		tasks:     map[string]*task{},
 		creating:  map[string]struct{}{},
 		pods:      map[string]*PodVM{},
 	}
 	go s.forward(publisher)
-	sd.RegisterCallback(s.destroyAll)
+	sd.RegisterCallback(s.shutdown)
 	if w, ok := launcher.(Warmer); ok {
 		w.Warm(ctx)
 	}
@@ -89,8 +94,10 @@ func (s *Service) send(evt any) {
 	}
 }
 
-// forward publishes queued events in order; on shutdown it drains the queue.
+// forward publishes queued events in order; once draining, it publishes
+// what is queued and returns.
 func (s *Service) forward(publisher events.Publisher) {
+	defer close(s.forwarded)
 	ctx := context.WithoutCancel(s.ctx)
 	publish := func(e any) {
 		if err := publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
@@ -101,7 +108,7 @@ func (s *Service) forward(publisher events.Publisher) {
 		select {
 		case e := <-s.events:
 			publish(e)
-		case <-s.sd.Done():
+		case <-s.draining:
 			for {
 				select {
 				case e := <-s.events:
@@ -115,6 +122,20 @@ func (s *Service) forward(publisher events.Publisher) {
 			}
 		}
 	}
+}
+
+// shutdown, the shim's shutdown callback, kills every VM still held, then
+// has the forwarder publish every event queued before it returns: the
+// shim's process ends once the callbacks have, and an event still queued
+// then (the last task's exit or delete) would be lost.
+func (s *Service) shutdown(ctx context.Context) error {
+	err := s.destroyAll(ctx)
+	close(s.draining)
+	select {
+	case <-s.forwarded:
+	case <-ctx.Done():
+	}
+	return err
 }
 
 // destroyAll kills every VM still held when the shim shuts down, so none

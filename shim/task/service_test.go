@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,10 +15,12 @@ import (
 	"testing"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/errdefs"
@@ -306,5 +309,31 @@ func TestLaunchRequest(t *testing.T) {
 				t.Fatalf("launch request process %+v, want the init process %v to prepare", p, spec.Process.Args)
 			}
 		})
+	}
+}
+
+// slowPublisher publishes after a pause, as a publisher to a busy
+// containerd does.
+type slowPublisher struct{ recorder }
+
+func (p *slowPublisher) Publish(ctx context.Context, topic string, e events.Event) error {
+	time.Sleep(50 * time.Millisecond)
+	return p.recorder.Publish(ctx, topic, e)
+}
+
+// TestShutdownPublishesQueued: the events queued before the shim shuts
+// down (the last task's delete) are published before shutdown is done,
+// after which the shim's process ends.
+func TestShutdownPublishesQueued(t *testing.T) {
+	ctx, sd := shutdown.WithShutdown(namespaces.WithNamespace(context.Background(), "test"))
+	pub := &slowPublisher{}
+	s := NewService(ctx, &fakeLauncher{vm: newFakeVM(t), guest: newFakeGuest()}, pub, sd)
+	for i := range 3 {
+		s.send(&eventstypes.TaskDelete{ContainerID: fmt.Sprint("t", i)})
+	}
+	sd.Shutdown()
+	<-sd.Done()
+	if got := len(pub.all()); got != 3 {
+		t.Fatalf("%d of 3 queued events published before shutdown was done", got)
 	}
 }

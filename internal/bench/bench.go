@@ -51,12 +51,12 @@ type Options struct {
 	// WholeRounds is how many times each arm of the whole start (`ctr run
 	// --rm IMAGE ID echo hi` timed as a process) runs; 0 turns it off.
 	WholeRounds int
-	Guest         string
-	Cache         string // the snapshot image cache
-	Memory        string // the snapshot's guest memory, e.g. 512M
-	BinDir        string // make build's binaries
-	Out           string // results dir
-	Readme        string // also write the table and chart here, if set
+	Guest       string
+	Cache       string // the snapshot image cache
+	Memory      string // the snapshot's guest memory, e.g. 512M
+	BinDir      string // make build's binaries
+	Out         string // results dir
+	Readme      string // also write the table and chart here, if set
 }
 
 func (o Options) validate() error {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -31,6 +32,11 @@ type Client struct {
 	tc   *ttrpc.Client
 	api  api.AgentService
 
+	// portBytes bounds the port-forward data in flight to the guest, so
+	// that many connections at once never fill the send queue (maxQueued),
+	// which would take the guest for one that stopped reading.
+	portBytes *semaphore.Weighted
+
 	mu       sync.Mutex
 	prepared map[string]ExecRequest // processes Init prepared, until Start starts them
 	version  int                    // the agent's API version, once a Ping or Init told it
@@ -42,7 +48,8 @@ type Client struct {
 // request are dropped before ttrpc sees (and logs) them.
 func NewClient(conn net.Conn) *Client {
 	tc := ttrpc.NewClient(newReplyFilter(newSendQueue(conn)))
-	return &Client{conn: conn, tc: tc, api: api.NewAgentClient(tc), prepared: map[string]ExecRequest{}}
+	return &Client{conn: conn, tc: tc, api: api.NewAgentClient(tc), portBytes: semaphore.NewWeighted(maxPortInFlight),
+		prepared: map[string]ExecRequest{}}
 }
 
 // Accepted waits until the guest agent accepted the client's session,

@@ -9,6 +9,11 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
+// maxPortInFlight bounds the bytes all of a client's port connections
+// send at once: half the send queue, which other calls (files, stdin)
+// share. A chunk waits for room under its connection's context.
+const maxPortInFlight = maxQueued / 2
+
 // PortConn is a TCP connection the agent made to a port on the guest's
 // loopback: kubectl port-forward's path into the VM. Its bytes travel as a
 // process's stdio does, pulled and pushed a call at a time, so one slow
@@ -39,6 +44,10 @@ func (c *Client) DialPort(ctx context.Context, port uint16) (*PortConn, error) {
 		return c.api.ReadPort(ctx, &api.ReadPortRequest{Id: p.id, MaxBytes: max})
 	})
 	p.w = newPusher(what, func(ctx context.Context, data []byte) error {
+		if err := c.portBytes.Acquire(ctx, int64(len(data))); err != nil {
+			return err
+		}
+		defer c.portBytes.Release(int64(len(data)))
 		_, err := c.api.WritePort(ctx, &api.WritePortRequest{Id: p.id, Data: data})
 		return err
 	}, func(ctx context.Context) error { return p.close(ctx, true) })

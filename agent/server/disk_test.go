@@ -68,7 +68,7 @@ func (f *fakeSysfs) bound() string {
 }
 
 func (f *fakeSysfs) mounts() LinuxMounts {
-	return LinuxMounts{Sys: f.sys, Dev: f.dev, Modules: f.t.TempDir(), LoadModule: func(*os.File) error {
+	return LinuxMounts{Sys: f.sys, Dev: f.dev, Modules: f.t.TempDir(), DiskMap: filepath.Join(f.sys, "disks"), LoadModule: func(*os.File) error {
 		return errors.New("no module loading in this test")
 	}}
 }
@@ -91,6 +91,32 @@ func TestDiskBindsAndFinds(t *testing.T) {
 	}
 	if b := f.bound(); b != "virtio2" {
 		t.Errorf("bound %q, want only virtio2", b)
+	}
+}
+
+// TestDiskBindsMapped: with the guest's map of disks, only the device of
+// the disk looked for is bound (each bind probes a disk); a serial the map
+// lacks binds every unbound disk.
+func TestDiskBindsMapped(t *testing.T) {
+	// The fake bind file keeps the last write: the first device bound
+	// alone, the last of all.
+	for _, tc := range []struct{ serial, want string }{
+		{"cocoon-disk-1", "virtio1"},
+		{"cocoon-rootfs", "virtio2"},
+	} {
+		t.Run(tc.serial, func(t *testing.T) {
+			f := newFakeSysfs(t, true)
+			f.virtio("virtio1", "0x0002", false)
+			f.virtio("virtio2", "0x0002", false)
+			f.write("disks", "cocoon-disk-1 virtio1\ncocoon-disk-2 virtio2\n")
+			f.disk("vda", tc.serial)
+			if _, err := f.mounts().Disk(context.Background(), tc.serial); err != nil {
+				t.Fatal(err)
+			}
+			if b := f.bound(); b != tc.want {
+				t.Errorf("bound %q, want %q", b, tc.want)
+			}
+		})
 	}
 }
 

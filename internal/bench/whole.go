@@ -102,10 +102,7 @@ func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, 
 	if err != nil {
 		return nil, err
 	}
-	marks, err := watchEvents(ctx, s)
-	if err != nil {
-		return nil, err
-	}
+	marks := watchEvents(ctx, s)
 	defer marks.stop()
 	samples := map[string][][]time.Duration{}
 	for round := range rounds {
@@ -184,7 +181,7 @@ type eventMarks struct {
 }
 
 // watchEvents records the whole start's events of s's namespace.
-func watchEvents(ctx context.Context, s *shimStack) (*eventMarks, error) {
+func watchEvents(ctx context.Context, s *shimStack) *eventMarks {
 	ctx, cancel := context.WithCancel(ctx)
 	m := &eventMarks{cancel: cancel, at: map[string]map[string]time.Time{}}
 	ch, errs := s.cl.EventService().Subscribe(ctx, `namespace=="`+s.stack.Namespace+`"`)
@@ -203,7 +200,7 @@ func watchEvents(ctx context.Context, s *shimStack) (*eventMarks, error) {
 			}
 		}
 	}()
-	return m, nil
+	return m
 }
 
 func (m *eventMarks) record(topic string, at time.Time, event typeurl.Any) {

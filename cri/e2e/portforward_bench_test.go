@@ -30,12 +30,7 @@ var webBenchArgs = []string{"sh", "-c", "mkdir -p /www && echo " + podPage + " >
 //
 //	go test -run '^$' -bench BenchmarkPortForward -benchtime 20x ./cri/e2e/
 func BenchmarkPortForward(b *testing.B) {
-	n := startChainNode(b, nodeOptions{cocoonConfig: podVMConfig})
-	ctx := context.Background()
-	if err := n.stack.Import(ctx, images.busyboxTar, devstack.Snapshotter); err != nil {
-		b.Fatal(err)
-	}
-	rt := criClient(b, n.stack.Address)
+	n, rt := startPodVMBenchNode(b)
 	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler} {
 		local, stop := n.forwardedWeb(b, rt, handler)
 		b.Run("connect/handler="+handler, func(b *testing.B) {

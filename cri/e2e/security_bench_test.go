@@ -33,12 +33,8 @@ func restrictedSecurity(c *runtimeapi.ContainerConfig) {
 //
 //	go test -run '^$' -bench BenchmarkConfinement -benchtime 10x ./cri/e2e/
 func BenchmarkConfinement(b *testing.B) {
-	n := startChainNode(b, nodeOptions{cocoonConfig: podVMConfig})
+	n, rt := startPodVMBenchNode(b)
 	ctx := context.Background()
-	if err := n.stack.Import(ctx, images.busyboxTar, devstack.Snapshotter); err != nil {
-		b.Fatal(err)
-	}
-	rt := criClient(b, n.stack.Address)
 	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler} {
 		b.Run("handler="+handler, func(b *testing.B) {
 			b.StopTimer()
@@ -75,4 +71,14 @@ func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// startPodVMBenchNode starts a node whose cocoon handler runs one VM per
+// pod, with the busybox image, and dials its CRI.
+func startPodVMBenchNode(b *testing.B) (*node, runtimeapi.RuntimeServiceClient) {
+	n := startChainNode(b, nodeOptions{cocoonConfig: podVMConfig})
+	if err := n.stack.Import(context.Background(), images.busyboxTar, devstack.Snapshotter); err != nil {
+		b.Fatal(err)
+	}
+	return n, criClient(b, n.stack.Address)
 }

@@ -28,15 +28,9 @@ var bridgeArgs = []string{"sh", "-c", "ip link add cocoon-br0 type bridge && ip 
 // in sight (under cocoon, not the guest's agent), so none can be signalled.
 func (w *podWorkload) restricted(t *testing.T) {
 	ctr := w.n.startBusybox(t, w.p, "restricted", restrictedArgs, func(c *runtimeapi.ContainerConfig) {
-		c.Linux.SecurityContext = &runtimeapi.LinuxContainerSecurityContext{
-			Capabilities:   &runtimeapi.Capability{DropCapabilities: []string{"ALL"}},
-			NoNewPrivs:     true,
-			Seccomp:        &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_RuntimeDefault},
-			ReadonlyRootfs: true,
-			RunAsUser:      &runtimeapi.Int64Value{Value: 1000},
-			// Its own PID namespace: the workload's pod shares one.
-			NamespaceOptions: &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER},
-		}
+		restrictedSecurity(c)
+		// Its own PID namespace: the workload's pod shares one.
+		c.Linux.SecurityContext.NamespaceOptions = &runtimeapi.NamespaceOption{Pid: runtimeapi.NamespaceMode_CONTAINER}
 	})
 	if st := w.n.waitState(t, ctr, runtimeapi.ContainerState_CONTAINER_EXITED); st.Status.ExitCode != 0 {
 		t.Fatalf("the restricted container exited with %d, want 0", st.Status.ExitCode)

@@ -56,7 +56,8 @@ type ContainerRoot struct {
 	// Mounts stay empty, runc makes the spec's. The guest unmounts it when
 	// the container is deleted, and the host may then detach it.
 	Disk *Rootfs
-	// Files are the copies of the spec's bind sources, bounded as Init's.
+	// Files are the copies of the spec's bind sources; what one request
+	// cannot carry goes first with UpdateFiles, as Init's.
 	Files []File
 	// Volumes are disks the guest mounts read-only, each at its Path,
 	// for the spec's binds (agent API 7).
@@ -72,6 +73,10 @@ type VolumeDisk struct {
 // CreateContainerFrom has the guest's runc create container id from spec
 // over root; its process waits for StartContainer.
 func (c *Client) CreateContainerFrom(ctx context.Context, id string, spec *specs.Spec, root ContainerRoot, stdin bool) (*ContainerProcess, error) {
+	var err error
+	if root.Files, err = c.sendAhead(ctx, root.Files); err != nil {
+		return nil, fmt.Errorf("create container %q in guest: %w", id, err)
+	}
 	req, err := createContainerRequest(id, spec, root, stdin)
 	if err != nil {
 		return nil, err

@@ -24,8 +24,10 @@ type InitRequest struct {
 	Hostname string    // empty leaves it
 	// Files are made in the guest before the network and the rootfs:
 	// /etc/resolv.conf, /etc/hosts, /etc/hostname without a rootfs, the
-	// copies of its bind mounts' sources with one. At most api.MaxFiles
-	// entries; files of api.MaxFileSize bytes, api.MaxFilesSize in all.
+	// copies of its bind mounts' sources with one. What one request cannot
+	// carry (api.MaxFiles entries; files of api.MaxFileSize bytes,
+	// api.MaxFilesSize in all) is sent first with UpdateFiles, so must be
+	// under the guest's copies of bind sources.
 	Files []File
 	// Network configures the guest's NIC; nil sets it down with no
 	// addresses or routes.
@@ -97,6 +99,10 @@ func (r *Rootfs) confined() bool {
 // its version in its answer. An older one says nothing, so only then does
 // Init ask it (a Ping), to fail if it ignored what it does not know.
 func (c *Client) Init(ctx context.Context, r InitRequest) error {
+	var err error
+	if r.Files, err = c.sendAhead(ctx, r.Files); err != nil {
+		return fmt.Errorf("init guest: %w", err)
+	}
 	req, err := initRequest(r)
 	if err != nil {
 		return fmt.Errorf("init guest: %w", err)
@@ -180,23 +186,32 @@ func initFiles(files []File) ([]*api.File, error) {
 	var out []*api.File
 	total := 0
 	for _, f := range files {
-		switch {
-		case !filepath.IsAbs(f.Path):
-			return nil, fmt.Errorf("file %q: expected an absolute path: %w", f.Path, errdefs.ErrInvalidArgument)
-		case len(f.Data) > api.MaxFileSize:
+		if len(f.Data) > api.MaxFileSize {
 			return nil, fmt.Errorf("file %q: %d bytes, expected at most %d: %w", f.Path, len(f.Data), api.MaxFileSize, errdefs.ErrInvalidArgument)
 		}
-		mode, err := fileMode(f)
+		af, err := apiFile(f)
 		if err != nil {
 			return nil, err
 		}
 		total += len(f.Data)
-		out = append(out, &api.File{Path: f.Path, Data: f.Data, Mode: mode})
+		out = append(out, af)
 	}
 	if total > api.MaxFilesSize {
 		return nil, fmt.Errorf("files hold %d bytes, expected at most %d: %w", total, api.MaxFilesSize, errdefs.ErrInvalidArgument)
 	}
 	return out, nil
+}
+
+// apiFile is f as the agent takes it, its path absolute.
+func apiFile(f File) (*api.File, error) {
+	if !filepath.IsAbs(f.Path) {
+		return nil, fmt.Errorf("file %q: expected an absolute path: %w", f.Path, errdefs.ErrInvalidArgument)
+	}
+	mode, err := fileMode(f)
+	if err != nil {
+		return nil, err
+	}
+	return &api.File{Path: f.Path, Data: f.Data, Mode: mode}, nil
 }
 
 // fileMode is f's mode as stat(2) encodes it: the type bits of a

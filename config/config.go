@@ -106,6 +106,13 @@ type Shim struct {
 	// app container (the sandbox a host process), which a pod whose
 	// container is a snapshot image needs.
 	PodVM string `toml:"pod_vm"`
+	// CopyFiles and CopyBytes bound what one VM's guest holds of copies
+	// of the host's files (bind sources, Kubernetes volumes, each kept in
+	// step while it lives): entries (files, directories, links) and bytes
+	// of file data, for a pod's VM all its containers' together. The
+	// copies live in guest memory.
+	CopyFiles int  `toml:"copy_files"`
+	CopyBytes Size `toml:"copy_bytes"`
 }
 
 // The values of shim.pod_vm.
@@ -164,6 +171,8 @@ func Default() Config {
 			MemoryHeadroom: Size(256 << 20),
 			HookTimeout:    Duration(time.Minute),
 			PodVM:          PodVMPod,
+			CopyFiles:      2048,
+			CopyBytes:      Size(32 << 20),
 		},
 		QEMU:            QEMU{Binary: "qemu-system-x86_64", Accel: "auto"},
 		CloudHypervisor: CloudHypervisor{Binary: "cloud-hypervisor", CopyOnWrite: "probe"},

@@ -67,6 +67,9 @@ func (c Config) Validate() error {
 	if c.Shim.PodVM != PodVMPod && c.Shim.PodVM != PodVMContainer {
 		return fmt.Errorf("shim.pod_vm = %q: want %q or %q", c.Shim.PodVM, PodVMPod, PodVMContainer)
 	}
+	if c.Shim.CopyFiles <= 0 || c.Shim.CopyBytes <= 0 {
+		return fmt.Errorf("shim.copy_files = %d, shim.copy_bytes = %d: want both positive", c.Shim.CopyFiles, c.Shim.CopyBytes)
+	}
 	if c.Shim.HookTimeout.D() > maxHookTimeout {
 		return fmt.Errorf("shim.hook_timeout = %v: want at most %v, the bound on a hook's own timeout", c.Shim.HookTimeout.D(), maxHookTimeout)
 	}

@@ -308,7 +308,15 @@ type File struct {
 	// regular file, S_IFDIR (040000) for a directory, S_IFLNK (0120000)
 	// for a link. An agent older than directories and links refuses type
 	// bits, so an old guest fails a tree it cannot make, never makes it wrong.
-	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// offset and more carry a regular file too large for one request in
+	// pieces, through UpdateFiles only (API version 8): each piece is
+	// written at offset, which must be the size of the pieces before it,
+	// into a file beside path that readers never see; more says pieces
+	// follow, and the last one (more false, offset not 0) renames the
+	// whole file into place.
+	Offset        uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	More          bool   `protobuf:"varint,5,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -362,6 +370,20 @@ func (x *File) GetMode() uint32 {
 		return x.Mode
 	}
 	return 0
+}
+
+func (x *File) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *File) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 type Network struct {
@@ -2814,11 +2836,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
 	"\fInitResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x10\n" +
-	"\x03pid\x18\x02 \x01(\rR\x03pid\"B\n" +
+	"\x03pid\x18\x02 \x01(\rR\x03pid\"n\n" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"{\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04more\x18\x05 \x01(\bR\x04more\"{\n" +
 	"\aNetwork\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x10\n" +
 	"\x03mtu\x18\x02 \x01(\rR\x03mtu\x12\x1c\n" +

@@ -10,6 +10,9 @@ const (
 	MaxFileSize = 256 << 10
 	// MaxFilesSize bounds the data of all files together.
 	MaxFilesSize = 1 << 20
+	// MaxPiecedFile bounds a file UpdateFiles takes in pieces (File.offset
+	// and File.more), each piece at most MaxFileSize.
+	MaxPiecedFile = 1 << 30
 )
 
 // MaxContainerSpec bounds a container's OCI spec, an exec's OCI process and

@@ -109,6 +109,7 @@ func TestInitRejectsBadInput(t *testing.T) {
 		{"too many files", func(r *api.InitRequest) {
 			r.Files = slices.Repeat(r.Files, api.MaxFiles+1)
 		}, "files, expected at most 128"},
+		{"piece of a file", func(r *api.InitRequest) { r.Files[0].More = true }, "only UpdateFiles takes files in pieces"},
 		{"regular file type bits", func(r *api.InitRequest) { r.Files[0].Mode = 0o100644 }, "expected a file, a directory (040000) or a link (0120000)"},
 		{"device", func(r *api.InitRequest) { r.Files[0].Mode = unix.S_IFCHR | 0o666 }, "expected a file, a directory"},
 		{"other mode bits", func(r *api.InitRequest) { r.Files[0].Mode = unix.S_ISUID | 0o755 }, "expected a type and permission bits only"},

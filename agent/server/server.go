@@ -23,8 +23,9 @@ import (
 // and rootfs; Exec carries rlimits, umask and no_new_privileges. 3: Init
 // prepares a process that Start starts, and answers with the version. 4:
 // the container calls (runc in the guest). 5: Exec's own_pid_namespace.
-// 6: Init's sysctls. 7: the port calls and UpdateFiles.
-const Version = "7"
+// 6: Init's sysctls. 7: the port calls and UpdateFiles. 8: UpdateFiles
+// takes files in pieces.
+const Version = "8"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond

@@ -19,13 +19,14 @@ const bindCopies = "binds"
 
 // UpdateFiles writes req's files in order, then removes its paths, all
 // under the copies of bind sources: the host keeps a Kubernetes volume's
-// copy in step with kubelet's updates of it.
+// copy in step with kubelet's updates of it, and sends what one Init or
+// CreateContainer cannot carry, large files in pieces.
 func (s *Service) UpdateFiles(ctx context.Context, req *api.UpdateFilesRequest) (*emptypb.Empty, error) {
 	root := filepath.Join(s.stateDir, bindCopies)
 	if len(req.Remove) > api.MaxFiles {
 		return nil, fmt.Errorf("update files: %d paths to remove, expected at most %d: %w", len(req.Remove), api.MaxFiles, errdefs.ErrInvalidArgument)
 	}
-	files, err := guestfile.Check(req.Files)
+	files, err := guestfile.CheckPieces(req.Files)
 	if err != nil {
 		return nil, fmt.Errorf("update files: %w", err)
 	}

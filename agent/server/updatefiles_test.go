@@ -85,3 +85,46 @@ func TestUpdateFilesRefusals(t *testing.T) {
 		t.Fatalf("a refused update wrote outside: %v", entries)
 	}
 }
+
+// TestUpdateFilesPieces: a file sent in pieces over several requests is
+// nowhere to be seen under its name until its last piece, then whole, with
+// its mode; a piece out of order is refused and drops what was gathered.
+func TestUpdateFilesPieces(t *testing.T) {
+	state := t.TempDir()
+	s := New(&fakeSystem{j: &journal{}}, WithStateDir(state))
+	p := filepath.Join(state, bindCopies, "0", "big")
+	ctx := context.Background()
+	piece := func(off uint64, data string, more bool) *api.UpdateFilesRequest {
+		return &api.UpdateFilesRequest{Files: []*api.File{{Path: p, Data: []byte(data), Mode: 0o600, Offset: off, More: more}}}
+	}
+	for _, req := range []*api.UpdateFilesRequest{piece(0, "ab", true), piece(2, "cd", true)} {
+		if _, err := s.UpdateFiles(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Fatalf("a file in pieces is there before its last piece: %v", err)
+		}
+	}
+	if _, err := s.UpdateFiles(ctx, piece(4, "e", false)); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "abcde" {
+		t.Fatalf("file: %q, %v, want abcde", b, err)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode: %v, %v, want 0600", fi.Mode(), err)
+	}
+
+	for _, req := range []*api.UpdateFilesRequest{piece(0, "ab", true), piece(3, "x", false)} {
+		_, err := s.UpdateFiles(ctx, req)
+		if req.Files[0].Offset == 3 && !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("a piece out of order: %v, want InvalidArgument", err)
+		}
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "abcde" {
+		t.Fatalf("after a refused piece the file is %q, %v, want the old abcde", b, err)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(p)); len(entries) != 1 {
+		t.Fatalf("a refused piece left %v beside the file", entries)
+	}
+}

@@ -21,7 +21,7 @@ func TestCocoonOrdinaryImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := n.runPod(t, "cocoon-busybox", devstack.CocoonHandler, nil)
-	dir, mount := liveVolumeDir(t)
+	dir, mount := liveVolumeDir(t, true)
 	args := []string{"sh", "-c", "cat " + testimage.RandomFile + "; " + volumeReaderArgs[2]}
 	cfg := n.ctrConfig(t, "app", busyboxRef, args, func(c *runtimeapi.ContainerConfig) {
 		c.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: cocoonMemoryLimit}

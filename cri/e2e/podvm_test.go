@@ -151,7 +151,7 @@ func (w *podWorkload) sharedVolume(t *testing.T) {
 // liveVolume runs a container reading a ConfigMap-shaped volume while the
 // host updates it as kubelet does (checkLiveVolume).
 func (w *podWorkload) liveVolume(t *testing.T) {
-	dir, mount := liveVolumeDir(t)
+	dir, mount := liveVolumeDir(t, true)
 	reader := w.n.startBusybox(t, w.p, "cfg-reader", volumeReaderArgs, mount)
 	w.n.checkLiveVolume(t, reader, dir)
 	w.n.crictl(t, "rm", "-f", reader)

@@ -34,7 +34,7 @@ func BenchmarkVolumeSync(b *testing.B) {
 	rt := criClient(b, n.stack.Address)
 	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler} {
 		b.Run("handler="+handler, func(b *testing.B) {
-			dir, mount := liveVolumeDir(b)
+			dir, mount := liveVolumeDir(b, false)
 			name := fmt.Sprintf("sync-%s-%d", handler, b.N) // a log of its own per run
 			cfg := n.podSandboxConfig(name, nil)
 			resp, err := rt.RunPodSandbox(context.Background(), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})

@@ -27,8 +27,11 @@ type binds struct {
 	// dir is where the copies go in the guest; bindSources when "".
 	dir   string
 	files []agent.File
-	size  int // bytes of file data in files
-	n     int
+	// budget bounds the copies with those the VM holds already; used is
+	// what files take of it.
+	budget *copyBudget
+	used   copyUsage
+	n      int
 	// pod, when set, holds the pod's copies of directories: a directory
 	// another container of the pod binds is bound again, not copied, and
 	// a new one is copied where the pod keeps it.
@@ -219,24 +222,27 @@ func (w walk) add(fd int, rel, dst string) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat %s: %w", w.hostPath(rel), err)
 	}
-	if len(w.files) >= api.MaxFiles {
-		return fmt.Errorf("more than %d files, directories and links: too many to copy into a VM: %w", api.MaxFiles, errdefs.ErrInvalidArgument)
-	}
 	perm := fs.FileMode(st.Mode) & fs.ModePerm
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		data, err := readOpened(fd, w.hostPath(rel))
+		if err := w.charge(copyUsage{files: 1, bytes: st.Size}); err != nil {
+			return err
+		}
+		data, err := readOpened(fd, w.hostPath(rel), st.Size)
 		if err != nil {
 			return err
 		}
-		if w.size += len(data); w.size > api.MaxFilesSize {
-			return fmt.Errorf("files of more than %d bytes in all: too large to copy into a VM: %w", api.MaxFilesSize, errdefs.ErrInvalidArgument)
-		}
 		w.files = append(w.files, agent.File{Path: dst, Data: data, Mode: perm})
 	case unix.S_IFDIR:
+		if err := w.charge(copyUsage{files: 1}); err != nil {
+			return err
+		}
 		w.files = append(w.files, agent.File{Path: dst, Mode: fs.ModeDir | perm})
 		return w.children(fd, rel, dst)
 	case unix.S_IFLNK:
+		if err := w.charge(copyUsage{files: 1}); err != nil {
+			return err
+		}
 		target, err := w.linkTarget(fd, rel)
 		if err != nil {
 			return err
@@ -245,6 +251,16 @@ func (w walk) add(fd int, rel, dst string) error {
 	default:
 		return fmt.Errorf("%s is a %s: a cocoon VM takes copies of regular files, directories and symbolic links only: %w", w.hostPath(rel), fsmode.TypeName(fsmode.FromStat(st.Mode)), errdefs.ErrInvalidArgument)
 	}
+	return nil
+}
+
+// charge counts u as copied, failing when the VM cannot hold it besides
+// what it holds.
+func (w walk) charge(u copyUsage) error {
+	if err := w.budget.fits(w.used.plus(u)); err != nil {
+		return err
+	}
+	w.used = w.used.plus(u)
 	return nil
 }
 
@@ -258,7 +274,7 @@ func (w walk) children(dir int, rel, dst string) error {
 	d := os.NewFile(uintptr(lfd), w.hostPath(rel))
 	// One more than may be copied tells a directory too large to copy
 	// without listing all of it.
-	names, err := d.Readdirnames(api.MaxFiles + 1)
+	names, err := d.Readdirnames(w.budget.limit.files + 1)
 	d.Close()
 	if err != nil && err != io.EOF {
 		return fmt.Errorf("list directory %s: %w", w.hostPath(rel), err)
@@ -324,24 +340,25 @@ func readHostFile(p string) ([]byte, fs.FileMode, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, 0, fmt.Errorf("%s is a %s, expected a regular file: %w", p, fsmode.TypeName(fsmode.FromStat(st.Mode)), errdefs.ErrInvalidArgument)
 	}
-	data, err := readOpened(fd, p)
+	data, err := readOpened(fd, p, api.MaxFileSize)
 	return data, fs.FileMode(st.Mode) & fs.ModePerm, err
 }
 
-// readOpened reads at most api.MaxFileSize bytes of the regular file open
-// (O_PATH) as fd, named p, through a new descriptor of the same file.
-func readOpened(fd int, p string) ([]byte, error) {
+// readOpened reads the regular file open (O_PATH) as fd, named p, through
+// a new descriptor of the same file: at most max bytes, the size it had
+// when its copy was counted.
+func readOpened(fd int, p string, max int64) ([]byte, error) {
 	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", p, err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, api.MaxFileSize+1))
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
-	if len(data) > api.MaxFileSize {
-		return nil, fmt.Errorf("%s is larger than %d bytes: too large to copy into a VM: %w", p, api.MaxFileSize, errdefs.ErrInvalidArgument)
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes: it grew while copied, or is too large to copy into a VM: %w", p, max, errdefs.ErrInvalidArgument)
 	}
 	return data, nil
 }

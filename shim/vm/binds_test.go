@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
-	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
@@ -119,7 +119,7 @@ func TestBindCopyTree(t *testing.T) {
 			" drwxrwxrwx", "a drwxr-x---", "a/f -rw-r----- a/f", "a/up Lrwxrwxrwx ../b", "b Lrwxrwxrwx a/f", "dangling Lrwxrwxrwx nothing"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := &binds{}
+			b := &binds{budget: testCopies()}
 			if err := b.copy(tree(t, tc.entries...), dst); err != nil {
 				t.Fatal(err)
 			}
@@ -159,7 +159,7 @@ func TestBindCopyLinksOut(t *testing.T) {
 					want = path.Clean(target)[1:]
 				}
 			}
-			b := &binds{}
+			b := &binds{budget: testCopies()}
 			if err := b.copy(src, dst); err != nil {
 				t.Fatal(err)
 			}
@@ -185,9 +185,9 @@ func TestBindCopyLinksOut(t *testing.T) {
 // TestBindCopyRefusals: a FIFO, socket or device inside a bind source, or
 // too many entries, fail the copy naming what, and nothing is opened.
 func TestBindCopyRefusals(t *testing.T) {
-	many := make([]string, api.MaxFiles)
+	many := make([]string, 8)
 	for i := range many {
-		many[i] = "d" + string(rune('a'+i/26)) + string(rune('a'+i%26)) + "/"
+		many[i] = "d" + string(rune('a'+i)) + "/"
 	}
 	for _, tc := range []struct {
 		name    string
@@ -198,7 +198,8 @@ func TestBindCopyRefusals(t *testing.T) {
 		{"fifo", []string{"sub/", "sub/fifo|"}, false, "sub/fifo is a FIFO"},
 		{"device", []string{"sub/"}, true, "sub/tty is a character device"},
 		{"link loop", []string{"sub/", "sub/a>b", "sub/b>a"}, false, "sub/a -> b: resolve inside the bind source"},
-		{"too many", append(many, "sub/"), false, "more than 128 files, directories and links"},
+		{"too many", append(many, "sub/"), false, "a copy of 9 files, directories and links (or more), with the 2 the VM's copies hold already, is over shim.copy_files = 10"},
+		{"too large", []string{"sub/", "sub/abcdefghijklmnopqrstuvwxyz"}, false, "a copy of 30B of file data (or more), with the 24B the VM's copies hold already, is over shim.copy_bytes = 40B"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := tree(t, tc.entries...)
@@ -209,7 +210,8 @@ func TestBindCopyRefusals(t *testing.T) {
 				}
 			}
 			opened := testenv.WatchOpens(t, filepath.Join(src, "sub"))
-			err := (&binds{}).copy(src, "/run/cocoon/binds/0")
+			copies := &copyBudget{limit: copyUsage{files: 10, bytes: 40}, held: copyUsage{files: 2, bytes: 24}}
+			err := (&binds{budget: copies}).copy(src, "/run/cocoon/binds/0")
 			if names := opened(); len(names) > 0 {
 				t.Fatalf("copying opened %v", names)
 			}
@@ -236,7 +238,7 @@ func TestBindTranslateRefusals(t *testing.T) {
 		{"nfs", specs.Mount{Destination: "/x", Type: "nfs", Source: "srv:/export"}, `mount of type "nfs" from "srv:/export": a cocoon VM takes bind mounts and mounts of type [proc`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := (&binds{}).translate(tc.m)
+			_, err := (&binds{budget: testCopies()}).translate(tc.m)
 			if !errdefs.IsInvalidArgument(err) || errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("translate: %v, want invalid argument saying %q", err, tc.want)
 			}
@@ -265,7 +267,7 @@ func TestIdentityFiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := &specs.Spec{Mounts: []specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: tc.source, Options: []string{"rbind", "ro"}}}}
-			files, _, _, err := guestSetup(spec, nil)
+			files, _, _, err := guestSetup(spec, nil, testCopies())
 			if tc.want == "" {
 				if err != nil || len(files) != 1 || string(files[0].Data) != "10.0.0.2 c1\n" || files[0].Mode != 0o640 {
 					t.Fatalf("guestSetup: %+v, %v", files, err)
@@ -302,7 +304,7 @@ func TestBindPodDirs(t *testing.T) {
 		{Destination: "/etc/hosts", Type: "bind", Source: file, Options: []string{"rbind", "ro"}},
 	}
 	translate := func(id string) (*binds, []specs.Mount) {
-		b := &binds{dir: memberBindSources(id), pod: pod}
+		b := &binds{dir: memberBindSources(id), pod: pod, budget: testCopies()}
 		var out []specs.Mount
 		for _, m := range mounts {
 			gm, err := b.translate(m)
@@ -359,7 +361,7 @@ func TestBindSubmounts(t *testing.T) {
 		{[]string{"rbind", "rprivate", "rw"}, []string{"/mnt rbind rprivate rw"}},
 	} {
 		t.Run(strings.Join(tc.opts, ","), func(t *testing.T) {
-			got, err := (&binds{}).translate(specs.Mount{Destination: "/mnt", Type: "bind", Source: src, Options: tc.opts})
+			got, err := (&binds{budget: testCopies()}).translate(specs.Mount{Destination: "/mnt", Type: "bind", Source: src, Options: tc.opts})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -375,4 +377,8 @@ func TestBindSubmounts(t *testing.T) {
 			}
 		})
 	}
+}
+
+func testCopies() *copyBudget {
+	return newCopyBudget(config.Default().Shim)
 }

@@ -54,8 +54,9 @@ func guestNetwork(iface *network.Interface) *agent.Network {
 // guestSetup is what Init gives the guest besides its identity and network:
 // the files the spec bind-mounts, and for an ordinary image its root (the
 // disk with the image's layers) with the spec's mounts inside it. copied
-// are the copies of directories among the files, by host directory.
-func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs) (files []agent.File, root *agent.Rootfs, copied map[string]string, _ error) {
+// are the copies of directories among the files, by host directory; the
+// copies are taken from copies.
+func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs, copies *copyBudget) (files []agent.File, root *agent.Rootfs, copied map[string]string, _ error) {
 	var mounts []specs.Mount
 	if spec != nil {
 		mounts = spec.Mounts
@@ -64,7 +65,7 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs) (files []agent.File,
 		files, err := identityFiles(mounts)
 		return files, nil, nil, err
 	}
-	b := binds{}
+	b := binds{budget: copies}
 	root = &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
 	if spec != nil {
 		root.Readonly = spec.Root != nil && spec.Root.Readonly
@@ -78,6 +79,9 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs) (files []agent.File,
 			return nil, nil, nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
 		}
 		root.Mounts = append(root.Mounts, gm...)
+	}
+	if err := copies.take(b.used); err != nil {
+		return nil, nil, nil, err
 	}
 	return b.files, root, b.copied, nil
 }

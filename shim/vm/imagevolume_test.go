@@ -46,14 +46,14 @@ func stagedSnapshot(t *testing.T) (string, string) {
 // where the guest mounts it; a plain directory is still copied.
 func TestImageVolume(t *testing.T) {
 	target, snap := stagedSnapshot(t)
-	img, ok := (&binds{}).stagedImage(target)
+	img, ok := (&binds{budget: testCopies()}).stagedImage(target)
 	if !ok || img.Dir != snap {
 		t.Fatalf("stagedImage(%s) = %+v, %v; want the image staged in %s", target, img, ok, snap)
 	}
-	if _, ok := (&binds{}).stagedImage(t.TempDir()); ok {
+	if _, ok := (&binds{budget: testCopies()}).stagedImage(t.TempDir()); ok {
 		t.Fatal("a plain directory was taken for an image volume")
 	}
-	b := &binds{dir: bindSources + "/c", pod: newSharedDirs(podBindSources, nil)}
+	b := &binds{dir: bindSources + "/c", pod: newSharedDirs(podBindSources, nil), budget: testCopies()}
 	got, err := b.translate(specs.Mount{Destination: "/mnt/image", Type: "bind", Source: target, Options: []string{"rbind", "ro"}})
 	if err != nil {
 		t.Fatal(err)

@@ -172,8 +172,10 @@ type prepared struct {
 	runDir string
 	guest  restore.GuestSetup
 	net    *vmNetwork
-	// copied are the guest's copies of directories, by host directory.
+	// copied are the guest's copies of directories, by host directory;
+	// copies bounds all the VM's copies.
 	copied map[string]string
+	copies *copyBudget
 }
 
 func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source) (prepared, error) {
@@ -192,7 +194,8 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 	if p.runDir, err = runDirOf(cfg, r); err != nil {
 		return prepared{}, err
 	}
-	if p.guest.Files, p.guest.Rootfs, p.copied, err = guestSetup(r.Spec, src.disk); err != nil {
+	p.copies = newCopyBudget(cfg.Shim)
+	if p.guest.Files, p.guest.Rootfs, p.copied, err = guestSetup(r.Spec, src.disk, p.copies); err != nil {
 		return prepared{}, fmt.Errorf("container of %s: %w", r.ID, err)
 	}
 	p.guest.Process, p.guest.Sysctls = r.Process, r.Sysctls
@@ -229,12 +232,12 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 	var host task.Host
 	guest := NewGuest(res.Agent, cfg.Agent.CallTimeout.D())
 	if task.IsPodSandbox(r.Spec) {
-		pod, err := newPod(res.VM, res.Agent, p.budget.Guest, cfg.Agent.CallTimeout.D())
+		pod, err := newPod(res.VM, res.Agent, p.budget.Guest, cfg.Agent.CallTimeout.D(), p.copies)
 		if err != nil {
 			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
 		host, guest = pod, volumeGuest{Guest: pauseGuest{Guest: guest, pod: pod}, live: pod.dirs.live}
-	} else if live := newLiveVolumes(res.Agent, cfg.Agent.CallTimeout.D()); live.watch(ctx, p.copied, p.guest.Files) > 0 {
+	} else if live := newLiveVolumes(res.Agent, cfg.Agent.CallTimeout.D(), p.copies); live.watch(ctx, p.copied, p.guest.Files) > 0 {
 		guest = volumeGuest{Guest: guest, live: live}
 	}
 	return &task.Sandbox{

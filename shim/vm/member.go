@@ -29,6 +29,8 @@ type member struct {
 	volumeSlots []int
 	// created says the guest has the container (and so its disk mounted).
 	created bool
+	// copies are the container's copies of its bind sources in the guest.
+	copies memberCopies
 
 	goneOnce, releaseOnce sync.Once
 	gone                  chan struct{} // closed once the container is killed
@@ -38,6 +40,14 @@ type member struct {
 }
 
 var _ task.Container = (*member)(nil)
+
+// memberCopies are what a container's copies take of its pod's: all of
+// them, the container's own (the rest are directories the pod keeps), and
+// the guest paths that hold them all.
+type memberCopies struct {
+	all, own copyUsage
+	paths    []string
+}
 
 // killAll SIGKILLs every process of the container; it is then gone to the
 // task, which reports an init that has not exited as killed.
@@ -65,6 +75,11 @@ func (m *member) release(ctx context.Context) {
 			m.pod.unholdPIDs(m.init.Pid)
 			// Its volumes are unmounted: its copies can go.
 			logRelease(ctx, m.id, m.pod.agent.UpdateFiles(ctx, nil, []string{memberBindSources(m.id)}))
+			m.pod.copies.give(m.copies.own)
+		} else if m.copies.all.files > 0 {
+			// Its create may have sent copies ahead: none is the pod's.
+			logRelease(ctx, m.id, m.pod.agent.UpdateFiles(ctx, nil, m.copies.paths))
+			m.pod.copies.give(m.copies.all)
 		}
 		for _, slot := range append([]int{m.slot}, m.volumeSlots...) {
 			logRelease(ctx, m.id, m.pod.disks.DetachDisk(ctx, slot))

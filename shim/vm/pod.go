@@ -55,7 +55,8 @@ type pod struct {
 	memory      int64 // the guest's RAM, which the containers' limits share
 	callTimeout time.Duration
 
-	dirs *sharedDirs // the copies of directories the containers bind
+	dirs   *sharedDirs // the copies of directories the containers bind
+	copies *copyBudget // bounds all the copies the VM holds
 
 	mu    sync.Mutex
 	slots []string // the container holding each slot, "" when free
@@ -68,14 +69,14 @@ var _ task.Host = (*pod)(nil)
 
 // newPod makes the VM of a pod sandbox a host for the pod's containers;
 // its snapshot must have spare disk slots for their images.
-func newPod(res hypervisorVM, c *agent.Client, memory int64, callTimeout time.Duration) (*pod, error) {
+func newPod(res hypervisorVM, c *agent.Client, memory int64, callTimeout time.Duration, copies *copyBudget) (*pod, error) {
 	disks, ok := res.(hypervisor.DiskAttacher)
 	if !ok || disks.DiskSlots() == 0 {
 		return nil, fmt.Errorf("a pod's VM (shim.pod_vm = %q, or containerd's sandbox API) needs spare disk slots for the pod's containers, and the base snapshot has none: bake it with cocoonctl bake --disk-slots N: %w",
 			config.PodVMPod, errdefs.ErrFailedPrecondition)
 	}
-	return &pod{agent: c, disks: disks, pid: res.PID(), memory: memory, callTimeout: callTimeout,
-		dirs: newSharedDirs(podBindSources, newLiveVolumes(c, callTimeout)), slots: make([]string, disks.DiskSlots())}, nil
+	return &pod{agent: c, disks: disks, pid: res.PID(), memory: memory, callTimeout: callTimeout, copies: copies,
+		dirs: newSharedDirs(podBindSources, newLiveVolumes(c, callTimeout, copies)), slots: make([]string, disks.DiskSlots())}, nil
 }
 
 // hypervisorVM is the part of hypervisor.VM a pod needs.
@@ -96,11 +97,15 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
+	if err := p.copies.take(g.copies.all); err != nil {
+		return nil, fmt.Errorf("container %s: %w", r.ID, err)
+	}
 	slot, err := p.claim(r.ID)
 	if err != nil {
+		p.copies.give(g.copies.all)
 		return nil, err
 	}
-	m := &member{pod: p, id: r.ID, slot: slot, spec: g.spec, gone: make(chan struct{}), execs: map[string]*agent.ContainerProcess{}}
+	m := &member{pod: p, id: r.ID, slot: slot, spec: g.spec, copies: g.copies, gone: make(chan struct{}), execs: map[string]*agent.ContainerProcess{}}
 	defer func() {
 		if retErr != nil {
 			m.release(ctx)
@@ -182,6 +187,7 @@ type guestContainer struct {
 	spec      *specs.Spec
 	files     []agent.File
 	copied    map[string]string
+	copies    memberCopies
 	images    []imageVolume
 	sharedPID bool
 }
@@ -191,7 +197,7 @@ type guestContainer struct {
 // pod's (sharedDirs).
 func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 	spec := *r.Spec
-	b := binds{dir: memberBindSources(r.ID), pod: p.dirs}
+	b := binds{dir: memberBindSources(r.ID), pod: p.dirs, budget: p.copies}
 	spec.Mounts = nil
 	for _, m := range r.Spec.Mounts {
 		gm, err := b.translate(m)
@@ -202,7 +208,11 @@ func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 	}
 	// Hooks run on the host, by the shim; the guest has no host binaries.
 	spec.Hooks = nil
-	g := guestContainer{spec: &spec, files: b.files, copied: b.copied, images: b.images}
+	g := guestContainer{spec: &spec, files: b.files, copied: b.copied, images: b.images,
+		copies: memberCopies{all: b.used, own: usageOf(b.files, b.dir), paths: []string{b.dir}}}
+	for _, c := range b.copied {
+		g.copies.paths = append(g.copies.paths, c)
+	}
 	if spec.Linux != nil {
 		linux := *spec.Linux
 		linux.Namespaces, g.sharedPID = p.guestNamespaces(linux.Namespaces)

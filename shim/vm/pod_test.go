@@ -3,6 +3,8 @@ package vm
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -168,5 +170,43 @@ func TestLapWithin(t *testing.T) {
 	}
 	if total < 100*time.Millisecond || c.phases[1].Duration.D() != 30*time.Millisecond {
 		t.Errorf("phases %+v add up to %v, want the whole lap (over 100ms), the guest's as told", c.phases, total)
+	}
+}
+
+// TestPodGuestSpecCopies: a container's copies count against its pod's
+// VM: all it copies, its own part (a directory the pod already has is
+// bound, not copied again), and where they are, to remove them if its
+// create fails.
+func TestPodGuestSpecCopies(t *testing.T) {
+	host := t.TempDir()
+	dir, file := filepath.Join(host, "empty-dir"), filepath.Join(host, "hosts")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte("127.0.0.1 localhost\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := &pod{dirs: newSharedDirs(podBindSources, nil), copies: testCopies()}
+	spec := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/data", Type: "bind", Source: dir, Options: []string{"rbind", "rw"}},
+		{Destination: "/etc/hosts", Type: "bind", Source: file, Options: []string{"rbind", "ro"}},
+	}}
+	own := copyUsage{files: 1, bytes: 20}
+	first, err := p.guestSpec(task.LaunchRequest{ID: "a", Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := memberCopies{all: copyUsage{files: 2, bytes: 20}, own: own, paths: []string{memberBindSources("a"), podBindSources + "/1"}}
+	if !reflect.DeepEqual(first.copies, want) {
+		t.Fatalf("the first container's copies: %+v, want %+v", first.copies, want)
+	}
+	p.dirs.keep(context.Background(), first.copied, first.files)
+	second, err := p.guestSpec(task.LaunchRequest{ID: "b", Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = memberCopies{all: own, own: own, paths: []string{memberBindSources("b")}}
+	if !reflect.DeepEqual(second.copies, want) {
+		t.Fatalf("the second container's copies: %+v, want %+v", second.copies, want)
 	}
 }

@@ -69,6 +69,7 @@ func (s *sharedDirs) keep(ctx context.Context, copies map[string]string, files [
 type liveVolumes struct {
 	agent   fileUpdater
 	timeout time.Duration
+	copies  *copyBudget // the VM's, which a new version of a volume takes from
 
 	mu     sync.Mutex
 	stop   chan struct{} // closed when the VM's guest closes
@@ -76,8 +77,8 @@ type liveVolumes struct {
 	wg     sync.WaitGroup
 }
 
-func newLiveVolumes(a fileUpdater, timeout time.Duration) *liveVolumes {
-	return &liveVolumes{agent: a, timeout: timeout, stop: make(chan struct{})}
+func newLiveVolumes(a fileUpdater, timeout time.Duration, copies *copyBudget) *liveVolumes {
+	return &liveVolumes{agent: a, timeout: timeout, copies: copies, stop: make(chan struct{})}
 }
 
 // watch starts keeping in step the live volumes among copies (host
@@ -91,7 +92,7 @@ func (l *liveVolumes) watch(ctx context.Context, copies map[string]string, files
 			continue
 		}
 		n++
-		v := newVolumeSync(src, g, l.agent, files)
+		v := newVolumeSync(src, g, l.agent, l.copies, files)
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()

@@ -47,14 +47,16 @@ type fileUpdater interface {
 type volumeSync struct {
 	host, guest string
 	agent       fileUpdater
+	copies      *copyBudget
 	data        string            // the version ..data names in the guest
+	held        copyUsage         // what that version's copy takes of copies
 	keys        map[string]string // the guest's key links and their targets
 	lastErr     string
 }
 
 // newVolumeSync starts from the copy files made of host at guest.
-func newVolumeSync(host, guest string, a fileUpdater, files []agent.File) *volumeSync {
-	v := &volumeSync{host: host, guest: guest, agent: a, keys: map[string]string{}}
+func newVolumeSync(host, guest string, a fileUpdater, copies *copyBudget, files []agent.File) *volumeSync {
+	v := &volumeSync{host: host, guest: guest, agent: a, copies: copies, keys: map[string]string{}}
 	for _, f := range files {
 		if f.Mode&fs.ModeSymlink == 0 || path.Dir(f.Path) != guest {
 			continue
@@ -66,6 +68,7 @@ func newVolumeSync(host, guest string, a fileUpdater, files []agent.File) *volum
 			v.keys[name] = string(f.Data)
 		}
 	}
+	v.held = versionUsage(files, v.guest, v.data)
 	return v
 }
 
@@ -81,34 +84,59 @@ func (v *volumeSync) sync(ctx context.Context) error {
 	if strings.Contains(target, "/") || !strings.HasPrefix(target, "..") || target == ".." {
 		return fmt.Errorf("volume %s: %s names %q, expected a directory of the volume's own", v.host, volumeData, target)
 	}
-	var b binds
+	// The guest holds both versions until the old one's removal.
+	b := binds{budget: v.copies}
 	if err := b.copy(filepath.Join(v.host, target), path.Join(v.guest, target)); err != nil {
 		return fmt.Errorf("copy volume %s: %w", v.host, err)
 	}
-	b.files = append(b.files, guestLink(path.Join(v.guest, volumeData), target))
 	keys, err := hostKeys(v.host)
 	if err != nil {
 		return err
 	}
-	var remove []string
+	links, remove := v.keyChanges(keys)
+	gone := copyUsage{files: len(remove)}
+	added := copyUsage{files: len(keys) - len(v.keys) + gone.files}
+	if err := v.copies.take(b.used.plus(added)); err != nil {
+		return fmt.Errorf("copy volume %s: %w", v.host, err)
+	}
+	files := append(b.files, guestLink(path.Join(v.guest, volumeData), target))
+	files = append(files, links...)
+	if v.data != "" {
+		remove = append(remove, path.Join(v.guest, v.data))
+	}
+	if err := v.agent.UpdateFiles(ctx, files, remove); err != nil {
+		v.copies.give(b.used.plus(added))
+		return fmt.Errorf("update volume %s in the guest: %w", v.host, err)
+	}
+	v.copies.give(v.held.plus(gone))
+	v.data, v.keys, v.held = target, keys, b.used
+	return nil
+}
+
+// keyChanges are the links to make for keys new or changed in keys, and
+// the paths of the keys gone.
+func (v *volumeSync) keyChanges(keys map[string]string) (links []agent.File, gone []string) {
 	for name, to := range keys {
 		if v.keys[name] != to {
-			b.files = append(b.files, guestLink(path.Join(v.guest, name), to))
+			links = append(links, guestLink(path.Join(v.guest, name), to))
 		}
 	}
 	for name := range v.keys {
 		if _, ok := keys[name]; !ok {
-			remove = append(remove, path.Join(v.guest, name))
+			gone = append(gone, path.Join(v.guest, name))
 		}
 	}
-	if v.data != "" {
-		remove = append(remove, path.Join(v.guest, v.data))
+	return links, gone
+}
+
+// versionUsage is what the copy of a volume's version data takes: the
+// version's directory and what is under it.
+func versionUsage(files []agent.File, guest, data string) copyUsage {
+	if data == "" {
+		return copyUsage{}
 	}
-	if err := v.agent.UpdateFiles(ctx, b.files, remove); err != nil {
-		return fmt.Errorf("update volume %s in the guest: %w", v.host, err)
-	}
-	v.data, v.keys = target, keys
-	return nil
+	dir := path.Join(guest, data)
+	return usageOf(files, dir).plus(copyUsage{files: 1})
 }
 
 func guestLink(p, target string) agent.File {

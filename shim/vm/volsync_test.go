@@ -61,15 +61,19 @@ func TestVolumeSync(t *testing.T) {
 	}
 	testenv.WriteVolumeVersion(t, host, "..v1", map[string]string{"a": "1", "b": "1"})
 	guest := podBindSources + "/1"
-	var b binds
+	copies := testCopies()
+	b := binds{budget: copies}
 	if err := b.copy(host, guest); err != nil {
+		t.Fatal(err)
+	}
+	if err := copies.take(b.used); err != nil {
 		t.Fatal(err)
 	}
 	u := &dirUpdater{root: t.TempDir()}
 	if err := u.UpdateFiles(context.Background(), b.files, nil); err != nil {
 		t.Fatal(err)
 	}
-	v := newVolumeSync(host, guest, u, b.files)
+	v := newVolumeSync(host, guest, u, copies, b.files)
 	read := func(key string) string {
 		data, err := os.ReadFile(filepath.Join(u.root, guest, key))
 		if err != nil {
@@ -104,6 +108,13 @@ func TestVolumeSync(t *testing.T) {
 	if len(entries) != 4 { // ..data, ..v2, a, c
 		t.Fatalf("the guest's copy holds %d entries, want 4", len(entries))
 	}
+	now := binds{budget: testCopies()}
+	if err := now.copy(host, guest); err != nil {
+		t.Fatal(err)
+	}
+	if copies.held != now.used {
+		t.Fatalf("the VM's copies take %+v after the update, want %+v, as a new copy", copies.held, now.used)
+	}
 }
 
 func TestVolumeSyncRefusesOddData(t *testing.T) {
@@ -111,7 +122,7 @@ func TestVolumeSyncRefusesOddData(t *testing.T) {
 	if err := os.Symlink("/etc", filepath.Join(host, volumeData)); err != nil {
 		t.Fatal(err)
 	}
-	v := newVolumeSync(host, podBindSources+"/1", &dirUpdater{root: t.TempDir()}, nil)
+	v := newVolumeSync(host, podBindSources+"/1", &dirUpdater{root: t.TempDir()}, testCopies(), nil)
 	if err := v.sync(context.Background()); err == nil || !strings.Contains(err.Error(), "expected a directory of the volume's own") {
 		t.Fatalf("..data naming /etc: %v", err)
 	}

@@ -22,6 +22,16 @@ import (
 // checks their paths, types and modes: a file, a directory (no data) or
 // a symbolic link (its target as data).
 func Check(files []*api.File) ([]*api.File, error) {
+	return check(files, false)
+}
+
+// CheckPieces is Check for a request that may carry regular files in
+// pieces (UpdateFiles').
+func CheckPieces(files []*api.File) ([]*api.File, error) {
+	return check(files, true)
+}
+
+func check(files []*api.File, pieces bool) ([]*api.File, error) {
 	if len(files) > api.MaxFiles {
 		return nil, fmt.Errorf("%d files, expected at most %d: %w", len(files), api.MaxFiles, errdefs.ErrInvalidArgument)
 	}
@@ -32,6 +42,9 @@ func Check(files []*api.File) ([]*api.File, error) {
 			return nil, fmt.Errorf("file %q: expected a clean absolute path to a file: %w", f.Path, errdefs.ErrInvalidArgument)
 		}
 		if err := checkOne(f); err != nil {
+			return nil, fmt.Errorf("file %q: %w", f.Path, err)
+		}
+		if err := checkPiece(f, pieces); err != nil {
 			return nil, fmt.Errorf("file %q: %w", f.Path, err)
 		}
 		if f.Mode&unix.S_IFMT == unix.S_IFLNK {
@@ -68,6 +81,22 @@ func checkOne(f *api.File) error {
 	return nil
 }
 
+// checkPiece checks a piece of a file sent in pieces: a regular file's,
+// within MaxPiecedFile, where pieces are taken.
+func checkPiece(f *api.File, pieces bool) error {
+	switch {
+	case f.Offset == 0 && !f.More:
+		return nil
+	case !pieces:
+		return fmt.Errorf("a piece of a file (offset %d), expected a whole file: only UpdateFiles takes files in pieces: %w", f.Offset, errdefs.ErrInvalidArgument)
+	case f.Mode&unix.S_IFMT != 0:
+		return fmt.Errorf("a piece (offset %d) of mode %#o, expected a regular file's: %w", f.Offset, f.Mode, errdefs.ErrInvalidArgument)
+	case f.Offset > api.MaxPiecedFile-uint64(len(f.Data)):
+		return fmt.Errorf("a piece ending at %d bytes, expected a file of at most %d: %w", f.Offset+uint64(len(f.Data)), api.MaxPiecedFile, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // checkUnderLinks refuses a file under a link the same request makes: the
 // guest would write where the link points, outside what the host meant.
 func checkUnderLinks(files []*api.File, links map[string]bool) error {
@@ -95,7 +124,7 @@ func Write(files []*api.File) error {
 		case unix.S_IFLNK:
 			err = writeLink(f.Path, string(f.Data))
 		default:
-			err = WriteFile(f)
+			err = writeRegular(f)
 		}
 		if err != nil {
 			return fmt.Errorf("write %s: %w", f.Path, err)
@@ -196,4 +225,61 @@ func WriteFile(f *api.File) error {
 		return err
 	}
 	return nil
+}
+
+func writeRegular(f *api.File) error {
+	if f.Offset != 0 || f.More {
+		return writePiece(f)
+	}
+	return WriteFile(f)
+}
+
+// writePiece writes a piece of a file sent in pieces into the file beside
+// it that gathers them, which the first piece makes anew; the last piece
+// gives it its mode and renames it into place, so no reader sees part of
+// the file.
+func writePiece(f *api.File) error {
+	gather := filepath.Join(filepath.Dir(f.Path), "."+filepath.Base(f.Path)+".pieces")
+	flags := os.O_WRONLY | os.O_APPEND | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	if f.Offset == 0 {
+		if err := os.MkdirAll(filepath.Dir(f.Path), 0o755); err != nil {
+			return err
+		}
+		flags |= os.O_CREATE | os.O_TRUNC
+	}
+	w, err := os.OpenFile(gather, flags, 0o600)
+	if err != nil {
+		return fmt.Errorf("piece at offset %d: %w", f.Offset, err)
+	}
+	err = appendPiece(w, f)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && !f.More {
+		err = os.Rename(gather, f.Path)
+	}
+	if err != nil {
+		os.Remove(gather)
+	}
+	return err
+}
+
+// appendPiece appends f's piece to w, which must hold the pieces before
+// it, and on the last piece gives w f's mode.
+func appendPiece(w *os.File, f *api.File) error {
+	st, err := w.Stat()
+	if err != nil {
+		return err
+	}
+	if uint64(st.Size()) != f.Offset {
+		return fmt.Errorf("piece at offset %d, expected %d, the size of the pieces before it: %w", f.Offset, st.Size(), errdefs.ErrInvalidArgument)
+	}
+	if _, err := w.Write(f.Data); err != nil || f.More {
+		return err
+	}
+	mode := fs.FileMode(f.Mode)
+	if mode == 0 {
+		mode = 0o644
+	}
+	return w.Chmod(mode)
 }

@@ -46,6 +46,7 @@ func buildOf(ctx context.Context, d hypervisor.Driver, caps hypervisor.Capabilit
 type explainOptions struct {
 	link, staged, config, hypervisor string
 	annotations                      annotations
+	base                             baseOptions
 	// newDriver builds the configured driver, as the shim does.
 	newDriver func(config.Config) (hypervisor.Driver, error)
 }
@@ -57,6 +58,7 @@ func explainFlags(fs *flag.FlagSet) action {
 	fs.StringVar(&o.config, "config", "", "config.toml `file` (default $"+config.EnvPath+", else "+config.DefaultPath+", else built-in defaults)")
 	fs.StringVar(&o.hypervisor, "hypervisor", "", "plan for this hypervisor `name` instead of the config's")
 	fs.Var(o.annotations, "annotation", "an OCI annotation `k=v` of the container, e.g. "+restore.AnnotationMode+"=mmap (repeatable)")
+	o.base.flags(fs)
 	return func(ctx context.Context, e env, args []string) error {
 		if len(args) > 0 {
 			return fmt.Errorf("unexpected arguments %q: explain takes only flags", args)
@@ -66,45 +68,73 @@ func explainFlags(fs *flag.FlagSet) action {
 	}
 }
 
-func explain(ctx context.Context, out io.Writer, o explainOptions) error {
-	link, staged, err := explainTarget(o)
-	if err != nil {
-		return err
-	}
+func explain(ctx context.Context, out io.Writer, o explainOptions) (retErr error) {
 	cfg, source, err := loadExplainConfig(o.config, o.hypervisor)
 	if err != nil {
 		return err
+	}
+	t, err := explainTarget(ctx, o, cfg)
+	if err != nil {
+		return err
+	}
+	if t.base != nil {
+		defer func() { retErr = errors.Join(retErr, t.base.Release()) }()
 	}
 	d, err := o.newDriver(cfg)
 	if err != nil {
 		return err
 	}
-	plan, caps, err := restore.PlanFor(ctx, d, cfg.Restore, link, staged, o.annotations)
+	plan, caps, err := restore.PlanFor(ctx, d, cfg.Restore, t.link, t.staged, o.annotations)
 	if err != nil {
 		return err
+	}
+	if t.why != "" {
+		plan.Reasons = append([]string{t.why}, plan.Reasons...)
 	}
 	if caps.Build, err = buildOf(ctx, d, caps); err != nil {
 		return fmt.Errorf("%s build: %w", d.Name(), err)
 	}
-	printPlan(out, o, link, cfg.Hypervisor, caps, source, plan)
+	printPlan(out, o, t, cfg.Hypervisor, caps, source, plan)
 	return nil
 }
 
-// explainTarget reads the top link from --link, or the staged chain and its
-// top link from --staged.
-func explainTarget(o explainOptions) (*chain.Link, *chain.Staged, error) {
+// target is what explain plans for: a top link, its staged chain when
+// there is one, and a base snapshot picked for --base, with why.
+type target struct {
+	where  string
+	link   *chain.Link
+	staged *chain.Staged
+	base   *explainBase
+	why    string
+}
+
+// explainTarget reads the top link from --link, the staged chain and its
+// top link from --staged, or stages the base --base asks for.
+func explainTarget(ctx context.Context, o explainOptions, cfg config.Config) (target, error) {
+	given := 0
+	for _, set := range []bool{o.link != "", o.staged != "", o.base.base} {
+		if set {
+			given++
+		}
+	}
 	switch {
-	case (o.link == "") == (o.staged == ""):
-		return nil, nil, errors.New("give one of --link (the chain's top link directory) and --staged (a staged directory)")
+	case given != 1:
+		return target{}, errors.New("give one of --link (the chain's top link directory), --staged (a staged directory) and --base (the runtime class's base snapshot)")
 	case o.link != "":
 		l, err := chain.ReadLink(o.link)
-		return l, nil, err
+		return target{where: o.link, link: l}, err
+	case o.staged != "":
+		st, err := chain.OpenStaged(o.staged)
+		if err != nil {
+			return target{}, err
+		}
+		return target{where: "top of the chain staged in " + o.staged, link: st.Top(), staged: st}, nil
 	}
-	st, err := chain.OpenStaged(o.staged)
+	b, why, err := o.base.pick(ctx, cfg)
 	if err != nil {
-		return nil, nil, err
+		return target{}, err
 	}
-	return st.Top(), st, nil
+	return target{where: "top of base snapshot " + b.image + " staged in " + b.dir, link: b.link, staged: b.staged, base: b, why: why}, nil
 }
 
 // loadExplainConfig finds the config as the shim does and applies the
@@ -127,16 +157,13 @@ func loadExplainConfig(path, hv string) (config.Config, string, error) {
 	return cfg, source, nil
 }
 
-func printPlan(w io.Writer, o explainOptions, l *chain.Link, hv string, caps hypervisor.Capabilities, source string, p restore.Plan) {
+func printPlan(w io.Writer, o explainOptions, t target, hv string, caps hypervisor.Capabilities, source string, p restore.Plan) {
+	l := t.link
 	made := l.Hypervisor
 	if l.HypervisorBuild != "" {
 		made += ": " + l.HypervisorBuild
 	}
-	where := o.link
-	if o.staged != "" {
-		where = "top of the chain staged in " + o.staged
-	}
-	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", where, l.Kind, made)
+	fmt.Fprintf(w, "link         %s (%s, made by %s)\n", t.where, l.Kind, made)
 	fmt.Fprintf(w, "guest        %s, %d vCPUs, %s memory, %s pages, hugepages %s, shared memory %s\n",
 		l.GuestOS, l.VCPUs, units.BytesSize(float64(l.MemoryBytes)), units.BytesSize(float64(l.PageSize)),
 		yesNo(l.HugePages), yesNo(l.SharedMemory))

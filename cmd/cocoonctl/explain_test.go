@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -49,11 +50,18 @@ func (d staticDriver) Restore(context.Context, hypervisor.RestoreRequest) (hyper
 // explainLink writes a full link of an empty (sparse) 512 MiB guest made by hv.
 func explainLink(t *testing.T, hv, guestOS string, huge bool) string {
 	t.Helper()
+	return explainLinkOf(t, hv, guestOS, huge, 512<<20)
+}
+
+// explainLinkOf writes a full link of an empty (sparse) guest of size
+// bytes made by hv.
+func explainLinkOf(t *testing.T, hv, guestOS string, huge bool, size int64) string {
+	t.Helper()
 	mem := filepath.Join(t.TempDir(), "memory")
 	if err := os.WriteFile(mem, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(mem, 512<<20); err != nil {
+	if err := os.Truncate(mem, size); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
@@ -195,5 +203,66 @@ func TestExplainQEMU(t *testing.T) {
 		if !strings.Contains(out, w) {
 			t.Errorf("missing %q in:\n%s", w, out)
 		}
+	}
+}
+
+// TestExplainBase: --base plans for the base the shim would pick of the
+// config's restore.base_images (smallest first) for a pod's memory or a
+// container's limit, says why first among the reasons, and lets go of
+// every base it staged.
+func TestExplainBase(t *testing.T) {
+	t.Setenv(config.EnvPath, "")
+	links := map[string]string{"small": explainLinkOf(t, "qemu", "linux", false, 256<<20), "large": explainLinkOf(t, "qemu", "linux", false, 1<<30)}
+	two := explainConfig(t, "[restore]\nbase_images = [\"small\", \"large\"]\n")
+	one := explainConfig(t, "[restore]\nbase_image = \"large\"\n")
+	for _, tc := range []struct {
+		name   string
+		config string
+		pod    string
+		limit  string
+		want   string // in the output, or the error
+		staged []string
+	}{
+		{"pod", two, "300M", "", "1. base snapshot large (1GiB of guest memory): the smallest that holds the pod's 300MiB of restore.base_images", []string{"small", "large"}},
+		{"container", two, "", "512M", "1. base snapshot small (256MiB of guest memory): the largest whose guest memory the container's limit 512MiB holds", []string{"large", "small"}},
+		{"no memory", two, "", "", "1. base snapshot small (256MiB of guest memory): the container has no memory limit: the smallest", []string{"small"}},
+		{"one base", one, "4G", "", "1. base snapshot large: the runtime class's only one (restore.base_image)", []string{"large"}},
+		{"too large a pod", two, "4G", "", "none of restore.base_images has at least the pod's 4GiB of guest memory", []string{"small", "large"}},
+		{"both", two, "1G", "1G", "give one of --pod-memory and --memory-limit", nil},
+		{"no base", explainConfig(t, ""), "", "", "the config sets neither restore.base_image nor restore.base_images", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var staged, released []string
+			o := explainOptions{config: tc.config, newDriver: newStaticDriver, annotations: annotations{}}
+			o.base.base = true
+			for flagv, v := range map[*sizeFlag]string{&o.base.podMemory: tc.pod, &o.base.memoryLimit: tc.limit} {
+				if v != "" {
+					if err := flagv.Set(v); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			o.base.stage = func(_ context.Context, _ config.Config, image string) (*explainBase, int64, error) {
+				staged = append(staged, image)
+				l, err := chain.ReadLink(links[image])
+				if err != nil {
+					return nil, 0, err
+				}
+				release := func() error { released = append(released, image); return nil }
+				return &explainBase{image: image, dir: links[image], link: l, release: release}, l.MemoryBytes, nil
+			}
+			var out bytes.Buffer
+			err := explain(context.Background(), &out, o)
+			got := out.String()
+			if err != nil {
+				got = err.Error()
+			}
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("missing %q in:\n%s", tc.want, got)
+			}
+			if !slices.Equal(staged, tc.staged) || len(released) != len(staged) {
+				t.Errorf("staged %v and released %v, want %v staged and all released", staged, released, tc.staged)
+			}
+		})
 	}
 }

@@ -128,7 +128,7 @@ type source struct {
 }
 
 // source stages the runtime class's base image (of several, the one that
-// fits: pickBase) for a task whose image is an ordinary one, or for a bare
+// fits: baseimage.Pick) for a task whose image is an ordinary one, or for a bare
 // pod VM (the report's base phase); a snapshot image's chain is staged
 // already.
 func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchRequest, clock *phaseClock) (source, error) {
@@ -148,7 +148,7 @@ func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchR
 		return source{}, err
 	}
 	clock.lap(PhasePlan)
-	base, why, err := pickBase(ctx, bases, fitOf(r), func(ctx context.Context, image string) (*baseimage.Snapshot, int64, error) {
+	base, why, err := baseimage.Pick(ctx, bases, fitOf(r), func(ctx context.Context, image string) (*baseimage.Snapshot, int64, error) {
 		b, err := baseimage.Stage(ctx, client, r.Namespace, cfg.Restore.BaseSnapshotter, image, r.ID)
 		if err != nil {
 			return nil, 0, err

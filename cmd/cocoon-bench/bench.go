@@ -30,6 +30,7 @@ func benchFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 	fs.StringVar(&o.BaselineLabel, "baseline-label", "", "what the baseline is, for the results (default its directory)")
 	fs.IntVar(&o.Rounds, "rounds", 5, "times each cell runs; samples are pooled")
 	fs.IntVar(&o.WholeRounds, "whole-rounds", 15, "times each arm of the whole start (ctr run --rm IMAGE ID echo hi, timed as a process: cocoon's two image kinds, runc, gVisor) runs; 0: off")
+	fs.IntVar(&o.PullRounds, "pull-rounds", 3, "times each arm of the empty node (ctr image pull of the snapshot image from a registry on 127.0.0.1 into a new containerd, with the cocoon snapshotter then its first run, and with overlayfs) runs; 0: off")
 	fs.StringVar(&o.Out, "out", "bench/results", "results `dir`ectory: <date>.json, .md and .svg")
 	fs.StringVar(&o.Readme, "readme", "", "also write the latest tables and chart to this markdown `file`")
 	return func(ctx context.Context) error {

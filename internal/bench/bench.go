@@ -51,12 +51,15 @@ type Options struct {
 	// WholeRounds is how many times each arm of the whole start (`ctr run
 	// --rm IMAGE ID echo hi` timed as a process) runs; 0 turns it off.
 	WholeRounds int
-	Guest       string
-	Cache       string // the snapshot image cache
-	Memory      string // the snapshot's guest memory, e.g. 512M
-	BinDir      string // make build's binaries
-	Out         string // results dir
-	Readme      string // also write the table and chart here, if set
+	// PullRounds is how many times each arm of the empty node (pull, then
+	// the first run) runs; 0 turns it off.
+	PullRounds int
+	Guest      string
+	Cache      string // the snapshot image cache
+	Memory     string // the snapshot's guest memory, e.g. 512M
+	BinDir     string // make build's binaries
+	Out        string // results dir
+	Readme     string // also write the table and chart here, if set
 }
 
 func (o Options) validate() error {
@@ -130,6 +133,11 @@ func run(ctx context.Context, out io.Writer, o Options) (res *results, err error
 	}
 	if o.WholeRounds > 0 {
 		if res.Whole, err = measureWhole(ctx, out, set.shim, tmp, o.WholeRounds); err != nil {
+			return nil, err
+		}
+	}
+	if o.PullRounds > 0 {
+		if res.Pull, err = measureEmptyNode(ctx, out, o, img, tmp); err != nil {
 			return nil, err
 		}
 	}

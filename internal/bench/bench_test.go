@@ -26,7 +26,7 @@ func TestBenchSmoke(t *testing.T) {
 	testenv.LookPath(t, "mkfs.erofs")
 	guest := testenv.Guest(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
-	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server", runcShim, "cocoonctl"} {
+	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server", runcShim, "cocoonctl", "crane"} {
 		testenv.Bin(t, name)
 	}
 	out, readme := t.TempDir(), filepath.Join(t.TempDir(), "README.md")
@@ -35,7 +35,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	res, err := run(t.Context(), io.Discard, Options{
 		Ns: []int{2}, Modes: []hypervisor.Mode{hypervisor.ModeMmap}, Paths: Paths,
-		NetworkNs: []int{2}, OrdinaryNs: []int{2}, ConvertPads: []int64{1 << 20}, Rounds: 1, WholeRounds: 1,
+		NetworkNs: []int{2}, OrdinaryNs: []int{2}, ConvertPads: []int64{1 << 20}, Rounds: 1, WholeRounds: 1, PullRounds: 1,
 		Guest: guest, Cache: filepath.Join(testenv.RepoRoot(), "build", "snapshots"), Memory: "512M",
 		BinDir: bin, Out: out, Readme: readme,
 	})
@@ -70,6 +70,9 @@ func checkRatios(t *testing.T, res *results) {
 	}
 	if len(res.Ordinary) != 1 || res.Ordinary[0].P50OverBase <= 0 {
 		t.Errorf("ordinary rows %+v: want one with a ratio", res.Ordinary)
+	}
+	if p := res.Pull; p == nil || p.Bytes <= 0 || len(p.Rows) != 2 || p.Rows[0].PullMs <= 0 || p.Rows[0].RunMs <= 0 || p.Rows[1].PullMs <= 0 || p.Rows[1].RunMs != 0 {
+		t.Errorf("empty node %+v: want the image's bytes, the snapshot image's pull and first run, and the ordinary pull alone", p)
 	}
 	if len(res.Whole) != 4 {
 		t.Fatalf("whole start rows %+v: want one per arm (4)", res.Whole)

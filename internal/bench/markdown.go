@@ -17,6 +17,7 @@ func (r *results) markdown(chart string) string {
 	b.WriteString(legend)
 	r.cellTable(&b)
 	r.wholeTable(&b)
+	r.pullTable(&b)
 	r.alternativeTable(&b)
 	r.baselineTable(&b)
 	r.ratioTables(&b)

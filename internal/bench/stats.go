@@ -25,6 +25,7 @@ type results struct {
 	Network      []variantRatio `json:"network,omitempty"`
 	Ordinary     []variantRatio `json:"ordinary,omitempty"`
 	Whole        []WholeRow     `json:"whole,omitempty"`
+	Pull         *PullResult    `json:"pull,omitempty"`
 	// Baseline names the build the baseline arms ran (Options.Baseline);
 	// Baselines compare this build with it.
 	Baseline  string          `json:"baseline,omitempty"`

@@ -225,7 +225,7 @@ func (s *Stack) crictlConfig() string { return filepath.Join(s.Dir, "crictl.yaml
 
 // Import imports the images of an OCI archive into Namespace, unpacked
 // into each of snapshotters (each must be in the transfer service's
-// unpack_config: Snapshotter, and in a CRI stack Overlayfs too).
+// unpack_config: Snapshotter or Overlayfs).
 func (s *Stack) Import(ctx context.Context, archive string, snapshotters ...string) error {
 	if len(snapshotters) == 0 {
 		return errors.New("import: no snapshotter: want at least one to unpack into")

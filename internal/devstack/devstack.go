@@ -68,6 +68,9 @@ type Options struct {
 	// CRI, when set, enables containerd's CRI plugin and runs containerd
 	// inside CRI.NetNS; Namespace then defaults to CRINamespace.
 	CRI *CRI
+	// NetNS, when set without CRI, is the network namespace containerd
+	// runs in (and so where it pulls from).
+	NetNS string
 }
 
 // Stack is a running private containerd and cocoon-snapshotter.
@@ -196,11 +199,15 @@ func (s *Stack) start(ctx context.Context, opts Options) error {
 		"PATH=" + s.BinDir + ":" + os.Getenv("PATH"),
 		config.EnvPath + "=" + s.ConfigPath,
 	}, opts.Env...)
-	var wrap []string
+	netns := opts.NetNS
 	if s.cri != nil {
+		netns = s.cri.NetNS
+	}
+	var wrap []string
+	if netns != "" {
 		// Not ip netns exec: its private mount namespace would hide the
 		// snapshotter's mounts from containerd and containerd's from us.
-		wrap = []string{"nsenter", "--net=" + s.cri.NetNS, "--"}
+		wrap = []string{"nsenter", "--net=" + netns, "--"}
 	}
 	ctrd, err := s.spawn("containerd", wrap, env, "--config", ctrdCfg)
 	if err != nil {
@@ -365,9 +372,7 @@ disabled_plugins = [
 [plugins."io.containerd.transfer.v1.local"]
   unpack_config = [
     { platform = "linux/amd64", snapshotter = "{{.Snapshotter}}" },
-{{- if .CRIEnabled}}
     { platform = "linux/amd64", snapshotter = "{{.Overlayfs}}" },
-{{- end}}
   ]
 
 [proxy_plugins.{{.Snapshotter}}]

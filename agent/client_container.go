@@ -89,6 +89,11 @@ func (c *Client) CreateContainerFrom(ctx context.Context, id string, spec *specs
 			return nil, fmt.Errorf("create container %q in guest: %w", id, err)
 		}
 	}
+	if tmpfsIn(root.Files) {
+		if err := c.requireVersion(ctx, apiVersion8, tmpfsNeeds); err != nil {
+			return nil, fmt.Errorf("create container %q in guest: %w", id, err)
+		}
+	}
 	began := time.Now()
 	resp, err := c.api.CreateContainer(ctx, req)
 	if err != nil {

@@ -28,6 +28,11 @@ func (c *Client) UpdateFiles(ctx context.Context, files []File, remove []string)
 			return fmt.Errorf("update files in guest: %w", err)
 		}
 	}
+	if tmpfsIn(files) {
+		if err := c.requireVersion(ctx, apiVersion8, tmpfsNeeds); err != nil {
+			return fmt.Errorf("update files in guest: %w", err)
+		}
+	}
 	for _, req := range reqs {
 		if _, err := c.api.UpdateFiles(ctx, req); err != nil {
 			return fmt.Errorf("update files in guest: %w", native(err))

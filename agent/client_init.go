@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -54,7 +55,18 @@ type File struct {
 	// directory), with fs.ModeDir for a directory or fs.ModeSymlink for a
 	// link. An agent older than directories and links refuses them.
 	Mode fs.FileMode
+	// TmpfsSize, for a directory, makes it a tmpfs of that many bytes
+	// (agent API 8): the copy of a host tmpfs keeps its size limit.
+	TmpfsSize int64
 }
+
+// tmpfsIn says whether a file of files is a tmpfs, which needs agent API 8.
+func tmpfsIn(files []File) bool {
+	return slices.ContainsFunc(files, func(f File) bool { return f.TmpfsSize > 0 })
+}
+
+// tmpfsNeeds is what tmpfsIn asks of the agent, for requireVersion.
+const tmpfsNeeds = "a directory that is a tmpfs of its own (a memory-backed emptyDir's size limit)"
 
 // Network is the configuration of the guest's NIC, as the task's network
 // namespace interface has it.
@@ -131,6 +143,11 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 	}
 	if len(r.Sysctls) > 0 {
 		if err := c.requireVersion(ctx, apiVersion6, "sysctls"); err != nil {
+			return fmt.Errorf("init guest: %w", err)
+		}
+	}
+	if tmpfsIn(r.Files) {
+		if err := c.requireVersion(ctx, apiVersion8, tmpfsNeeds); err != nil {
 			return fmt.Errorf("init guest: %w", err)
 		}
 	}
@@ -211,7 +228,10 @@ func apiFile(f File) (*api.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &api.File{Path: f.Path, Data: f.Data, Mode: mode}, nil
+	if f.TmpfsSize < 0 {
+		return nil, fmt.Errorf("file %q: tmpfs size %d, expected none or a positive size: %w", f.Path, f.TmpfsSize, errdefs.ErrInvalidArgument)
+	}
+	return &api.File{Path: f.Path, Data: f.Data, Mode: mode, TmpfsSize: uint64(f.TmpfsSize)}, nil
 }
 
 // fileMode is f's mode as stat(2) encodes it: the type bits of a

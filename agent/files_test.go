@@ -119,8 +119,12 @@ func TestUpdateFilesSplits(t *testing.T) {
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "needs guest agent API 8") {
 		t.Fatalf("a large file to an API 7 agent: %v, want a failed precondition naming API 8", err)
 	}
+	tmpfs := []agent.File{{Path: dir + "/cache", Mode: fs.ModeDir | 0o777, TmpfsSize: 1 << 20}}
+	if err := c.UpdateFiles(ctxT(t), tmpfs, nil); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "a directory that is a tmpfs of its own") {
+		t.Fatalf("a tmpfs to an API 7 agent: %v, want a failed precondition naming it", err)
+	}
 	if a.updates != 0 {
-		t.Fatalf("%d UpdateFiles calls before the refusal, want none", a.updates)
+		t.Fatalf("%d UpdateFiles calls before the refusals, want none", a.updates)
 	}
 	small := files[:len(files)-2]
 	remove := make([]string, 200)

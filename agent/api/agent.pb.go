@@ -315,8 +315,14 @@ type File struct {
 	// into a file beside path that readers never see; more says pieces
 	// follow, and the last one (more false, offset not 0) renames the
 	// whole file into place.
-	Offset        uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
-	More          bool   `protobuf:"varint,5,opt,name=more,proto3" json:"more,omitempty"`
+	Offset uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	More   bool   `protobuf:"varint,5,opt,name=more,proto3" json:"more,omitempty"`
+	// tmpfs_size, for a directory, mounts a tmpfs of that many bytes
+	// there (mode its permission bits) unless one is there already, before
+	// what goes under it is written (API version 8): the copy of a host
+	// directory that is a tmpfs, as a memory-backed emptyDir is, keeps its
+	// size limit. Removing the directory unmounts it.
+	TmpfsSize     uint64 `protobuf:"varint,6,opt,name=tmpfs_size,json=tmpfsSize,proto3" json:"tmpfs_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -384,6 +390,13 @@ func (x *File) GetMore() bool {
 		return x.More
 	}
 	return false
+}
+
+func (x *File) GetTmpfsSize() uint64 {
+	if x != nil {
+		return x.TmpfsSize
+	}
+	return 0
 }
 
 type Network struct {
@@ -2836,13 +2849,15 @@ const file_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
 	"\fInitResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x10\n" +
-	"\x03pid\x18\x02 \x01(\rR\x03pid\"n\n" +
+	"\x03pid\x18\x02 \x01(\rR\x03pid\"\x8d\x01\n" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04more\x18\x05 \x01(\bR\x04more\"{\n" +
+	"\x04more\x18\x05 \x01(\bR\x04more\x12\x1d\n" +
+	"\n" +
+	"tmpfs_size\x18\x06 \x01(\x04R\ttmpfsSize\"{\n" +
 	"\aNetwork\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x10\n" +
 	"\x03mtu\x18\x02 \x01(\rR\x03mtu\x12\x1c\n" +

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/containerd/errdefs"
@@ -44,7 +43,7 @@ func (s *Service) UpdateFiles(ctx context.Context, req *api.UpdateFilesRequest) 
 		return nil, fmt.Errorf("update files: %w", err)
 	}
 	for _, p := range req.Remove {
-		if err := os.RemoveAll(p); err != nil {
+		if err := guestfile.Remove(p); err != nil {
 			return nil, fmt.Errorf("update files: %w", err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
@@ -89,7 +90,8 @@ func runPodWorkload(t *testing.T, n *node, handler string, podVM func(*testing.T
 func runWorkload(t *testing.T, w *podWorkload) {
 	n := w.n
 	all := []step{{"runp", w.runp}, {"init container", w.initContainer}, {"app and sidecar", w.appAndSidecar},
-		{"port-forward", w.checkPortForward}, {"shared volume", w.sharedVolume}, {"live volume", w.liveVolume},
+		{"port-forward", w.checkPortForward}, {"shared volume", w.sharedVolume}, {"memory emptyDir", w.memoryEmptyDir},
+		{"live volume", w.liveVolume},
 		{"image volume", w.imageVolume}, {"restricted container", w.restricted},
 		{"privileged container", w.privileged}}
 	all = append(all, w.vmStep("one VM")...)
@@ -143,6 +145,29 @@ func (w *podWorkload) sharedVolume(t *testing.T) {
 	}
 	reader := w.n.startBusybox(t, w.p, "reader", []string{"sh", "-c", "until cat /shared/msg; do sleep 0.2; done"}, mount)
 	w.n.waitLogs(t, reader, msg)
+	for _, id := range []string{writer, reader} {
+		w.n.removeExited(t, id)
+	}
+}
+
+// memoryEmptyDir runs two containers on a memory-backed emptyDir as
+// kubelet makes one, a tmpfs of its sizeLimit (1 MiB): what one writes the
+// other reads, and a write past the limit fails, as under runc.
+func (w *podWorkload) memoryEmptyDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	mount := func(c *runtimeapi.ContainerConfig) {
+		c.Mounts = append(c.Mounts, &runtimeapi.Mount{ContainerPath: "/cache", HostPath: dir})
+	}
+	writer := w.n.startBusybox(t, w.p, "mem-writer", []string{"sh", "-c",
+		"head -c 524288 /dev/zero > /cache/half && echo half-written; head -c 1048576 /dev/zero > /cache/more || echo over-the-limit"}, mount)
+	w.n.waitLogs(t, writer, "half-written")
+	w.n.waitLogs(t, writer, "over-the-limit")
+	reader := w.n.startBusybox(t, w.p, "mem-reader", []string{"sh", "-c", "echo read $(wc -c < /cache/half)"}, mount)
+	w.n.waitLogs(t, reader, "read 524288")
 	for _, id := range []string{writer, reader} {
 		w.n.removeExited(t, id)
 	}

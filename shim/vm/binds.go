@@ -192,15 +192,53 @@ func copyOptions(opts []string) []string {
 // live update swaps): it keeps its target when that resolves inside src,
 // else gets a target inside the copy, where src's root would take it (an
 // absolute target relative to the root, ".." stopped at the root). So no
-// host file outside src is ever read, nor reached from the guest.
+// host file outside src is ever read, nor reached from the guest. A
+// directory that is the root of a tmpfs is a tmpfs of the same size in
+// the guest.
 func (b *binds) copy(src, dst string) error {
 	root, err := unix.Open(src, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", src, err)
 	}
 	defer unix.Close(root)
+	first := len(b.files)
 	w := walk{binds: b, root: src, rootFD: root}
-	return w.add(root, ".", dst)
+	if err := w.add(root, ".", dst); err != nil {
+		return err
+	}
+	if !b.files[first].Mode.IsDir() {
+		return nil
+	}
+	size, err := tmpfsSize(root)
+	if err != nil {
+		return fmt.Errorf("%s: %w", src, err)
+	}
+	b.files[first].TmpfsSize = size
+	return nil
+}
+
+// tmpfsSize is the size of the tmpfs whose root is the directory open
+// (O_PATH) as fd, as a memory-backed emptyDir is (kubelet mounts it with
+// its sizeLimit); 0 for any other.
+func tmpfsSize(fd int) (int64, error) {
+	var fsStat unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fsStat); err != nil {
+		return 0, fmt.Errorf("statfs: %w", err)
+	}
+	if fsStat.Type != unix.TMPFS_MAGIC {
+		return 0, nil
+	}
+	var st, parent unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, fmt.Errorf("stat: %w", err)
+	}
+	if err := unix.Fstatat(fd, "..", &parent, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return 0, fmt.Errorf("stat its parent: %w", err)
+	}
+	if st.Dev == parent.Dev {
+		return 0, nil
+	}
+	return int64(fsStat.Blocks) * fsStat.Bsize, nil
 }
 
 // walk is one copy of a tree: its host root, by path and by handle.

@@ -382,3 +382,30 @@ func TestBindSubmounts(t *testing.T) {
 func testCopies() *copyBudget {
 	return newCopyBudget(config.Default().Shim)
 }
+
+// TestBindCopyTmpfs: the copy of a directory that is a tmpfs's root (a
+// memory-backed emptyDir, which kubelet mounts with its sizeLimit) is a
+// tmpfs of the same size in the guest; a directory under it is not.
+func TestBindCopyTmpfs(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := tree(t)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		src  string
+		want int64
+	}{{dir, 1 << 20}, {filepath.Join(dir, "sub"), 0}} {
+		b := &binds{budget: testCopies()}
+		if err := b.copy(tc.src, "/run/cocoon/binds/0"); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.files[0].TmpfsSize; got != tc.want || !b.files[0].Mode.IsDir() {
+			t.Errorf("copy of %s: tmpfs size %d, want %d", tc.src, got, tc.want)
+		}
+	}
+}

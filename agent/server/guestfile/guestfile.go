@@ -63,6 +63,8 @@ func checkOne(f *api.File) error {
 	switch {
 	case f.Mode&^uint32(unix.S_IFMT|fs.ModePerm) != 0:
 		return fmt.Errorf("mode %#o, expected a type and permission bits only: %w", f.Mode, errdefs.ErrInvalidArgument)
+	case f.TmpfsSize > 0 && kind != unix.S_IFDIR:
+		return fmt.Errorf("a tmpfs of %d bytes on mode %#o, expected a directory's mode: %w", f.TmpfsSize, f.Mode, errdefs.ErrInvalidArgument)
 	case kind == 0:
 		if len(f.Data) > api.MaxFileSize {
 			return fmt.Errorf("%d bytes, expected at most %d: %w", len(f.Data), api.MaxFileSize, errdefs.ErrInvalidArgument)
@@ -121,6 +123,9 @@ func Write(files []*api.File) error {
 		switch f.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			err = writeDir(f.Path, fs.FileMode(f.Mode).Perm())
+			if err == nil && f.TmpfsSize > 0 {
+				err = mountTmpfs(f.Path, f.TmpfsSize, fs.FileMode(f.Mode).Perm())
+			}
 		case unix.S_IFLNK:
 			err = writeLink(f.Path, string(f.Data))
 		default:

@@ -1,15 +1,18 @@
 package guestfile
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
 // TestWriteFilesTree: directories (empty ones too) get their exact
@@ -120,4 +123,46 @@ func FuzzWriteFiles(f *testing.F) {
 			t.Fatalf("writing %q made %v beside its root", spec, entries)
 		}
 	})
+}
+
+// TestWriteTmpfs: a directory with a tmpfs size is a tmpfs of that size,
+// made once however often it is written, that a write past the size fails
+// on, and that Remove unmounts and removes.
+func TestWriteTmpfs(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "empty-dir")
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	files := []*api.File{{Path: dir, Mode: unix.S_IFDIR | 0o777, TmpfsSize: 64 << 10}, {Path: dir + "/x", Data: []byte("hi")}}
+	for range 2 {
+		if err := Write(files); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Type != unix.TMPFS_MAGIC || st.Blocks*uint64(st.Bsize) != 64<<10 {
+		t.Fatalf("statfs %s: type %#x, %d blocks of %d, %v: want a tmpfs of 64 KiB", dir, st.Type, st.Blocks, st.Bsize, err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if n := strings.Count(string(mounts), " "+dir+" "); n != 1 {
+		t.Fatalf("%s is mounted %d times, want once", dir, n)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o777 {
+		t.Fatalf("the tmpfs's mode: %v, %v, want 0777", fi.Mode(), err)
+	}
+	if err := os.WriteFile(dir+"/big", make([]byte, 128<<10), 0o644); !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("writing past the size: %v, want ENOSPC", err)
+	}
+	if err := Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Fatalf("after Remove: %v, want it gone", err)
+	}
+}
+
+func TestCheckTmpfsOnAFile(t *testing.T) {
+	_, err := Check([]*api.File{{Path: "/run/x", Data: []byte("x"), TmpfsSize: 1 << 20}})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "expected a directory's mode") {
+		t.Fatalf("a tmpfs size on a file: %v, want invalid argument", err)
+	}
 }

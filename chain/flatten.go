@@ -24,10 +24,23 @@ var zeros = make([]byte, zeroBlock)
 
 // Flatten replays the links in linkDirs, oldest first, into one memory file
 // at outPath: sparse where the memory is zero, mode 0444, published by
-// rename from a temp file in the same directory. The whole chain is
-// validated before anything is written, and each link's data digest is
-// verified while it streams; on any error no file is left at outPath.
+// rename from a temp file in the same directory, and fsynced. The whole
+// chain is validated before anything is written, and each link's data
+// digest is verified while it streams; on any error no file is left at
+// outPath.
 func Flatten(ctx context.Context, linkDirs []string, outPath string) error {
+	return flatten(ctx, linkDirs, outPath, publish)
+}
+
+// FlattenUnsynced is Flatten without the fsync: the file is whole once
+// at outPath, but a host crash may tear it, so its owner must drop it
+// after one (the snapshotter's flat cache, after a reboot). A first
+// restore then does not wait for the disk to take the whole memory.
+func FlattenUnsynced(ctx context.Context, linkDirs []string, outPath string) error {
+	return flatten(ctx, linkDirs, outPath, rename)
+}
+
+func flatten(ctx context.Context, linkDirs []string, outPath string, put func(*os.File, string, os.FileMode) error) error {
 	links, err := ValidateChain(linkDirs)
 	if err != nil {
 		return fmt.Errorf("flatten: %w", err)
@@ -47,7 +60,7 @@ func Flatten(ctx context.Context, linkDirs []string, outPath string) error {
 			return fmt.Errorf("flatten: %w", err)
 		}
 	}
-	if err := publish(f, outPath, 0o444); err != nil {
+	if err := put(f, outPath, 0o444); err != nil {
 		return fmt.Errorf("flatten: %w", err)
 	}
 	return nil

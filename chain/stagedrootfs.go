@@ -133,12 +133,14 @@ func StagedRootfsDir(overlayOptions []string) (string, error) {
 
 // CreateTemp creates a temp file next to path, named so that IsTemp
 // recognises it, for an immutable file built outside this package (a
-// rootfs image) and published with Publish.
+// rootfs image) and published with PublishUnsynced.
 func CreateTemp(path string) (*os.File, error) { return createTemp(path) }
 
-// Publish publishes the temp file f at path under the memory file's rules:
-// fsync, mode 0444, rename, fsync of the dir. On error f is removed.
-func Publish(f *os.File, path string) error { return publish(f, path, 0o444) }
+// PublishUnsynced publishes the temp file f at path as FlattenUnsynced
+// publishes a memory file: mode 0444 and rename, whole once at path but
+// not fsynced, for a cache its owner drops after a host crash. On error f
+// is removed.
+func PublishUnsynced(f *os.File, path string) error { return rename(f, path, 0o444) }
 
 // readRootfsFile reads rootfs.json without following a symlink or blocking
 // on a FIFO, and refuses one over maxRootfsJSON bytes.

@@ -21,7 +21,8 @@ type flattenFunc func(ctx context.Context, linkDirs []string, outPath string) er
 
 type removeFunc func(path string) error
 
-// buildFunc publishes a cache file at out: a temp file, fsync, 0444, rename.
+// buildFunc publishes a cache file at out: a temp file, 0444, rename; no
+// fsync, as the cache is dropped after a host crash (dropAll).
 type buildFunc func(ctx context.Context, out string) error
 
 // flatCache holds the files staged by hard link: one flattened memory file
@@ -193,4 +194,19 @@ func allocated(fi os.FileInfo) int64 {
 		return st.Blocks * 512
 	}
 	return fi.Size()
+}
+
+// dropAll removes every cache file, pinned or not, before anything uses
+// the cache: after a host crash, which may have torn any of them (they are
+// not fsynced), every staged dir is staged again from a new one.
+func (c *flatCache) dropAll() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name := range c.entries {
+		if err := c.remove(filepath.Join(c.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("drop flat cache file after a reboot: %w", err)
+		}
+		delete(c.entries, name)
+	}
+	return nil
 }

@@ -27,11 +27,12 @@ func readBootID() (string, error) {
 }
 
 // restageAfterReboot re-stages every staged snapshot if the host has booted
-// since the last start. Staging never fsyncs (it sits on every container's
-// start path): its files can be lost only in a host crash, which also ends
-// every VM that used them, so a new boot is exactly when they need
-// rebuilding. A restart within one boot keeps them: running VMs use them.
-// Without a record (a new root) it only records the boot.
+// since the last start. Staging never fsyncs, nor does the flat cache it
+// links from (both sit on a container's first start): their files can be
+// lost only in a host crash, which also ends every VM that used them, so a
+// new boot is exactly when they need rebuilding; the flat cache goes first.
+// A restart within one boot keeps them: running VMs use them. Without a
+// record (a new root) it only records the boot.
 func (s *Snapshotter) restageAfterReboot(ctx context.Context, bootID func() (string, error)) error {
 	cur, err := bootID()
 	if err != nil {
@@ -44,6 +45,9 @@ func (s *Snapshotter) restageAfterReboot(ctx context.Context, bootID func() (str
 	case err != nil:
 		return fmt.Errorf("read last boot id: %w", err)
 	case strings.TrimSpace(string(prev)) != cur:
+		if err := s.flat.dropAll(); err != nil {
+			return err
+		}
 		s.restageAll(ctx)
 	default:
 		return nil

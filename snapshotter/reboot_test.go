@@ -12,8 +12,9 @@ import (
 )
 
 // TestRestageAfterReboot loses what a host crash can lose of a staged dir
-// (nothing in it is fsynced) and restarts: within one boot the dir is left
-// alone, after a new boot it is staged again.
+// and of the flat file it links (neither is fsynced) and restarts: within
+// one boot the dir is left alone, after a new boot the flat file is built
+// anew and the dir staged again from it.
 func TestRestageAfterReboot(t *testing.T) {
 	ctx := context.Background()
 	fx := makeChain(t, t.TempDir(), 95, 32, 2)
@@ -49,6 +50,7 @@ func TestRestageAfterReboot(t *testing.T) {
 		for _, err := range []error{
 			os.Truncate(filepath.Join(dir, chain.StagedChain), 0),
 			os.Truncate(filepath.Join(dir, "qemu.state"), 0),
+			os.Truncate(flatPath(t, root, fx.dirs[1]), 4096),
 			os.Remove(filepath.Join(dir, chain.StagedMemory)),
 		} {
 			if err != nil {

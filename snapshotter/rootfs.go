@@ -60,7 +60,7 @@ func (b imageBuilder) build(ctx context.Context, layers []string, out string) er
 		os.Remove(f.Name())
 		return fmt.Errorf("build rootfs image of %d layers: %w", len(layers), err)
 	}
-	if err := chain.Publish(f, out); err != nil {
+	if err := chain.PublishUnsynced(f, out); err != nil {
 		return fmt.Errorf("build rootfs image: %w", err)
 	}
 	return nil

@@ -90,7 +90,7 @@ var (
 // files and build mounts a crash left behind and staging dirs the metadata
 // does not know, and re-stages the staged snapshots after a reboot.
 func New(ctx context.Context, root string, opts ...Opt) (*Snapshotter, error) {
-	cfg := config{flatten: chain.Flatten, remove: os.Remove, bootID: readBootID}
+	cfg := config{flatten: chain.FlattenUnsynced, remove: os.Remove, bootID: readBootID}
 	for _, o := range opts {
 		o(&cfg)
 	}

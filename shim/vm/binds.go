@@ -266,10 +266,13 @@ func (w walk) add(fd int, rel, dst string) error {
 		if err := w.charge(copyUsage{files: 1, bytes: st.Size}); err != nil {
 			return err
 		}
-		data, err := readOpened(fd, w.hostPath(rel), st.Size)
+		// A file that grew since its stat (a log being written) is read
+		// as far as the bound lets it.
+		data, err := readOpened(fd, w.hostPath(rel), st.Size+w.budget.room(w.used))
 		if err != nil {
 			return err
 		}
+		w.used.bytes += int64(len(data)) - st.Size
 		w.files = append(w.files, agent.File{Path: dst, Data: data, Mode: perm})
 	case unix.S_IFDIR:
 		if err := w.charge(copyUsage{files: 1}); err != nil {
@@ -383,8 +386,7 @@ func readHostFile(p string) ([]byte, fs.FileMode, error) {
 }
 
 // readOpened reads the regular file open (O_PATH) as fd, named p, through
-// a new descriptor of the same file: at most max bytes, the size it had
-// when its copy was counted.
+// a new descriptor of the same file: at most max bytes.
 func readOpened(fd int, p string, max int64) ([]byte, error) {
 	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -396,7 +398,7 @@ func readOpened(fd int, p string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
 	if int64(len(data)) > max {
-		return nil, fmt.Errorf("%s is larger than %d bytes: it grew while copied, or is too large to copy into a VM: %w", p, max, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s is larger than %d bytes: too large to copy into a VM: %w", p, max, errdefs.ErrInvalidArgument)
 	}
 	return data, nil
 }

@@ -61,6 +61,14 @@ func (b *copyBudget) fits(more copyUsage) error {
 	return b.over(more)
 }
 
+// room is the bytes of file data the guest can hold besides what it holds
+// and more.
+func (b *copyBudget) room(more copyUsage) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return max(0, b.limit.bytes-b.held.bytes-more.bytes)
+}
+
 // take adds more to what the guest holds, or fails, taking nothing.
 func (b *copyBudget) take(more copyUsage) error {
 	b.mu.Lock()

@@ -7,7 +7,8 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// apiVersion8 is the first that takes files in pieces.
+// apiVersion8 is the first that takes files in pieces and directories
+// that are a tmpfs of their own.
 const apiVersion8 = 8
 
 // UpdateFiles writes files in the guest in order (a link replaces the

@@ -24,7 +24,7 @@ import (
 // prepares a process that Start starts, and answers with the version. 4:
 // the container calls (runc in the guest). 5: Exec's own_pid_namespace.
 // 6: Init's sysctls. 7: the port calls and UpdateFiles. 8: UpdateFiles
-// takes files in pieces.
+// takes files in pieces; a directory may be a tmpfs (File.tmpfs_size).
 const Version = "8"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.

@@ -55,6 +55,9 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err := refuseHostNamespaces(r.ID, spec); err != nil {
 		return 0, err
 	}
+	if err := guestLSM(r.ID, spec); err != nil {
+		return 0, err
+	}
 	init, err := initProcess(spec, r)
 	if err != nil {
 		return 0, err

@@ -3,6 +3,7 @@ package snapshotter
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -82,10 +83,13 @@ func startDaemon(t *testing.T, root, address string, env ...string) *daemon {
 	return d
 }
 
+// waitSocket waits until the snapshotter accepts connections at address:
+// the socket file shows at bind, a moment before it listens.
 func waitSocket(t *testing.T, address string, exited <-chan error) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-		if fi, err := os.Stat(address); err == nil && fi.Mode().Type() == os.ModeSocket {
+		if c, err := net.DialTimeout("unix", address, time.Second); err == nil {
+			c.Close()
 			return
 		}
 		select {

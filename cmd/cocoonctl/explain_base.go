@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
@@ -95,16 +96,15 @@ func (b *baseOptions) stageThroughContainerd(ctx context.Context, cfg config.Con
 	if _, err := os.Stat(b.address); err != nil {
 		return nil, 0, fmt.Errorf("containerd socket: %w (--address)", err)
 	}
-	var clients baseimage.Clients
-	client, err := clients.Get(b.address)
+	cl, err := client.New(b.address)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("connect to containerd at %s: %w", b.address, err)
 	}
-	snap, err := baseimage.Stage(ctx, client, b.namespace, cfg.Restore.BaseSnapshotter, image, fmt.Sprintf("cocoonctl-explain-%d", os.Getpid()))
+	snap, err := baseimage.Stage(ctx, cl, b.namespace, cfg.Restore.BaseSnapshotter, image, fmt.Sprintf("cocoonctl-explain-%d", os.Getpid()))
 	if err != nil {
-		return nil, 0, errors.Join(err, client.Close())
+		return nil, 0, errors.Join(err, cl.Close())
 	}
-	release := func() error { return errors.Join(snap.Release(), client.Close()) }
+	release := func() error { return errors.Join(snap.Release(), cl.Close()) }
 	top := snap.Staged.Top()
 	return &explainBase{image: image, dir: snap.Dir, link: top, staged: snap.Staged, release: release}, top.MemoryBytes, nil
 }

@@ -22,6 +22,7 @@ require (
 	github.com/docker/go-units v0.5.0
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/google/nftables v0.3.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/mdlayher/vsock v1.3.0
 	github.com/moby/locker v1.0.1
 	github.com/moby/sys/capability v0.4.0

@@ -29,6 +29,7 @@ func TestVM(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
 	}
 	t.Run("Init", func(t *testing.T) { testGuestInit(t, tg) })
+	t.Run("Share", func(t *testing.T) { testShare(t, tg) })
 	t.Run("Shutdown", func(t *testing.T) {
 		if err := tg.c.Shutdown(ctxT(t)); err != nil {
 			t.Fatal(err)

@@ -2827,6 +2827,294 @@ func (x *UpdateFilesRequest) GetRemove() []string {
 	return nil
 }
 
+type OpenShareRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	ReadOnly      bool                   `protobuf:"varint,2,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenShareRequest) Reset() {
+	*x = OpenShareRequest{}
+	mi := &file_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenShareRequest) ProtoMessage() {}
+
+func (x *OpenShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenShareRequest.ProtoReflect.Descriptor instead.
+func (*OpenShareRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *OpenShareRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *OpenShareRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+type OpenShareResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenShareResponse) Reset() {
+	*x = OpenShareResponse{}
+	mi := &file_agent_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenShareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenShareResponse) ProtoMessage() {}
+
+func (x *OpenShareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenShareResponse.ProtoReflect.Descriptor instead.
+func (*OpenShareResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *OpenShareResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type ReadShareRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadShareRequest) Reset() {
+	*x = ReadShareRequest{}
+	mi := &file_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadShareRequest) ProtoMessage() {}
+
+func (x *ReadShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadShareRequest.ProtoReflect.Descriptor instead.
+func (*ReadShareRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReadShareRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type ReadShareResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Requests      [][]byte               `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	Eof           bool                   `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadShareResponse) Reset() {
+	*x = ReadShareResponse{}
+	mi := &file_agent_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadShareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadShareResponse) ProtoMessage() {}
+
+func (x *ReadShareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadShareResponse.ProtoReflect.Descriptor instead.
+func (*ReadShareResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ReadShareResponse) GetRequests() [][]byte {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *ReadShareResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+type WriteShareRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Replies       [][]byte               `protobuf:"bytes,2,rep,name=replies,proto3" json:"replies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteShareRequest) Reset() {
+	*x = WriteShareRequest{}
+	mi := &file_agent_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteShareRequest) ProtoMessage() {}
+
+func (x *WriteShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteShareRequest.ProtoReflect.Descriptor instead.
+func (*WriteShareRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *WriteShareRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *WriteShareRequest) GetReplies() [][]byte {
+	if x != nil {
+		return x.Replies
+	}
+	return nil
+}
+
+type CloseShareRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseShareRequest) Reset() {
+	*x = CloseShareRequest{}
+	mi := &file_agent_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseShareRequest) ProtoMessage() {}
+
+func (x *CloseShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseShareRequest.ProtoReflect.Descriptor instead.
+func (*CloseShareRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *CloseShareRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -3029,12 +3317,27 @@ const file_agent_proto_rawDesc = "" +
 	"write_only\x18\x02 \x01(\bR\twriteOnly\"Y\n" +
 	"\x12UpdateFilesRequest\x12+\n" +
 	"\x05files\x18\x01 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x12\x16\n" +
-	"\x06remove\x18\x02 \x03(\tR\x06remove* \n" +
+	"\x06remove\x18\x02 \x03(\tR\x06remove\"C\n" +
+	"\x10OpenShareRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
+	"\tread_only\x18\x02 \x01(\bR\breadOnly\"#\n" +
+	"\x11OpenShareResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\"\n" +
+	"\x10ReadShareRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"A\n" +
+	"\x11ReadShareResponse\x12\x1a\n" +
+	"\brequests\x18\x01 \x03(\fR\brequests\x12\x10\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof\"=\n" +
+	"\x11WriteShareRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x18\n" +
+	"\areplies\x18\x02 \x03(\fR\areplies\"#\n" +
+	"\x11CloseShareRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id* \n" +
 	"\x06Stream\x12\n" +
 	"\n" +
 	"\x06STDOUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06STDERR\x10\x012\x9f\x13\n" +
+	"\x06STDERR\x10\x012\xdb\x15\n" +
 	"\x05Agent\x12=\n" +
 	"\x04Ping\x12\x16.google.protobuf.Empty\x1a\x1d.cocoon.agent.v1.PingResponse\x12C\n" +
 	"\x04Init\x12\x1c.cocoon.agent.v1.InitRequest\x1a\x1d.cocoon.agent.v1.InitResponse\x12C\n" +
@@ -3069,7 +3372,13 @@ const file_agent_proto_rawDesc = "" +
 	"\bReadPort\x12 .cocoon.agent.v1.ReadPortRequest\x1a#.cocoon.agent.v1.ReadOutputResponse\x12F\n" +
 	"\tWritePort\x12!.cocoon.agent.v1.WritePortRequest\x1a\x16.google.protobuf.Empty\x12F\n" +
 	"\tClosePort\x12!.cocoon.agent.v1.ClosePortRequest\x1a\x16.google.protobuf.Empty\x12J\n" +
-	"\vUpdateFiles\x12#.cocoon.agent.v1.UpdateFilesRequest\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
+	"\vUpdateFiles\x12#.cocoon.agent.v1.UpdateFilesRequest\x1a\x16.google.protobuf.Empty\x12R\n" +
+	"\tOpenShare\x12!.cocoon.agent.v1.OpenShareRequest\x1a\".cocoon.agent.v1.OpenShareResponse\x12R\n" +
+	"\tReadShare\x12!.cocoon.agent.v1.ReadShareRequest\x1a\".cocoon.agent.v1.ReadShareResponse\x12H\n" +
+	"\n" +
+	"WriteShare\x12\".cocoon.agent.v1.WriteShareRequest\x1a\x16.google.protobuf.Empty\x12H\n" +
+	"\n" +
+	"CloseShare\x12\".cocoon.agent.v1.CloseShareRequest\x1a\x16.google.protobuf.EmptyB=Z;github.com/cocoonstack/containerd-shim-cocoon/agent/api;apib\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -3084,7 +3393,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_agent_proto_goTypes = []any{
 	(Stream)(0),                        // 0: cocoon.agent.v1.Stream
 	(*PingResponse)(nil),               // 1: cocoon.agent.v1.PingResponse
@@ -3128,34 +3437,40 @@ var file_agent_proto_goTypes = []any{
 	(*WritePortRequest)(nil),           // 39: cocoon.agent.v1.WritePortRequest
 	(*ClosePortRequest)(nil),           // 40: cocoon.agent.v1.ClosePortRequest
 	(*UpdateFilesRequest)(nil),         // 41: cocoon.agent.v1.UpdateFilesRequest
-	nil,                                // 42: cocoon.agent.v1.InitRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),      // 43: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                  // 44: google.protobuf.Any
-	(*emptypb.Empty)(nil),              // 45: google.protobuf.Empty
+	(*OpenShareRequest)(nil),           // 42: cocoon.agent.v1.OpenShareRequest
+	(*OpenShareResponse)(nil),          // 43: cocoon.agent.v1.OpenShareResponse
+	(*ReadShareRequest)(nil),           // 44: cocoon.agent.v1.ReadShareRequest
+	(*ReadShareResponse)(nil),          // 45: cocoon.agent.v1.ReadShareResponse
+	(*WriteShareRequest)(nil),          // 46: cocoon.agent.v1.WriteShareRequest
+	(*CloseShareRequest)(nil),          // 47: cocoon.agent.v1.CloseShareRequest
+	nil,                                // 48: cocoon.agent.v1.InitRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),      // 49: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                  // 50: google.protobuf.Any
+	(*emptypb.Empty)(nil),              // 51: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	43, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
+	49, // 0: cocoon.agent.v1.InitRequest.time:type_name -> google.protobuf.Timestamp
 	4,  // 1: cocoon.agent.v1.InitRequest.files:type_name -> cocoon.agent.v1.File
 	5,  // 2: cocoon.agent.v1.InitRequest.network:type_name -> cocoon.agent.v1.Network
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
-	42, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
+	48, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
 	6,  // 6: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
 	8,  // 7: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
 	11, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
 	10, // 9: cocoon.agent.v1.ExecRequest.capabilities:type_name -> cocoon.agent.v1.Capabilities
 	0,  // 10: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	43, // 11: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	49, // 11: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
 	20, // 12: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
 	7,  // 13: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
 	4,  // 14: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
 	24, // 15: cocoon.agent.v1.CreateContainerRequest.volume_disks:type_name -> cocoon.agent.v1.VolumeDisk
 	27, // 16: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
-	44, // 17: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	43, // 18: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	50, // 17: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	49, // 18: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
 	0,  // 19: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
 	4,  // 20: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
-	45, // 21: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	51, // 21: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
 	2,  // 22: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
 	9,  // 23: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
 	16, // 24: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
@@ -3166,9 +3481,9 @@ var file_agent_proto_depIdxs = []int32{
 	18, // 29: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
 	19, // 30: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
 	16, // 31: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	45, // 32: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	45, // 33: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	45, // 34: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	51, // 32: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	51, // 33: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	51, // 34: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
 	23, // 35: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
 	25, // 36: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
 	25, // 37: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
@@ -3186,39 +3501,47 @@ var file_agent_proto_depIdxs = []int32{
 	39, // 49: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
 	40, // 50: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
 	41, // 51: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
-	1,  // 52: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 53: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	12, // 54: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	12, // 55: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	14, // 56: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	45, // 57: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	45, // 58: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	17, // 59: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	45, // 60: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	45, // 61: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	45, // 62: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	21, // 63: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	22, // 64: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	45, // 65: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	26, // 66: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	26, // 67: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	45, // 68: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	45, // 69: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	29, // 70: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	26, // 71: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	45, // 72: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	32, // 73: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	14, // 74: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	45, // 75: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	45, // 76: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	45, // 77: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	37, // 78: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
-	14, // 79: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
-	45, // 80: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
-	45, // 81: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
-	45, // 82: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
-	52, // [52:83] is the sub-list for method output_type
-	21, // [21:52] is the sub-list for method input_type
+	42, // 52: cocoon.agent.v1.Agent.OpenShare:input_type -> cocoon.agent.v1.OpenShareRequest
+	44, // 53: cocoon.agent.v1.Agent.ReadShare:input_type -> cocoon.agent.v1.ReadShareRequest
+	46, // 54: cocoon.agent.v1.Agent.WriteShare:input_type -> cocoon.agent.v1.WriteShareRequest
+	47, // 55: cocoon.agent.v1.Agent.CloseShare:input_type -> cocoon.agent.v1.CloseShareRequest
+	1,  // 56: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 57: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	12, // 58: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	12, // 59: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	14, // 60: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	51, // 61: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	51, // 62: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	17, // 63: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	51, // 64: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	51, // 65: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	51, // 66: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	21, // 67: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	22, // 68: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	51, // 69: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	26, // 70: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	26, // 71: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	51, // 72: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	51, // 73: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	29, // 74: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	26, // 75: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	51, // 76: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	32, // 77: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	14, // 78: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	51, // 79: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	51, // 80: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	51, // 81: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	37, // 82: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
+	14, // 83: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
+	51, // 84: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
+	51, // 85: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
+	51, // 86: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
+	43, // 87: cocoon.agent.v1.Agent.OpenShare:output_type -> cocoon.agent.v1.OpenShareResponse
+	45, // 88: cocoon.agent.v1.Agent.ReadShare:output_type -> cocoon.agent.v1.ReadShareResponse
+	51, // 89: cocoon.agent.v1.Agent.WriteShare:output_type -> google.protobuf.Empty
+	51, // 90: cocoon.agent.v1.Agent.CloseShare:output_type -> google.protobuf.Empty
+	56, // [56:91] is the sub-list for method output_type
+	21, // [21:56] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -3236,7 +3559,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

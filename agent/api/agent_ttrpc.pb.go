@@ -40,6 +40,10 @@ type AgentService interface {
 	WritePort(context.Context, *WritePortRequest) (*emptypb.Empty, error)
 	ClosePort(context.Context, *ClosePortRequest) (*emptypb.Empty, error)
 	UpdateFiles(context.Context, *UpdateFilesRequest) (*emptypb.Empty, error)
+	OpenShare(context.Context, *OpenShareRequest) (*OpenShareResponse, error)
+	ReadShare(context.Context, *ReadShareRequest) (*ReadShareResponse, error)
+	WriteShare(context.Context, *WriteShareRequest) (*emptypb.Empty, error)
+	CloseShare(context.Context, *CloseShareRequest) (*emptypb.Empty, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -261,6 +265,34 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.UpdateFiles(ctx, &req)
+			},
+			"OpenShare": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req OpenShareRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.OpenShare(ctx, &req)
+			},
+			"ReadShare": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ReadShareRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ReadShare(ctx, &req)
+			},
+			"WriteShare": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WriteShareRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WriteShare(ctx, &req)
+			},
+			"CloseShare": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req CloseShareRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CloseShare(ctx, &req)
 			},
 		},
 	})
@@ -519,6 +551,38 @@ func (c *agentClient) ClosePort(ctx context.Context, req *ClosePortRequest) (*em
 func (c *agentClient) UpdateFiles(ctx context.Context, req *UpdateFilesRequest) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "UpdateFiles", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) OpenShare(ctx context.Context, req *OpenShareRequest) (*OpenShareResponse, error) {
+	var resp OpenShareResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "OpenShare", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ReadShare(ctx context.Context, req *ReadShareRequest) (*ReadShareResponse, error) {
+	var resp ReadShareResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ReadShare", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) WriteShare(ctx context.Context, req *WriteShareRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "WriteShare", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) CloseShare(ctx context.Context, req *CloseShareRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "CloseShare", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

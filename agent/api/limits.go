@@ -34,3 +34,13 @@ const (
 	MaxPortConns = 256
 	MaxPortChunk = 1 << 20
 )
+
+// Bounds of the share calls: the shares a guest mounts at once, the bytes
+// of one FUSE message (the host's file system negotiates writes of at most
+// MaxShareWrite), and the bytes one ReadShare or WriteShare carries.
+const (
+	MaxShares     = 64
+	MaxShareWrite = 128 << 10
+	MaxShareMsg   = MaxShareWrite + 4<<10
+	MaxShareBatch = 1 << 20
+)

@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/container"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/ports"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/shares"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/rpcerr"
 )
 
@@ -25,7 +27,8 @@ import (
 // the container calls (runc in the guest). 5: Exec's own_pid_namespace.
 // 6: Init's sysctls. 7: the port calls and UpdateFiles. 8: UpdateFiles
 // takes files in pieces; a directory may be a tmpfs (File.tmpfs_size).
-const Version = "8"
+// 9: the share calls.
+const Version = "9"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond
@@ -38,6 +41,7 @@ const DefaultStateDir = "/run/cocoon"
 type Service struct {
 	*container.RPC // the container calls
 	*ports.Conns   // the port calls
+	*shares.Shares // the share calls
 
 	sys      System
 	net      Network // nil: the agent manages no NIC
@@ -100,6 +104,7 @@ func New(sys System, opts ...Option) *Service {
 	}
 	s.RPC = container.NewRPC(container.New(cfg))
 	s.Conns = ports.New()
+	s.Shares = shares.New(filepath.Join(s.stateDir, bindCopies))
 	s.findRootfs()
 	return s
 }

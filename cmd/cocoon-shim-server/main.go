@@ -18,12 +18,17 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/manager"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/sandboxapi"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/share"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == share.Argv0 {
+		share.Main()
+		return
+	}
 	// A spare waits, then goes on as the task server it was handed; one
 	// that gets no task exits (silently: it has no log before a task).
 	if len(os.Args) == 3 && os.Args[1] == spare.Flag {

@@ -132,7 +132,8 @@ func (w *podWorkload) appAndSidecar(t *testing.T) {
 
 // sharedVolume runs two containers binding one host directory, as two
 // containers of a pod mount one emptyDir: what the first writes in it the
-// second reads.
+// second reads, and the host sees, and what the host writes the second
+// reads.
 func (w *podWorkload) sharedVolume(t *testing.T) {
 	dir := t.TempDir()
 	mount := func(c *runtimeapi.ContainerConfig) {
@@ -143,8 +144,18 @@ func (w *podWorkload) sharedVolume(t *testing.T) {
 	if st := w.n.waitState(t, writer, runtimeapi.ContainerState_CONTAINER_EXITED); st.Status.ExitCode != 0 {
 		t.Fatalf("the writer exited with %d, want 0", st.Status.ExitCode)
 	}
-	reader := w.n.startBusybox(t, w.p, "reader", []string{"sh", "-c", "until cat /shared/msg; do sleep 0.2; done"}, mount)
+	// A host directory is the host's, as under runc: the writer's file is
+	// there, and what the host writes later shows in the pod.
+	if b, err := os.ReadFile(filepath.Join(dir, "msg")); err != nil || strings.TrimSpace(string(b)) != msg {
+		t.Errorf("the writer's file on the host: %q, %v", b, err)
+	}
+	const later = "written-by-the-host-later"
+	reader := w.n.startBusybox(t, w.p, "reader", []string{"sh", "-c", "cat /shared/msg; until cat /shared/later; do sleep 0.2; done"}, mount)
 	w.n.waitLogs(t, reader, msg)
+	if err := os.WriteFile(filepath.Join(dir, "later"), []byte(later+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.n.waitLogs(t, reader, later)
 	for _, id := range []string{writer, reader} {
 		w.n.removeExited(t, id)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/fsmode"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/share"
 )
 
 // binds collects the copies of the host files and trees a container's
@@ -38,6 +39,9 @@ type binds struct {
 	pod *sharedDirs
 	// copied are the directories copied, by host path, and their copies.
 	copied map[string]string
+	// shares are the directories the pod's VM sees live, which the
+	// container binds.
+	shares map[shareKey]*podShare
 	// images are the image volumes the guest mounts from disks; only a
 	// pod's VM has the disk slots, elsewhere an image volume is copied.
 	images []imageVolume
@@ -146,6 +150,12 @@ func (b *binds) translateOne(m specs.Mount) (specs.Mount, error) {
 // first time a container of the pod binds it.
 func (b *binds) podDir(m specs.Mount) (specs.Mount, error) {
 	host := filepath.Clean(m.Source)
+	if ok, err := b.shareable(host); err != nil || ok {
+		if err != nil {
+			return specs.Mount{}, err
+		}
+		return b.shareDir(m), nil
+	}
 	src, ok := b.pod.find(host)
 	if !ok {
 		if src, ok = b.copied[host]; !ok {
@@ -158,6 +168,46 @@ func (b *binds) podDir(m specs.Mount) (specs.Mount, error) {
 	}
 	m.Source, m.Type, m.Options = src, "bind", copyOptions(m.Options)
 	return m, nil
+}
+
+// shareable says whether the pod's VM sees host directory dir live
+// (podShares) rather than a copy: when the guest can, unless it is a
+// Kubernetes volume kept in step (liveVolume: kubelet swaps a new version
+// in whole, which a copy shows as whole) or a tmpfs's root (a
+// memory-backed emptyDir, a tmpfs in the guest).
+func (b *binds) shareable(dir string) (bool, error) {
+	if b.pod.shares == nil || liveVolume.MatchString(dir) {
+		return false, nil
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, fmt.Errorf("open bind source %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	size, err := tmpfsSize(fd)
+	if err != nil {
+		return false, fmt.Errorf("bind source %s: %w", dir, err)
+	}
+	return size == 0, nil
+}
+
+// shareDir binds the pod's share of directory m.Source, with the bind's
+// access.
+func (b *binds) shareDir(m specs.Mount) specs.Mount {
+	k := shareKey{host: filepath.Clean(m.Source), access: share.ReadWrite}
+	switch {
+	case slices.Contains(m.Options, "rro"):
+		k.access = share.RecursiveReadOnly
+	case slices.Contains(m.Options, "ro"):
+		k.access = share.ReadOnly
+	}
+	sh := b.pod.shares.place(k)
+	if b.shares == nil {
+		b.shares = map[shareKey]*podShare{}
+	}
+	b.shares[k] = sh
+	m.Source, m.Type, m.Options = sh.guest, "bind", copyOptions(m.Options)
+	return m
 }
 
 // keepCopy records that host directory src is copied to guest.

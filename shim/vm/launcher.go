@@ -236,7 +236,10 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		if err != nil {
 			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
-		host, guest = pod, volumeGuest{Guest: pauseGuest{Guest: guest, pod: pod}, live: pod.dirs.live}
+		if ok, err := res.Agent.CanShare(ctx); err == nil && ok {
+			pod.dirs.shares = newPodShares(res.Agent, podBindSources)
+		}
+		host, guest = pod, volumeGuest{Guest: pauseGuest{Guest: guest, pod: pod}, live: pod.dirs.live, shares: pod.dirs.shares}
 	} else if live := newLiveVolumes(res.Agent, cfg.Agent.CallTimeout.D(), p.copies); live.watch(ctx, p.copied, p.guest.Files) > 0 {
 		guest = volumeGuest{Guest: guest, live: live}
 	}

@@ -119,6 +119,11 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
+	if p.dirs.shares != nil {
+		if err := p.dirs.shares.open(ctx, g.shares); err != nil {
+			return nil, fmt.Errorf("container %s: %w", r.ID, err)
+		}
+	}
 	clock.lap(PhaseAttach)
 	if r.Created != nil {
 		if err := r.Created(ctx, p.pid); err != nil {
@@ -189,6 +194,7 @@ type guestContainer struct {
 	copied    map[string]string
 	copies    memberCopies
 	images    []imageVolume
+	shares    map[shareKey]*podShare
 	sharedPID bool
 }
 
@@ -208,7 +214,7 @@ func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 	}
 	// Hooks run on the host, by the shim; the guest has no host binaries.
 	spec.Hooks = nil
-	g := guestContainer{spec: &spec, files: b.files, copied: b.copied, images: b.images,
+	g := guestContainer{spec: &spec, files: b.files, copied: b.copied, images: b.images, shares: b.shares,
 		copies: memberCopies{all: b.used, own: usageOf(b.files, b.dir), paths: []string{b.dir}}}
 	for _, c := range b.copied {
 		g.copies.paths = append(g.copies.paths, c)

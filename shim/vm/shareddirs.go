@@ -22,6 +22,9 @@ import (
 type sharedDirs struct {
 	dir  string // where the copies go in the guest
 	live *liveVolumes
+	// shares serve the directories the guest sees live instead (nil:
+	// the guest's agent cannot).
+	shares *podShares
 
 	mu     sync.Mutex
 	byHost map[string]string // host directory -> its copy in the guest

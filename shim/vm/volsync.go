@@ -225,15 +225,20 @@ func (v *volumeSync) report(ctx context.Context, err error) {
 	}
 }
 
-// volumeGuest is a guest whose live volumes are kept in step until it
-// closes: a pod VM's sandbox, or a container's own VM.
+// volumeGuest is a guest whose live volumes are kept in step, and its
+// shares served, until it closes: a pod VM's sandbox, or a container's
+// own VM.
 type volumeGuest struct {
 	task.Guest
-	live *liveVolumes
+	live   *liveVolumes
+	shares *podShares // nil: none
 }
 
-// Close ends the volumes' syncs, then the guest.
+// Close ends the volumes' syncs and the shares, then the guest.
 func (g volumeGuest) Close() error {
 	g.live.close()
+	if g.shares != nil {
+		g.shares.close(context.Background())
+	}
 	return g.Guest.Close()
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -61,7 +62,11 @@ func serve(args []string) error {
 	// go-fuse logs the connection's end as a failed read, with the
 	// standard logger too; a handler's panic is what is worth saying.
 	log.SetOutput(io.Discard)
-	opts := &fs.Options{MountOptions: fuse.MountOptions{
+	// The guest's kernel keeps names and attributes a second, as
+	// virtio-fs's default does: a call into the guest costs a
+	// millisecond or more, and ls -l would pay it for every file.
+	cache := time.Second
+	opts := &fs.Options{EntryTimeout: &cache, AttrTimeout: &cache, MountOptions: fuse.MountOptions{
 		MaxWrite:      api.MaxShareWrite,
 		DisableSplice: true,
 		Name:          Argv0,

@@ -69,6 +69,9 @@ type GuestSetup struct {
 	// task's hooks may configure the namespace only then) for the guest
 	// NIC's configuration; nil leaves the NIC down.
 	Network func() *agent.Network
+	// BeforeInit, when set, runs with the connected agent before Init:
+	// what Rootfs's mounts need in the guest first (shared directories).
+	BeforeInit func(ctx context.Context, c *agent.Client) error
 }
 
 // Phase is how long one step of a restore took.
@@ -243,6 +246,11 @@ func initGuest(ctx context.Context, c *agent.Client, r Request) error {
 		Process: r.Guest.Process, Sysctls: r.Guest.Sysctls}
 	if r.Guest.Network != nil {
 		req.Network = r.Guest.Network()
+	}
+	if r.Guest.BeforeInit != nil {
+		if err := r.Guest.BeforeInit(ctx, c); err != nil {
+			return err
+		}
 	}
 	return c.Init(ctx, req)
 }

@@ -43,8 +43,10 @@ func symlinks(t *testing.T, pairs ...string) {
 // TestBindLinksOut: a bind-mounted directory holding links to a 0600 host
 // file outside it (absolute and "../.."), and to /dev/tty0, beside a
 // Kubernetes configmap's ..data layout: the container starts, the
-// configmap's key reads through its links, the links out point inside the
-// copy (and find nothing there), and the host file is never opened.
+// configmap's key reads through its links, the links out keep their
+// targets, as under runc, and resolve in the guest, where the host's file
+// is not: the directory is shared (shim/share), and the shim's helper
+// serves nothing outside it. The host file is never opened.
 func TestBindLinksOut(t *testing.T) {
 	c, _ := ordinaryStack(t, imageRef)
 	secretDir := t.TempDir()
@@ -80,9 +82,9 @@ func TestBindLinksOut(t *testing.T) {
 	}
 	for _, want := range []string{
 		"configmap value",
-		"abs " + strings.TrimPrefix(filepath.Join(secretDir, "secret"), "/"),
-		"up " + filepath.Clean("/" + up)[1:],
-		"tty dev/tty0",
+		"abs " + filepath.Join(secretDir, "secret"),
+		"up " + up,
+		"tty /dev/tty0",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the container printed\n%s\nwant a line with %q", out, want)
@@ -95,7 +97,7 @@ func TestBindLinksOut(t *testing.T) {
 
 // TestBindEmptyDirectories: an empty directory (an emptyDir at pod start)
 // and a tree of empty directories mount; read-write they take writes,
-// read-only they refuse them.
+// which are the host's directory's, read-only they refuse them.
 func TestBindEmptyDirectories(t *testing.T) {
 	c, _ := ordinaryStack(t, imageRef)
 	empty := filepath.Join(t.TempDir(), "empty")
@@ -108,7 +110,8 @@ func TestBindEmptyDirectories(t *testing.T) {
 		want []string
 	}{
 		{"rw", []string{"drwxrwxrwx", "/mnt/t/a/b/c\n/mnt/t/d", "/mnt/e:\nx", "/mnt/t/a/b/c:\ny"}},
-		{"ro", []string{"drwxrwxrwx", "/mnt/t/a/b/c\n/mnt/t/d", "Read-only file system"}},
+		// The read-write run's write is there: the host's directory.
+		{"ro", []string{"drwxrwxrwx", "/mnt/t/a/b/c/y\n/mnt/t/d", "Read-only file system"}},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			flags := append([]string{"--rm"}, bindFlag(empty, "/mnt/e", tc.mode)...)
@@ -127,8 +130,10 @@ func TestBindEmptyDirectories(t *testing.T) {
 			}
 		})
 	}
-	if entries, err := os.ReadDir(empty); err != nil || len(entries) > 0 {
-		t.Fatalf("the host's directory holds %v (%v): the container's writes are its copy's", entries, err)
+	for _, f := range []string{filepath.Join(empty, "x"), filepath.Join(tree, "a/b/c/y")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("the read-write container's write is not on the host: %v", err)
+		}
 	}
 }
 

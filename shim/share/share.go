@@ -65,10 +65,12 @@ type Server struct {
 
 	guest  Guest
 	helper *exec.Cmd
-	conn   int // the shim's end of the helper's socket
+	exited chan struct{} // closed once the helper was reaped
+	conn   int           // the shim's end of the helper's socket
 	cancel context.CancelFunc
 	pumps  sync.WaitGroup
 	once   sync.Once
+	err    error // Close's
 }
 
 // Serve starts serving host directory dir to guest, with access: a
@@ -84,19 +86,38 @@ func Serve(ctx context.Context, guest Guest, dir string, access Access) (*Server
 	if a, ok := accessArgs[access]; ok {
 		args = append(args, a)
 	}
+	// No Pdeathsig: it fires when the thread that forked ends, which a
+	// Go thread does once a goroutine locked to it (in a network
+	// namespace) returns. The helper ends when its socket does, with the
+	// shim at the latest.
 	helper := &exec.Cmd{Path: "/proc/self/exe", Args: append([]string{Argv0}, args...),
 		ExtraFiles: []*os.File{theirs}, Stderr: logWriter{ctx: ctx, dir: dir},
-		SysProcAttr: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}}
+		SysProcAttr: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}}
 	if err := helper.Start(); err != nil {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("serve %s: start the helper: %w", dir, err)
 	}
 	pctx, cancel := context.WithCancel(log.WithLogger(context.Background(), log.G(ctx)))
-	s := &Server{Dir: dir, guest: guest, helper: helper, conn: fds[0], cancel: cancel}
+	s := &Server{Dir: dir, guest: guest, helper: helper, exited: make(chan struct{}), conn: fds[0], cancel: cancel}
 	s.pumps.Add(2)
 	go s.toHelper(pctx)
 	go s.toGuest(pctx)
+	go s.reap(pctx)
 	return s, nil
+}
+
+// reap waits for the helper; one that ends before Close (killed, or its
+// connection gone) closes the share, so that what the guest asks of it
+// fails instead of waiting for an answer that cannot come.
+func (s *Server) reap(ctx context.Context) {
+	err := s.helper.Wait()
+	close(s.exited)
+	if ctx.Err() == nil {
+		log.G(ctx).WithError(err).WithField("dir", s.Dir).Warn("a share's helper ended: closing the share")
+		cctx, cancel := context.WithTimeout(context.Background(), exitWait)
+		defer cancel()
+		_ = s.Close(cctx)
+	}
 }
 
 // toHelper carries the guest kernel's requests to the helper until the
@@ -157,30 +178,20 @@ func (s *Server) toGuest(ctx context.Context) {
 // own), then unmounts the share in the guest, which fails what the guest
 // still asks of it.
 func (s *Server) Close(ctx context.Context) error {
-	var err error
 	s.once.Do(func() {
 		s.cancel()
 		_ = unix.Shutdown(s.conn, unix.SHUT_RDWR)
 		s.pumps.Wait()
 		unix.Close(s.conn)
-		s.reap()
-		err = s.guest.Close(ctx)
+		select {
+		case <-s.exited:
+		case <-time.After(exitWait):
+			_ = s.helper.Process.Kill()
+			<-s.exited
+		}
+		s.err = s.guest.Close(ctx)
 	})
-	return err
-}
-
-func (s *Server) reap() {
-	done := make(chan struct{})
-	go func() {
-		_ = s.helper.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(exitWait):
-		_ = s.helper.Process.Kill()
-		<-done
-	}
+	return s.err
 }
 
 // logWriter logs what the helper writes to its stderr.

@@ -218,3 +218,29 @@ func TestShareClose(t *testing.T) {
 		t.Error("the helper still runs")
 	}
 }
+
+// TestShareHelperDies: a helper that ends before Close closes the share,
+// so the guest's next request fails instead of waiting forever.
+func TestShareHelperDies(t *testing.T) {
+	_, guest, srv := serveDir(t, ReadWrite)
+	if err := os.WriteFile(filepath.Join(guest, "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.helper.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-srv.exited
+	done := make(chan error, 1)
+	go func() {
+		_, err := os.ReadDir(guest)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("the share still answers with its helper gone")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request of a share whose helper died hangs")
+	}
+}

@@ -39,9 +39,11 @@ type binds struct {
 	pod *sharedDirs
 	// copied are the directories copied, by host path, and their copies.
 	copied map[string]string
-	// shares are the directories the pod's VM sees live, which the
-	// container binds.
-	shares map[shareKey]*podShare
+	// vm serves the directories the VM sees live (nil: it copies them),
+	// and shares are those the container binds, to serve before the
+	// guest creates it.
+	vm     *vmShares
+	shares map[shareKey]*dirShare
 	// images are the image volumes the guest mounts from disks; only a
 	// pod's VM has the disk slots, elsewhere an image volume is copied.
 	images []imageVolume
@@ -112,6 +114,10 @@ func (b *binds) translateOne(m specs.Mount) (specs.Mount, error) {
 		}
 		return m, nil
 	}
+	if slices.ContainsFunc(m.Options, isSharedPropagation) {
+		return specs.Mount{}, fmt.Errorf("bind of %s asks for shared propagation (Kubernetes' mountPropagation: Bidirectional), that a mount the container makes there show on the host: a mount in a VM is its kernel's own and cannot; use HostToContainer (rslave), under which what the host mounts there shows in a pod's VM: %w",
+			m.Source, errdefs.ErrInvalidArgument)
+	}
 	// Stat, never open: the source may be a FIFO or a device.
 	st, err := os.Stat(m.Source)
 	if err != nil {
@@ -127,23 +133,37 @@ func (b *binds) translateOne(m specs.Mount) (specs.Mount, error) {
 			return b.imageMount(m, img), nil
 		}
 		return b.podDir(m)
-	case st.Mode().IsRegular(), st.IsDir():
-		dir := b.dir
-		if dir == "" {
-			dir = bindSources
+	case st.IsDir():
+		if ok, err := b.shareable(m.Source); err != nil || ok {
+			if err != nil {
+				return specs.Mount{}, err
+			}
+			return b.shareDir(m), nil
 		}
-		src := path.Join(dir, fmt.Sprint(b.n))
-		b.n++
-		if err := b.copy(m.Source, src); err != nil {
-			return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)
-		}
-		if st.IsDir() {
-			b.keepCopy(m.Source, src)
-		}
-		m.Source, m.Type, m.Options = src, "bind", copyOptions(m.Options)
-		return m, nil
+		return b.copyOwn(m, true)
+	case st.Mode().IsRegular():
+		return b.copyOwn(m, false)
 	}
 	return specs.Mount{}, fmt.Errorf("bind source %s is a %s: a cocoon VM takes copies of regular files and directories only: %w", m.Source, fsmode.TypeName(st.Mode()), errdefs.ErrInvalidArgument)
+}
+
+// copyOwn copies bind source m.Source, a directory (isDir) or a file,
+// under the container's own directory.
+func (b *binds) copyOwn(m specs.Mount, isDir bool) (specs.Mount, error) {
+	dir := b.dir
+	if dir == "" {
+		dir = bindSources
+	}
+	src := path.Join(dir, fmt.Sprint(b.n))
+	b.n++
+	if err := b.copy(m.Source, src); err != nil {
+		return specs.Mount{}, fmt.Errorf("copy bind source %s: %w", m.Source, err)
+	}
+	if isDir {
+		b.keepCopy(m.Source, src)
+	}
+	m.Source, m.Type, m.Options = src, "bind", copyOptions(m.Options)
+	return m, nil
 }
 
 // podDir binds the pod's copy of directory m.Source, copying it in the
@@ -170,13 +190,17 @@ func (b *binds) podDir(m specs.Mount) (specs.Mount, error) {
 	return m, nil
 }
 
+// isSharedPropagation says whether a mount option asks for shared
+// propagation.
+func isSharedPropagation(opt string) bool { return opt == "shared" || opt == "rshared" }
+
 // shareable says whether the pod's VM sees host directory dir live
-// (podShares) rather than a copy: when the guest can, unless it is a
+// (vmShares) rather than a copy: when the guest can, unless it is a
 // Kubernetes volume kept in step (liveVolume: kubelet swaps a new version
 // in whole, which a copy shows as whole) or a tmpfs's root (a
 // memory-backed emptyDir, a tmpfs in the guest).
 func (b *binds) shareable(dir string) (bool, error) {
-	if b.pod.shares == nil || liveVolume.MatchString(dir) {
+	if b.vm == nil || liveVolume.MatchString(dir) {
 		return false, nil
 	}
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_CLOEXEC, 0)
@@ -191,7 +215,7 @@ func (b *binds) shareable(dir string) (bool, error) {
 	return size == 0, nil
 }
 
-// shareDir binds the pod's share of directory m.Source, with the bind's
+// shareDir binds the VM's share of directory m.Source, with the bind's
 // access.
 func (b *binds) shareDir(m specs.Mount) specs.Mount {
 	k := shareKey{host: filepath.Clean(m.Source), access: share.ReadWrite}
@@ -201,9 +225,9 @@ func (b *binds) shareDir(m specs.Mount) specs.Mount {
 	case slices.Contains(m.Options, "ro"):
 		k.access = share.ReadOnly
 	}
-	sh := b.pod.shares.place(k)
+	sh := b.vm.place(k)
 	if b.shares == nil {
-		b.shares = map[shareKey]*podShare{}
+		b.shares = map[shareKey]*dirShare{}
 	}
 	b.shares[k] = sh
 	m.Source, m.Type, m.Options = sh.guest, "bind", copyOptions(m.Options)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
@@ -236,6 +237,8 @@ func TestBindTranslateRefusals(t *testing.T) {
 		{"fifo", specs.Mount{Destination: "/x", Type: "bind", Source: filepath.Join(out, "fifo")}, "fifo is a FIFO: a cocoon VM takes copies of regular files and directories only"},
 		{"device", specs.Mount{Destination: "/x", Type: "bind", Source: "/dev/zero"}, "/dev/zero is a character device"},
 		{"nfs", specs.Mount{Destination: "/x", Type: "nfs", Source: "srv:/export"}, `mount of type "nfs" from "srv:/export": a cocoon VM takes bind mounts and mounts of type [proc`},
+		{"rshared", specs.Mount{Destination: "/x", Type: "bind", Source: out, Options: []string{"rbind", "rshared"}}, "asks for shared propagation (Kubernetes' mountPropagation: Bidirectional)"},
+		{"shared", specs.Mount{Destination: "/x", Type: "bind", Source: out, Options: []string{"bind", "shared", "rw"}}, "use HostToContainer (rslave)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := (&binds{budget: testCopies()}).translate(tc.m)
@@ -267,7 +270,8 @@ func TestIdentityFiles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := &specs.Spec{Mounts: []specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: tc.source, Options: []string{"rbind", "ro"}}}}
-			files, _, _, err := guestSetup(spec, nil, testCopies())
+			g, err := guestSetup(spec, nil, testCopies(), nil)
+			files := g.files
 			if tc.want == "" {
 				if err != nil || len(files) != 1 || string(files[0].Data) != "10.0.0.2 c1\n" || files[0].Mode != 0o640 {
 					t.Fatalf("guestSetup: %+v, %v", files, err)
@@ -407,5 +411,55 @@ func TestBindCopyTmpfs(t *testing.T) {
 		if got := b.files[0].TmpfsSize; got != tc.want || !b.files[0].Mode.IsDir() {
 			t.Errorf("copy of %s: tmpfs size %d, want %d", tc.src, got, tc.want)
 		}
+	}
+}
+
+// TestGuestSetupShares: with shares, a VM's bind of a plain directory is
+// a share (one per directory and access), while a file, a Kubernetes live
+// volume and a tmpfs's root are still copied.
+func TestGuestSetupShares(t *testing.T) {
+	testenv.RequireRoot(t)
+	plain, file := tree(t), filepath.Join(tree(t), "f")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(t.TempDir(), "volumes", "kubernetes.io~configmap", "cfg")
+	if err := os.MkdirAll(live, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mem := t.TempDir()
+	if err := unix.Mount("tmpfs", mem, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(mem, unix.MNT_DETACH) })
+	spec := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/a", Type: "bind", Source: plain, Options: []string{"rbind", "rw"}},
+		{Destination: "/b", Type: "bind", Source: plain, Options: []string{"rbind", "ro"}},
+		{Destination: "/c", Type: "bind", Source: plain, Options: []string{"rbind", "rw"}},
+		{Destination: "/f", Type: "bind", Source: file, Options: []string{"rbind", "ro"}},
+		{Destination: "/cfg", Type: "bind", Source: live, Options: []string{"rbind", "ro"}},
+		{Destination: "/mem", Type: "bind", Source: mem, Options: []string{"rbind", "rw"}},
+	}}
+	g, err := guestSetup(spec, &chain.StagedRootfs{FSType: "erofs"}, testCopies(), newVMShares())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := map[string]string{}
+	for _, m := range g.root.Mounts {
+		src[m.Destination] = m.Source
+	}
+	want := map[string]string{"/a": shareSources + "/1", "/b": shareSources + "/2", "/c": shareSources + "/1"}
+	for dst, s := range want {
+		if src[dst] != s {
+			t.Errorf("%s binds %q, want the share %q", dst, src[dst], s)
+		}
+	}
+	for _, dst := range []string{"/f", "/cfg", "/mem"} {
+		if !strings.HasPrefix(src[dst], bindSources+"/") || strings.HasPrefix(src[dst], shareSources) {
+			t.Errorf("%s binds %q, want a copy", dst, src[dst])
+		}
+	}
+	if len(g.shares) != 2 {
+		t.Errorf("shares %v, want 2 (rw and ro of one directory)", g.shares)
 	}
 }

@@ -14,10 +14,9 @@ import (
 )
 
 // bindSources is where the guest keeps the copies of host files that the
-// spec bind-mounts into the container: a VM shares no file system with the
-// host (no 9p, and virtio-fs would need shared guest memory, which private
-// mmap restores cannot give), so a bind mount is honoured as a read-only
-// snapshot of its source, taken at create.
+// spec bind-mounts into the container (a file, a Kubernetes live volume, a
+// tmpfs's root: the rest of the directories are shared, shareSources), a
+// snapshot of its source taken at create.
 const bindSources = "/run/cocoon/binds"
 
 // podBindSources is where a pod's VM keeps the copies of the directories
@@ -51,22 +50,34 @@ func guestNetwork(iface *network.Interface) *agent.Network {
 	return n
 }
 
-// guestSetup is what Init gives the guest besides its identity and network:
-// the files the spec bind-mounts, and for an ordinary image its root (the
-// disk with the image's layers) with the spec's mounts inside it. copied
-// are the copies of directories among the files, by host directory; the
-// copies are taken from copies.
-func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs, copies *copyBudget) (files []agent.File, root *agent.Rootfs, copied map[string]string, _ error) {
+// guestMounts are a container's mounts as a VM of its own takes them: the
+// files Init writes (the copies of bind sources), its root with the
+// spec's mounts inside it, the copies of directories among the files (by
+// host directory), and the directories it binds that the VM sees live,
+// to serve before Init.
+type guestMounts struct {
+	files  []agent.File
+	root   *agent.Rootfs
+	copied map[string]string
+	shares map[shareKey]*dirShare
+}
+
+// guestSetup is what Init gives the guest besides its identity and
+// network: for an ordinary image its root (the disk with the image's
+// layers) and the spec's mounts, copies taken from copies and shares
+// placed in shares (nil: directories are copied too); for a snapshot
+// image the identity files alone.
+func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs, copies *copyBudget, shares *vmShares) (guestMounts, error) {
 	var mounts []specs.Mount
 	if spec != nil {
 		mounts = spec.Mounts
 	}
 	if disk == nil {
 		files, err := identityFiles(mounts)
-		return files, nil, nil, err
+		return guestMounts{files: files}, err
 	}
-	b := binds{budget: copies}
-	root = &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
+	b := binds{budget: copies, vm: shares}
+	root := &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
 	if spec != nil {
 		root.Readonly = spec.Root != nil && spec.Root.Readonly
 		if spec.Linux != nil {
@@ -76,14 +87,14 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs, copies *copyBudget) 
 	for _, m := range mounts {
 		gm, err := b.translate(m)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("mount at %s: %w", m.Destination, err)
+			return guestMounts{}, fmt.Errorf("mount at %s: %w", m.Destination, err)
 		}
 		root.Mounts = append(root.Mounts, gm...)
 	}
 	if err := copies.take(b.used); err != nil {
-		return nil, nil, nil, err
+		return guestMounts{}, err
 	}
-	return b.files, root, b.copied, nil
+	return guestMounts{files: b.files, root: root, copied: b.copied, shares: b.shares}, nil
 }
 
 // identityFiles copies the resolver, hosts and hostname files the spec

@@ -173,9 +173,11 @@ type prepared struct {
 	guest  restore.GuestSetup
 	net    *vmNetwork
 	// copied are the guest's copies of directories, by host directory;
-	// copies bounds all the VM's copies.
+	// copies bounds all the VM's copies; shares are the VM's shared
+	// directories.
 	copied map[string]string
 	copies *copyBudget
+	shares *vmShares
 }
 
 func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, src source) (prepared, error) {
@@ -195,8 +197,14 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 		return prepared{}, err
 	}
 	p.copies = newCopyBudget(cfg.Shim)
-	if p.guest.Files, p.guest.Rootfs, p.copied, err = guestSetup(r.Spec, src.disk, p.copies); err != nil {
+	p.shares = newVMShares()
+	g, err := guestSetup(r.Spec, src.disk, p.copies, p.shares)
+	if err != nil {
 		return prepared{}, fmt.Errorf("container of %s: %w", r.ID, err)
+	}
+	p.guest.Files, p.guest.Rootfs, p.copied = g.files, g.root, g.copied
+	if len(g.shares) > 0 {
+		p.guest.BeforeInit = func(ctx context.Context, c *agent.Client) error { return p.shares.open(ctx, c, g.shares) }
 	}
 	p.guest.Process, p.guest.Sysctls = r.Process, r.Sysctls
 	if p.net, err = openNetwork(r.Spec, r.ID); err != nil {
@@ -226,6 +234,7 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		Guest:        p.guest,
 	})
 	if err != nil {
+		p.shares.close(ctx)
 		return nil, nil, err
 	}
 	p.net.forwardPorts(log.WithLogger(context.Background(), log.G(ctx)), res.Agent, cfg.Agent.CallTimeout.D())
@@ -234,14 +243,15 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 	if task.IsPodSandbox(r.Spec) {
 		pod, err := newPod(res.VM, res.Agent, p.budget.Guest, cfg.Agent.CallTimeout.D(), p.copies)
 		if err != nil {
+			p.shares.close(ctx)
 			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
 		if ok, err := res.Agent.CanShare(ctx); err == nil && ok {
-			pod.dirs.shares = newPodShares(res.Agent, podBindSources)
+			pod.dirs.shares = p.shares
 		}
-		host, guest = pod, volumeGuest{Guest: pauseGuest{Guest: guest, pod: pod}, live: pod.dirs.live, shares: pod.dirs.shares}
-	} else if live := newLiveVolumes(res.Agent, cfg.Agent.CallTimeout.D(), p.copies); live.watch(ctx, p.copied, p.guest.Files) > 0 {
-		guest = volumeGuest{Guest: guest, live: live}
+		host, guest = pod, volumeGuest{Guest: pauseGuest{Guest: guest, pod: pod}, live: pod.dirs.live, shares: p.shares}
+	} else if live := newLiveVolumes(res.Agent, cfg.Agent.CallTimeout.D(), p.copies); live.watch(ctx, p.copied, p.guest.Files) > 0 || p.shares.serving() {
+		guest = volumeGuest{Guest: guest, live: live, shares: p.shares}
 	}
 	return &task.Sandbox{
 		Host:          host,

@@ -120,7 +120,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 		return nil, err
 	}
 	if p.dirs.shares != nil {
-		if err := p.dirs.shares.open(ctx, g.shares); err != nil {
+		if err := p.dirs.shares.open(ctx, p.agent, g.shares); err != nil {
 			return nil, fmt.Errorf("container %s: %w", r.ID, err)
 		}
 	}
@@ -194,7 +194,7 @@ type guestContainer struct {
 	copied    map[string]string
 	copies    memberCopies
 	images    []imageVolume
-	shares    map[shareKey]*podShare
+	shares    map[shareKey]*dirShare
 	sharedPID bool
 }
 
@@ -203,7 +203,7 @@ type guestContainer struct {
 // pod's (sharedDirs).
 func (p *pod) guestSpec(r task.LaunchRequest) (guestContainer, error) {
 	spec := *r.Spec
-	b := binds{dir: memberBindSources(r.ID), pod: p.dirs, budget: p.copies}
+	b := binds{dir: memberBindSources(r.ID), pod: p.dirs, budget: p.copies, vm: p.dirs.shares}
 	spec.Mounts = nil
 	for _, m := range r.Spec.Mounts {
 		gm, err := b.translate(m)

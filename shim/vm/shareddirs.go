@@ -14,17 +14,18 @@ import (
 )
 
 // sharedDirs are the guest's copies of the directories a pod's containers
-// bind-mount, one per host directory: what one container writes in an
-// emptyDir (or any directory volume) the pod's other containers see, as
-// under runc, where the bind is the same directory. A copy lives as long
-// as the pod's VM, as an emptyDir lives as long as the pod; those of live
-// volumes are kept in step with the host's (live).
+// bind-mount and the VM does not share (shares): Kubernetes' live volumes,
+// kept in step with the host's (live), and memory-backed emptyDirs, a
+// tmpfs in the guest. One per host directory: what one container writes
+// there the pod's other containers see, as under runc, where the bind is
+// the same directory. A copy lives as long as the pod's VM, as an emptyDir
+// lives as long as the pod.
 type sharedDirs struct {
 	dir  string // where the copies go in the guest
 	live *liveVolumes
 	// shares serve the directories the guest sees live instead (nil:
-	// the guest's agent cannot).
-	shares *podShares
+	// the guest's agent cannot): the VM's.
+	shares *vmShares
 
 	mu     sync.Mutex
 	byHost map[string]string // host directory -> its copy in the guest

@@ -231,7 +231,7 @@ func (v *volumeSync) report(ctx context.Context, err error) {
 type volumeGuest struct {
 	task.Guest
 	live   *liveVolumes
-	shares *podShares // nil: none
+	shares *vmShares // nil: none
 }
 
 // Close ends the volumes' syncs and the shares, then the guest.

@@ -40,7 +40,7 @@ func Main() {
 // directory later still shows and none of the helper's leaks out, and the
 // directory is bound onto itself nodev and nosuid (read-only too, and
 // the mounts under it for a recursive one, as the share's access says),
-// then made the root: a guest's request names paths
+// then made the root, the rest dropped: a guest's request names paths
 // under it, and whatever links it made, it reaches nothing else, nor a
 // device.
 func serve(args []string) error {
@@ -104,8 +104,22 @@ func confine(dir string, access Access) error {
 			return fmt.Errorf("make %s and its mounts read-only: %w", dir, err)
 		}
 	}
-	if err := unix.Chroot(dir); err != nil {
-		return fmt.Errorf("chroot %s: %w", dir, err)
+	return enterRoot(dir)
+}
+
+// enterRoot makes the bind of dir the process's root and drops the rest:
+// pivot_root(".", ".") stacks the old root on the new one and the detach
+// lets it go, so the namespace holds nothing of the host's but the
+// directory, and keeps no file system the host unmounts alive.
+func enterRoot(dir string) error {
+	if err := unix.Chdir(dir); err != nil {
+		return fmt.Errorf("chdir to %s: %w", dir, err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root to %s: %w", dir, err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the host's root: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("chdir to the share's root: %w", err)

@@ -3,8 +3,10 @@ package share
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -242,5 +244,22 @@ func TestShareHelperDies(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a request of a share whose helper died hangs")
+	}
+}
+
+// TestShareHoldsNoHostMounts: the helper's mount namespace holds the
+// directory and nothing else of the host's, so no file system the host
+// unmounts stays alive in it.
+func TestShareHoldsNoHostMounts(t *testing.T) {
+	_, guest, srv := serveDir(t, ReadWrite)
+	if _, err := os.ReadDir(guest); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", srv.helper.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(b)), "\n"); len(lines) != 1 || strings.Fields(lines[0])[4] != "/" {
+		t.Errorf("the helper's mounts:\n%s\nwant its root alone", b)
 	}
 }

@@ -7,9 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/cri/critest"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
@@ -108,6 +112,11 @@ func TestCritest(t *testing.T) {
 func (n *node) critest(t *testing.T, handler string) *run {
 	t.Helper()
 	dir := t.TempDir()
+	// A spec whose container the runtime refuses by design (cocoon's
+	// rshared) leaves its host mounts: critest's cleanup first unmounts
+	// the mount it makes once the container runs, and stops there. They
+	// go before the directory does.
+	t.Cleanup(func() { unmountUnder(t, dir) })
 	report := filepath.Join(dir, "report.json")
 	endpoint := "unix://" + n.stack.Address
 	args := []string{"--net=" + n.net.Path, "--", testenv.Bin(t, "critest"),
@@ -176,4 +185,21 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// unmountUnder detaches every mount under dir, the deepest first.
+func unmountUnder(t *testing.T, dir string) {
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		t.Errorf("read the mounts under %s: %v", dir, err)
+		return
+	}
+	slices.SortFunc(infos, func(a, b *mountinfo.Info) int { return len(b.Mountpoint) - len(a.Mountpoint) })
+	for _, mi := range infos {
+		if err := unix.Unmount(mi.Mountpoint, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s, which critest left: %v", mi.Mountpoint, err)
+			continue
+		}
+		t.Logf("unmounted %s, which critest left", mi.Mountpoint)
+	}
 }

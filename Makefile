@@ -95,9 +95,11 @@ critest: deps build guest
 	$(GO) test -count=1 -v -timeout 30m -run '^TestCritest$$' ./cri/critest/ \
 		-args -critest.out $(CURDIR)/bench/results/critest-$$(date -u +%F).md
 
-## test: install what the tests need, then run every tier
+## test: install what the tests need, then run every tier; shim/share once more built as the
+## shim server is, without cgo (its helper drops its capabilities only so)
 test: deps build guest lint
 	$(GO) test $(GOTEST_FLAGS) ./...
+	CGO_ENABLED=0 $(GO) test $(GOTEST_FLAGS) ./shim/share/
 
 ## fuzz: every native fuzz target in the repo for FUZZTIME each (`make test` runs their
 ## seed corpora only); FUZZMINIMIZETIME bounds minimizing each new input

@@ -110,7 +110,8 @@ func confine(dir string, access Access) error {
 // enterRoot makes the bind of dir the process's root and drops the rest:
 // pivot_root(".", ".") stacks the old root on the new one and the detach
 // lets it go, so the namespace holds nothing of the host's but the
-// directory, and keeps no file system the host unmounts alive.
+// directory, and keeps no file system the host unmounts alive. Then the
+// privileges that took go (dropPrivileges).
 func enterRoot(dir string) error {
 	if err := unix.Chdir(dir); err != nil {
 		return fmt.Errorf("chdir to %s: %w", dir, err)
@@ -124,10 +125,7 @@ func enterRoot(dir string) error {
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("chdir to the share's root: %w", err)
 	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("set no_new_privs: %w", err)
-	}
-	return nil
+	return dropPrivileges()
 }
 
 // newRoot is go-fuse's loopback of "/" (the share, after confine), with

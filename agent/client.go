@@ -114,16 +114,25 @@ const (
 	apiVersion7 = 7
 )
 
+// apiVersion is the agent's API version, asked with a Ping if no answer
+// said it yet.
+func (c *Client) apiVersion(ctx context.Context) (int, error) {
+	if have := c.knownVersion(); have != 0 {
+		return have, nil
+	}
+	if err := c.Ping(ctx); err != nil {
+		return 0, err
+	}
+	return c.knownVersion(), nil
+}
+
 // requireVersion fails unless the agent speaks API version v: an older one
 // (in a snapshot baked before it) would drop the fields that what names
 // and succeed without them.
 func (c *Client) requireVersion(ctx context.Context, v int, what string) error {
-	have := c.knownVersion()
-	if have == 0 {
-		if err := c.Ping(ctx); err != nil {
-			return err
-		}
-		have = c.knownVersion()
+	have, err := c.apiVersion(ctx)
+	if err != nil {
+		return err
 	}
 	if have < v {
 		return fmt.Errorf("%s needs guest agent API %d, the guest's agent speaks %d (rebuild the snapshot): %w", what, v, have, errdefs.ErrFailedPrecondition)

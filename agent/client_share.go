@@ -68,10 +68,6 @@ func (s *Share) Close(ctx context.Context) error {
 
 // CanShare says whether the guest's agent has the share calls.
 func (c *Client) CanShare(ctx context.Context) (bool, error) {
-	if c.knownVersion() == 0 {
-		if err := c.Ping(ctx); err != nil {
-			return false, err
-		}
-	}
-	return c.knownVersion() >= apiVersion9, nil
+	v, err := c.apiVersion(ctx)
+	return v >= apiVersion9, err
 }

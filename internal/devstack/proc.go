@@ -101,12 +101,27 @@ func (s *Stack) Ctr(ctx context.Context, args ...string) (string, error) {
 	return stdout.String(), nil
 }
 
-// Logs returns what containerd and the snapshotter have logged so far.
+// Logs returns what containerd and the snapshotter have logged so far,
+// less containerd's line per plugin it loads or skips at every start (a
+// hundred lines that would crowd out, in a failed test's output, the few
+// that say what went wrong).
 func (s *Stack) Logs() string {
 	var b strings.Builder
 	for _, p := range s.procs {
 		data, _ := os.ReadFile(p.log)
-		fmt.Fprintf(&b, "==== %s ====\n%s\n", p.name, data)
+		fmt.Fprintf(&b, "==== %s ====\n", p.name)
+		for line := range strings.Lines(string(data)) {
+			if !pluginChatter(line) {
+				b.WriteString(line)
+			}
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// pluginChatter reports whether line is containerd's note of a plugin it
+// loads or skips.
+func pluginChatter(line string) bool {
+	return strings.Contains(line, `msg="loading plugin"`) || strings.Contains(line, `msg="skip loading plugin"`)
 }

@@ -33,7 +33,7 @@ func TestInitAndShutdown(t *testing.T) {
 	now := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
 	entropy := []byte("0123456789abcdef")
 	sysctls := map[string]string{"kernel.shm_rmid_forced": "1"}
-	if err := c.Init(ctx, agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-1", Sysctls: sysctls}); err != nil {
+	if _, err := c.Init(ctx, agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-1", Sysctls: sysctls}); err != nil {
 		t.Fatal(err)
 	}
 	h.sys.mu.Lock()
@@ -156,7 +156,7 @@ func TestEagerSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Init(ctx, agent.InitRequest{Hostname: "eager"}); err != nil {
+	if _, err := c.Init(ctx, agent.InitRequest{Hostname: "eager"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Accepted(ctx); err != nil {

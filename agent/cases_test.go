@@ -185,7 +185,7 @@ func testPrepared(t *testing.T, tg *target) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, req := ctxT(t), tc.req
 			req.ID, req.Cwd = procID(t), "/"
-			if err := tg.c.Init(ctx, agent.InitRequest{Process: &req}); err != nil {
+			if _, err := tg.c.Init(ctx, agent.InitRequest{Process: &req}); err != nil {
 				t.Fatal(err)
 			}
 			if !tg.c.Prepared(req.ID) {

@@ -100,7 +100,7 @@ func (c *Client) CreateContainerFrom(ctx context.Context, id string, spec *specs
 		return nil, fmt.Errorf("create container %q in guest: %w", id, native(err))
 	}
 	terminal := spec.Process != nil && spec.Process.Terminal
-	return &ContainerProcess{ContainerID: id, Pid: resp.Pid, Phases: guestPhases(resp.Phases, time.Since(began)),
+	return &ContainerProcess{ContainerID: id, Pid: resp.Pid, Phases: guestPhases(resp.Phases, api.CreatePhases, time.Since(began)),
 		c: c, terminal: terminal, stdin: stdin || terminal}, nil
 }
 
@@ -110,16 +110,16 @@ type Phase struct {
 	Duration time.Duration
 }
 
-// guestPhases are the phases a guest told, if they are what a create
-// has: known names, once each, in order, none negative, together no
+// guestPhases are the phases a guest told, if they are what the call
+// has: names of order, once each and in it, none negative, together no
 // longer than the call took. A guest that tells anything else is not
 // believed: its phases are dropped whole, the report keeps the call's.
-func guestPhases(in []*api.Phase, call time.Duration) []Phase {
+func guestPhases(in []*api.Phase, order []string, call time.Duration) []Phase {
 	out := make([]Phase, 0, len(in))
 	var total time.Duration
 	next := 0
 	for _, p := range in {
-		i := slices.Index(api.CreatePhases[next:], p.GetName())
+		i := slices.Index(order[next:], p.GetName())
 		d := time.Duration(p.GetNanos())
 		if i < 0 || d < 0 || total+d > call {
 			return nil

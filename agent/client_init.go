@@ -105,60 +105,64 @@ func (r *Rootfs) confined() bool {
 
 // Init gives the clone its identity, files, network and root, and
 // prepares its process; call it after every restore. The guest applies
-// them in that order and names the step that failed.
+// them in that order and names the step that failed; it times those it
+// had work for, the phases returned (none from an older agent, or from
+// one whose phases are not believable: see guestPhases).
 //
 // It is the first call after a restore: an agent of API 3 or later says
 // its version in its answer. An older one says nothing, so only then does
 // Init ask it (a Ping), to fail if it ignored what it does not know.
-func (c *Client) Init(ctx context.Context, r InitRequest) error {
+func (c *Client) Init(ctx context.Context, r InitRequest) ([]Phase, error) {
 	var err error
 	if r.Files, err = c.sendAhead(ctx, r.Files); err != nil {
-		return fmt.Errorf("init guest: %w", err)
+		return nil, fmt.Errorf("init guest: %w", err)
 	}
 	req, err := initRequest(r)
 	if err != nil {
-		return fmt.Errorf("init guest: %w", err)
+		return nil, fmt.Errorf("init guest: %w", err)
 	}
 	needs2 := len(r.Files) > 0 || r.Network != nil || r.Rootfs != nil
 	if needs2 && c.knownVersion() != 0 {
 		if err := c.requireVersion(ctx, apiVersion2, "files, a network or a rootfs"); err != nil {
-			return fmt.Errorf("init guest: %w", err)
+			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
+	began := time.Now()
 	resp, err := c.api.Init(ctx, req)
+	call := time.Since(began)
 	if err != nil {
-		return fmt.Errorf("init guest: %w", native(err))
+		return nil, fmt.Errorf("init guest: %w", native(err))
 	}
 	if resp.GetVersion() != "" {
 		c.setVersion(resp.GetVersion())
 	} else if needs2 {
 		if err := c.requireVersion(ctx, apiVersion2, "files, a network or a rootfs"); err != nil {
-			return fmt.Errorf("init guest: %w", err)
+			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
 	if r.Process != nil && r.Process.OwnPIDNamespace {
 		if err := c.requireVersion(ctx, apiVersion5, "a process in a PID namespace of its own"); err != nil {
-			return fmt.Errorf("init guest: %w", err)
+			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
 	if len(r.Sysctls) > 0 {
 		if err := c.requireVersion(ctx, apiVersion6, "sysctls"); err != nil {
-			return fmt.Errorf("init guest: %w", err)
+			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
 	if tmpfsIn(r.Files) {
 		if err := c.requireVersion(ctx, apiVersion8, tmpfsNeeds); err != nil {
-			return fmt.Errorf("init guest: %w", err)
+			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
 	if r.Process != nil && r.Process.Capabilities != nil {
 		if err := c.requireVersion(ctx, apiVersion7, "a process's capabilities"); err != nil {
-			return fmt.Errorf("init guest: %w", err)
+			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
 	if r.Rootfs.confined() {
 		if err := c.requireVersion(ctx, apiVersion7, "a read-only root, masked or read-only paths"); err != nil {
-			return fmt.Errorf("init guest: %w", err)
+			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
 	if r.Process != nil && c.knownVersion() >= apiVersion3 {
@@ -166,7 +170,7 @@ func (c *Client) Init(ctx context.Context, r InitRequest) error {
 		c.prepared[r.Process.ID] = ExecRequest{ID: r.Process.ID, Terminal: r.Process.Terminal, Stdin: r.Process.Stdin}
 		c.mu.Unlock()
 	}
-	return nil
+	return guestPhases(resp.GetPhases(), api.InitPhases, call), nil
 }
 
 func initRequest(r InitRequest) (*api.InitRequest, error) {

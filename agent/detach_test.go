@@ -46,7 +46,7 @@ func TestInitDetachesProcesses(t *testing.T) {
 	<-read
 
 	c := h.client(t)
-	if err := c.Init(ctx, agent.InitRequest{Hostname: "clone"}); err != nil {
+	if _, err := c.Init(ctx, agent.InitRequest{Hostname: "clone"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Wait(ctx, "init"); !errdefs.IsNotFound(err) {

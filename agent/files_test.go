@@ -82,7 +82,7 @@ func TestInitSendsAhead(t *testing.T) {
 	c := serveFake(t, a)
 	dir := t.TempDir()
 	files, big := bigTree(dir)
-	if err := c.Init(ctxT(t), agent.InitRequest{Files: files}); err != nil {
+	if _, err := c.Init(ctxT(t), agent.InitRequest{Files: files}); err != nil {
 		t.Fatal(err)
 	}
 	if a.initN != 0 || a.updates < 4 {
@@ -100,7 +100,7 @@ func TestInitSendsAhead(t *testing.T) {
 
 	small := []agent.File{{Path: filepath.Join(dir, "small"), Data: []byte("x")}}
 	updates := a.updates
-	if err := c.Init(ctxT(t), agent.InitRequest{Files: small}); err != nil {
+	if _, err := c.Init(ctxT(t), agent.InitRequest{Files: small}); err != nil {
 		t.Fatal(err)
 	}
 	if a.initN != 1 || a.updates != updates {

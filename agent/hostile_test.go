@@ -142,7 +142,7 @@ func TestInitHonoursContext(t *testing.T) {
 	c := deafGuest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	err := returns(t, "Init with a 1s context", func() error { return c.Init(ctx, bigInit()) })
+	err := returns(t, "Init with a 1s context", func() error { _, err := c.Init(ctx, bigInit()); return err })
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Init: %v, want deadline exceeded", err)
 	}
@@ -154,7 +154,7 @@ func TestSignalBehindStuckWrite(t *testing.T) {
 	g := newRawGuest(t, func(uint64, *frameReader, net.Conn) {})
 	c := g.client(t)
 	initDone := make(chan error, 1)
-	go func() { initDone <- c.Init(context.Background(), bigInit()) }()
+	go func() { _, err := c.Init(context.Background(), bigInit()); initDone <- err }()
 	waitStuck(t, g)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -173,7 +173,7 @@ func TestSignalBehindStuckWrite(t *testing.T) {
 func TestCloseWithStuckWrite(t *testing.T) {
 	g := newRawGuest(t, func(uint64, *frameReader, net.Conn) {})
 	c := g.client(t)
-	go func() { _ = c.Init(context.Background(), bigInit()) }()
+	go func() { _, _ = c.Init(context.Background(), bigInit()) }()
 	conn := waitStuck(t, g)
 	returns(t, "Close", c.Close)
 	// The host end is closed, though the guest still reads nothing:

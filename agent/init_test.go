@@ -49,7 +49,7 @@ func TestInitNetworkAndFiles(t *testing.T) {
 			},
 		},
 	}
-	if err := c.Init(ctxT(t), r); err != nil {
+	if _, err := c.Init(ctxT(t), r); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "etc/hosts")); err != nil || string(b) != "10.88.0.4 clone\n" {
@@ -67,7 +67,7 @@ func TestInitNetworkAndFiles(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("routes %q, want %q", got, want)
 	}
-	if err := c.Init(ctxT(t), agent.InitRequest{}); err != nil || h.net.last() != nil {
+	if _, err := c.Init(ctxT(t), agent.InitRequest{}); err != nil || h.net.last() != nil {
 		t.Errorf("Init without a network: %v, NIC config %+v, want it taken down", err, h.net.last())
 	}
 }
@@ -81,7 +81,7 @@ func TestInitRootfsThenExec(t *testing.T) {
 	c := h.client(t)
 	hello := fillRoot(t, filepath.Join(h.state, "root"), testenv.LookPath(t, "busybox"))
 	resolv := filepath.Join(t.TempDir(), "resolv.conf")
-	err := c.Init(ctxT(t), agent.InitRequest{
+	_, err := c.Init(ctxT(t), agent.InitRequest{
 		Files: []agent.File{{Path: resolv, Data: []byte("nameserver 10.0.0.1\n")}},
 		Rootfs: &agent.Rootfs{FSType: "erofs", Serial: "cocoon-rootfs", Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
@@ -182,7 +182,7 @@ func TestInitRejectsBadInput(t *testing.T) {
 		}}}, "id-mapped mounts are not supported"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := c.Init(ctxT(t), tc.r)
+			_, err := c.Init(ctxT(t), tc.r)
 			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Init: %v, want invalid argument saying %q", err, tc.want)
 			}

@@ -9,7 +9,8 @@ import (
 
 // TestGuestPhases: a guest's create phases are believed only as a create
 // has them (known names, once each, in order, within the call's time);
-// anything else drops them whole.
+// anything else drops them whole. An Init's are checked against its own
+// names (TestGuestInitPhases).
 func TestGuestPhases(t *testing.T) {
 	ms := func(n int64) int64 { return n * int64(time.Millisecond) }
 	for _, tc := range []struct {
@@ -27,7 +28,7 @@ func TestGuestPhases(t *testing.T) {
 		{"longer than the call", []*api.Phase{{Name: api.PhaseRoot, Nanos: ms(60)}, {Name: api.PhaseBundle, Nanos: ms(60)}}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := guestPhases(tc.in, 100*time.Millisecond)
+			got := guestPhases(tc.in, api.CreatePhases, 100*time.Millisecond)
 			if len(got) != tc.want {
 				t.Fatalf("guestPhases: %+v, want %d phases", got, tc.want)
 			}
@@ -37,5 +38,17 @@ func TestGuestPhases(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGuestInitPhases: an Init's phases are checked against InitPhases,
+// not a create's.
+func TestGuestInitPhases(t *testing.T) {
+	in := []*api.Phase{{Name: api.PhaseIdentity, Nanos: 1}, {Name: api.PhaseRootfs, Nanos: 2}, {Name: api.PhaseConfine, Nanos: 3}}
+	if got := guestPhases(in, api.InitPhases, time.Second); len(got) != 3 {
+		t.Errorf("Init phases %+v, want all three", got)
+	}
+	if got := guestPhases(in, api.CreatePhases, time.Second); got != nil {
+		t.Errorf("Init phases taken as a create's: %+v", got)
 	}
 }

@@ -50,7 +50,7 @@ func TestOldAgentRefused(t *testing.T) {
 		"network": {Network: &agent.Network{}},
 		"rootfs":  {Rootfs: &agent.Rootfs{FSType: "ext4", Serial: "s"}},
 	} {
-		if err := c.Init(ctx, r); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "needs guest agent API 2, the guest's agent speaks 1") {
+		if _, err := c.Init(ctx, r); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "needs guest agent API 2, the guest's agent speaks 1") {
 			t.Errorf("Init with %s on an old agent: %v, want failed precondition", name, err)
 		}
 	}
@@ -58,13 +58,13 @@ func TestOldAgentRefused(t *testing.T) {
 	if !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("Exec with rlimits on an old agent: %v, want failed precondition", err)
 	}
-	if err := c.Init(ctx, agent.InitRequest{Hostname: "h"}); err != nil {
+	if _, err := c.Init(ctx, agent.InitRequest{Hostname: "h"}); err != nil {
 		t.Errorf("Init of the identity on an old agent: %v", err)
 	}
 	if _, err := c.Exec(ctx, agent.ExecRequest{ID: "p", Args: []string{"true"}}); err != nil {
 		t.Errorf("plain Exec on an old agent: %v", err)
 	}
-	if err := c.Init(ctx, agent.InitRequest{Files: []agent.File{{Path: "/etc/hosts"}}}); !errdefs.IsFailedPrecondition(err) {
+	if _, err := c.Init(ctx, agent.InitRequest{Files: []agent.File{{Path: "/etc/hosts"}}}); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("Init with files on an old agent of known version: %v, want failed precondition", err)
 	}
 	// The first Init learnt the version; every later one it would drop
@@ -82,7 +82,7 @@ func TestOldAgentExecsWhatInitWouldPrepare(t *testing.T) {
 	c := serveFake(t, a)
 	ctx := ctxT(t)
 	p := agent.ExecRequest{ID: "init", Args: []string{"true"}}
-	if err := c.Init(ctx, agent.InitRequest{Hostname: "h", Process: &p}); err != nil {
+	if _, err := c.Init(ctx, agent.InitRequest{Hostname: "h", Process: &p}); err != nil {
 		t.Fatal(err)
 	}
 	if c.Prepared("init") {
@@ -106,7 +106,7 @@ func (a *version5Agent) Init(context.Context, *api.InitRequest) (*api.InitRespon
 // the Init that carried them fails, naming what was dropped.
 func TestSysctlsNeedVersion6(t *testing.T) {
 	c := serveFake(t, &version5Agent{oldAgent{version: "5"}})
-	err := c.Init(ctxT(t), agent.InitRequest{Sysctls: map[string]string{"kernel.shm_rmid_forced": "1"}})
+	_, err := c.Init(ctxT(t), agent.InitRequest{Sysctls: map[string]string{"kernel.shm_rmid_forced": "1"}})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "sysctls needs guest agent API 6, the guest's agent speaks 5") {
 		t.Errorf("Init with sysctls on an agent of API 5: %v, want failed precondition naming sysctls and both versions", err)
 	}

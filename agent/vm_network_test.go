@@ -38,7 +38,7 @@ func TestVMNetworkAndRootfs(t *testing.T) {
 	requireGuestSupport(t, tg)
 
 	init := cloneInit("/run/cocoon-files/resolv.conf")
-	if err := tg.c.Init(ctxT(t), init); err != nil {
+	if _, err := tg.c.Init(ctxT(t), init); err != nil {
 		t.Fatal(err)
 	}
 	sh := func(name, script string) result {
@@ -60,14 +60,14 @@ func TestVMNetworkAndRootfs(t *testing.T) {
 	if res := sh("mounts", "cat /etc/resolv.conf; test -c /dev/null && grep -c ' /sys/fs/cgroup cgroup2 ' /proc/mounts"); res.stdout != "nameserver 10.88.0.1\n1\n" {
 		t.Errorf("mounts in the container: %q %q", res.stdout, res.stderr)
 	}
-	if err := tg.c.Init(ctxT(t), init); err != nil {
+	if _, err := tg.c.Init(ctxT(t), init); err != nil {
 		t.Errorf("the same Init again: %v", err)
 	}
 	init.Rootfs.Serial = "other"
-	if err := tg.c.Init(ctxT(t), init); !errdefs.IsFailedPrecondition(err) {
+	if _, err := tg.c.Init(ctxT(t), init); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("Init with another rootfs: %v, want failed precondition", err)
 	}
-	if err := tg.c.Init(ctxT(t), agent.InitRequest{}); err != nil {
+	if _, err := tg.c.Init(ctxT(t), agent.InitRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	res := sh("down", "busybox ip -o link show eth0; busybox ip -o addr show eth0 | busybox grep -v fe80")

@@ -74,7 +74,7 @@ func testGuestInit(t *testing.T, tg *target) {
 	}
 	now := time.Now()
 	files := []agent.File{{Path: "/etc/cocoon-test/hosts", Data: []byte("10.0.0.7 clone-7\n"), Mode: 0o640}}
-	if err := tg.c.Init(ctxT(t), agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-7", Files: files}); err != nil {
+	if _, err := tg.c.Init(ctxT(t), agent.InitRequest{Time: now, Entropy: entropy, Hostname: "clone-7", Files: files}); err != nil {
 		t.Fatal(err)
 	}
 	res := run(t, tg.c, agent.ExecRequest{ID: procID(t), Args: []string{"sh", "-c", "hostname; date +%s; stat -c %a /etc/cocoon-test/hosts; cat /etc/cocoon-test/hosts"}}, "")
@@ -127,7 +127,7 @@ func BenchmarkVMInit(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {
 				bc.req.Time = time.Now()
-				if err := c.Init(ctx, bc.req); err != nil {
+				if _, err := c.Init(ctx, bc.req); err != nil {
 					b.Fatal(err)
 				}
 			}

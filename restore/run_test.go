@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
@@ -284,7 +285,7 @@ func TestRunPhasesInOrder(t *testing.T) {
 	if d.got.Mode != hypervisor.ModeCopy || d.got.StagedDir != r.StagedDir || d.got.RunDir != "/run/vm" {
 		t.Errorf("restore request = %+v", d.got)
 	}
-	if want := []string{"spawn", "load", PhaseResume, PhaseAgent, PhaseInit, PhaseRelease}; !reflect.DeepEqual(phaseNames(res.Report), want) {
+	if want := []string{"spawn", "load", PhaseResume, PhaseAgent, PhaseInit, GuestPhasePrefix + api.PhaseIdentity, PhaseRelease}; !reflect.DeepEqual(phaseNames(res.Report), want) {
 		t.Fatalf("phases = %v, want %v", phaseNames(res.Report), want)
 	}
 	if stagedMemoryLinked(t, r) {
@@ -465,5 +466,31 @@ func TestRunPreparesTheProcess(t *testing.T) {
 	}
 	if st, err := res.Agent.Wait(ctx, "init"); err != nil || st.Code != 0 {
 		t.Errorf("the prepared process exited %+v, %v; want 0", st, err)
+	}
+}
+
+// TestAddWithin: the guest's steps become phases of their own after the
+// call's, which keeps only the rest of its time (never below zero).
+func TestAddWithin(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	for _, tc := range []struct {
+		name  string
+		call  time.Duration
+		guest []agent.Phase
+		want  []Phase
+	}{
+		{"none", ms(10), nil, []Phase{{PhaseInit, config.Duration(ms(10))}}},
+		{"two", ms(10), []agent.Phase{{Name: "rootfs", Duration: ms(6)}, {Name: "confine", Duration: ms(1)}},
+			[]Phase{{PhaseInit, config.Duration(ms(3))}, {"guest rootfs", config.Duration(ms(6))}, {"guest confine", config.Duration(ms(1))}}},
+		{"more than the call", ms(5), []agent.Phase{{Name: "rootfs", Duration: ms(6)}},
+			[]Phase{{PhaseInit, 0}, {"guest rootfs", config.Duration(ms(6))}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rec recorder
+			rec.addWithin(PhaseInit, tc.call, tc.guest)
+			if got := rec.list(); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("phases %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

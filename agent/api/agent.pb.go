@@ -246,7 +246,11 @@ type InitResponse struct {
 	// agents older than 3, whose Init answers nothing.
 	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
 	// pid is the prepared process's pid in the guest.
-	Pid           uint32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Pid uint32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	// phases are the steps of the Init that had something to do, timed
+	// one after another (see phases.go's InitPhases for the names and
+	// their order); older agents send none.
+	Phases        []*Phase `protobuf:"bytes,3,rep,name=phases,proto3" json:"phases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +297,13 @@ func (x *InitResponse) GetPid() uint32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *InitResponse) GetPhases() []*Phase {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
 }
 
 // File is a regular file, a directory or a symbolic link: the copy of a
@@ -3134,10 +3145,11 @@ const file_agent_proto_rawDesc = "" +
 	"\asysctls\x18\b \x03(\v2).cocoon.agent.v1.InitRequest.SysctlsEntryR\asysctls\x1a:\n" +
 	"\fSysctlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"j\n" +
 	"\fInitResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x10\n" +
-	"\x03pid\x18\x02 \x01(\rR\x03pid\"\x8d\x01\n" +
+	"\x03pid\x18\x02 \x01(\rR\x03pid\x12.\n" +
+	"\x06phases\x18\x03 \x03(\v2\x16.cocoon.agent.v1.PhaseR\x06phases\"\x8d\x01\n" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
@@ -3455,96 +3467,97 @@ var file_agent_proto_depIdxs = []int32{
 	7,  // 3: cocoon.agent.v1.InitRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	9,  // 4: cocoon.agent.v1.InitRequest.process:type_name -> cocoon.agent.v1.ExecRequest
 	48, // 5: cocoon.agent.v1.InitRequest.sysctls:type_name -> cocoon.agent.v1.InitRequest.SysctlsEntry
-	6,  // 6: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
-	8,  // 7: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
-	11, // 8: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
-	10, // 9: cocoon.agent.v1.ExecRequest.capabilities:type_name -> cocoon.agent.v1.Capabilities
-	0,  // 10: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	49, // 11: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
-	20, // 12: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
-	7,  // 13: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
-	4,  // 14: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
-	24, // 15: cocoon.agent.v1.CreateContainerRequest.volume_disks:type_name -> cocoon.agent.v1.VolumeDisk
-	27, // 16: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
-	50, // 17: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
-	49, // 18: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
-	0,  // 19: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
-	4,  // 20: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
-	51, // 21: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
-	2,  // 22: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
-	9,  // 23: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
-	16, // 24: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
-	13, // 25: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
-	15, // 26: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
-	16, // 27: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
-	16, // 28: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
-	18, // 29: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
-	19, // 30: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	16, // 31: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
-	51, // 32: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
-	51, // 33: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
-	51, // 34: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
-	23, // 35: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	25, // 36: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	25, // 37: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	28, // 38: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	25, // 39: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	30, // 40: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
-	31, // 41: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
-	25, // 42: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	33, // 43: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
-	34, // 44: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
-	25, // 45: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
-	35, // 46: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
-	36, // 47: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
-	38, // 48: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
-	39, // 49: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
-	40, // 50: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
-	41, // 51: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
-	42, // 52: cocoon.agent.v1.Agent.OpenShare:input_type -> cocoon.agent.v1.OpenShareRequest
-	44, // 53: cocoon.agent.v1.Agent.ReadShare:input_type -> cocoon.agent.v1.ReadShareRequest
-	46, // 54: cocoon.agent.v1.Agent.WriteShare:input_type -> cocoon.agent.v1.WriteShareRequest
-	47, // 55: cocoon.agent.v1.Agent.CloseShare:input_type -> cocoon.agent.v1.CloseShareRequest
-	1,  // 56: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	3,  // 57: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
-	12, // 58: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
-	12, // 59: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
-	14, // 60: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	51, // 61: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
-	51, // 62: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
-	17, // 63: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
-	51, // 64: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
-	51, // 65: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
-	51, // 66: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
-	21, // 67: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
-	22, // 68: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
-	51, // 69: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
-	26, // 70: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	26, // 71: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	51, // 72: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
-	51, // 73: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
-	29, // 74: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	26, // 75: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
-	51, // 76: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
-	32, // 77: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
-	14, // 78: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
-	51, // 79: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
-	51, // 80: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
-	51, // 81: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
-	37, // 82: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
-	14, // 83: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
-	51, // 84: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
-	51, // 85: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
-	51, // 86: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
-	43, // 87: cocoon.agent.v1.Agent.OpenShare:output_type -> cocoon.agent.v1.OpenShareResponse
-	45, // 88: cocoon.agent.v1.Agent.ReadShare:output_type -> cocoon.agent.v1.ReadShareResponse
-	51, // 89: cocoon.agent.v1.Agent.WriteShare:output_type -> google.protobuf.Empty
-	51, // 90: cocoon.agent.v1.Agent.CloseShare:output_type -> google.protobuf.Empty
-	56, // [56:91] is the sub-list for method output_type
-	21, // [21:56] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	27, // 6: cocoon.agent.v1.InitResponse.phases:type_name -> cocoon.agent.v1.Phase
+	6,  // 7: cocoon.agent.v1.Network.routes:type_name -> cocoon.agent.v1.Route
+	8,  // 8: cocoon.agent.v1.Rootfs.mounts:type_name -> cocoon.agent.v1.Mount
+	11, // 9: cocoon.agent.v1.ExecRequest.rlimits:type_name -> cocoon.agent.v1.Rlimit
+	10, // 10: cocoon.agent.v1.ExecRequest.capabilities:type_name -> cocoon.agent.v1.Capabilities
+	0,  // 11: cocoon.agent.v1.ReadOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	49, // 12: cocoon.agent.v1.WaitResponse.exited_at:type_name -> google.protobuf.Timestamp
+	20, // 13: cocoon.agent.v1.ProcessesResponse.processes:type_name -> cocoon.agent.v1.ProcessInfo
+	7,  // 14: cocoon.agent.v1.CreateContainerRequest.root_disk:type_name -> cocoon.agent.v1.Rootfs
+	4,  // 15: cocoon.agent.v1.CreateContainerRequest.files:type_name -> cocoon.agent.v1.File
+	24, // 16: cocoon.agent.v1.CreateContainerRequest.volume_disks:type_name -> cocoon.agent.v1.VolumeDisk
+	27, // 17: cocoon.agent.v1.ContainerProcessResponse.phases:type_name -> cocoon.agent.v1.Phase
+	50, // 18: cocoon.agent.v1.ContainerStatsResponse.metrics:type_name -> google.protobuf.Any
+	49, // 19: cocoon.agent.v1.ContainerExit.exited_at:type_name -> google.protobuf.Timestamp
+	0,  // 20: cocoon.agent.v1.ReadContainerOutputRequest.stream:type_name -> cocoon.agent.v1.Stream
+	4,  // 21: cocoon.agent.v1.UpdateFilesRequest.files:type_name -> cocoon.agent.v1.File
+	51, // 22: cocoon.agent.v1.Agent.Ping:input_type -> google.protobuf.Empty
+	2,  // 23: cocoon.agent.v1.Agent.Init:input_type -> cocoon.agent.v1.InitRequest
+	9,  // 24: cocoon.agent.v1.Agent.Exec:input_type -> cocoon.agent.v1.ExecRequest
+	16, // 25: cocoon.agent.v1.Agent.Start:input_type -> cocoon.agent.v1.ProcessRequest
+	13, // 26: cocoon.agent.v1.Agent.ReadOutput:input_type -> cocoon.agent.v1.ReadOutputRequest
+	15, // 27: cocoon.agent.v1.Agent.WriteStdin:input_type -> cocoon.agent.v1.WriteStdinRequest
+	16, // 28: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.ProcessRequest
+	16, // 29: cocoon.agent.v1.Agent.Wait:input_type -> cocoon.agent.v1.ProcessRequest
+	18, // 30: cocoon.agent.v1.Agent.Signal:input_type -> cocoon.agent.v1.SignalRequest
+	19, // 31: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	16, // 32: cocoon.agent.v1.Agent.Delete:input_type -> cocoon.agent.v1.ProcessRequest
+	51, // 33: cocoon.agent.v1.Agent.Processes:input_type -> google.protobuf.Empty
+	51, // 34: cocoon.agent.v1.Agent.Stats:input_type -> google.protobuf.Empty
+	51, // 35: cocoon.agent.v1.Agent.Shutdown:input_type -> google.protobuf.Empty
+	23, // 36: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	25, // 37: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	25, // 38: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	28, // 39: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	25, // 40: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	30, // 41: cocoon.agent.v1.Agent.ExecContainer:input_type -> cocoon.agent.v1.ExecContainerRequest
+	31, // 42: cocoon.agent.v1.Agent.SignalContainer:input_type -> cocoon.agent.v1.SignalContainerRequest
+	25, // 43: cocoon.agent.v1.Agent.WaitContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	33, // 44: cocoon.agent.v1.Agent.ReadContainerOutput:input_type -> cocoon.agent.v1.ReadContainerOutputRequest
+	34, // 45: cocoon.agent.v1.Agent.WriteContainerStdin:input_type -> cocoon.agent.v1.WriteContainerStdinRequest
+	25, // 46: cocoon.agent.v1.Agent.CloseContainerStdin:input_type -> cocoon.agent.v1.ContainerRequest
+	35, // 47: cocoon.agent.v1.Agent.ResizeContainerPty:input_type -> cocoon.agent.v1.ResizeContainerPtyRequest
+	36, // 48: cocoon.agent.v1.Agent.OpenPort:input_type -> cocoon.agent.v1.OpenPortRequest
+	38, // 49: cocoon.agent.v1.Agent.ReadPort:input_type -> cocoon.agent.v1.ReadPortRequest
+	39, // 50: cocoon.agent.v1.Agent.WritePort:input_type -> cocoon.agent.v1.WritePortRequest
+	40, // 51: cocoon.agent.v1.Agent.ClosePort:input_type -> cocoon.agent.v1.ClosePortRequest
+	41, // 52: cocoon.agent.v1.Agent.UpdateFiles:input_type -> cocoon.agent.v1.UpdateFilesRequest
+	42, // 53: cocoon.agent.v1.Agent.OpenShare:input_type -> cocoon.agent.v1.OpenShareRequest
+	44, // 54: cocoon.agent.v1.Agent.ReadShare:input_type -> cocoon.agent.v1.ReadShareRequest
+	46, // 55: cocoon.agent.v1.Agent.WriteShare:input_type -> cocoon.agent.v1.WriteShareRequest
+	47, // 56: cocoon.agent.v1.Agent.CloseShare:input_type -> cocoon.agent.v1.CloseShareRequest
+	1,  // 57: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	3,  // 58: cocoon.agent.v1.Agent.Init:output_type -> cocoon.agent.v1.InitResponse
+	12, // 59: cocoon.agent.v1.Agent.Exec:output_type -> cocoon.agent.v1.ExecResponse
+	12, // 60: cocoon.agent.v1.Agent.Start:output_type -> cocoon.agent.v1.ExecResponse
+	14, // 61: cocoon.agent.v1.Agent.ReadOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	51, // 62: cocoon.agent.v1.Agent.WriteStdin:output_type -> google.protobuf.Empty
+	51, // 63: cocoon.agent.v1.Agent.CloseStdin:output_type -> google.protobuf.Empty
+	17, // 64: cocoon.agent.v1.Agent.Wait:output_type -> cocoon.agent.v1.WaitResponse
+	51, // 65: cocoon.agent.v1.Agent.Signal:output_type -> google.protobuf.Empty
+	51, // 66: cocoon.agent.v1.Agent.ResizePty:output_type -> google.protobuf.Empty
+	51, // 67: cocoon.agent.v1.Agent.Delete:output_type -> google.protobuf.Empty
+	21, // 68: cocoon.agent.v1.Agent.Processes:output_type -> cocoon.agent.v1.ProcessesResponse
+	22, // 69: cocoon.agent.v1.Agent.Stats:output_type -> cocoon.agent.v1.StatsResponse
+	51, // 70: cocoon.agent.v1.Agent.Shutdown:output_type -> google.protobuf.Empty
+	26, // 71: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	26, // 72: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	51, // 73: cocoon.agent.v1.Agent.DeleteContainer:output_type -> google.protobuf.Empty
+	51, // 74: cocoon.agent.v1.Agent.UpdateContainer:output_type -> google.protobuf.Empty
+	29, // 75: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	26, // 76: cocoon.agent.v1.Agent.ExecContainer:output_type -> cocoon.agent.v1.ContainerProcessResponse
+	51, // 77: cocoon.agent.v1.Agent.SignalContainer:output_type -> google.protobuf.Empty
+	32, // 78: cocoon.agent.v1.Agent.WaitContainer:output_type -> cocoon.agent.v1.ContainerExit
+	14, // 79: cocoon.agent.v1.Agent.ReadContainerOutput:output_type -> cocoon.agent.v1.ReadOutputResponse
+	51, // 80: cocoon.agent.v1.Agent.WriteContainerStdin:output_type -> google.protobuf.Empty
+	51, // 81: cocoon.agent.v1.Agent.CloseContainerStdin:output_type -> google.protobuf.Empty
+	51, // 82: cocoon.agent.v1.Agent.ResizeContainerPty:output_type -> google.protobuf.Empty
+	37, // 83: cocoon.agent.v1.Agent.OpenPort:output_type -> cocoon.agent.v1.OpenPortResponse
+	14, // 84: cocoon.agent.v1.Agent.ReadPort:output_type -> cocoon.agent.v1.ReadOutputResponse
+	51, // 85: cocoon.agent.v1.Agent.WritePort:output_type -> google.protobuf.Empty
+	51, // 86: cocoon.agent.v1.Agent.ClosePort:output_type -> google.protobuf.Empty
+	51, // 87: cocoon.agent.v1.Agent.UpdateFiles:output_type -> google.protobuf.Empty
+	43, // 88: cocoon.agent.v1.Agent.OpenShare:output_type -> cocoon.agent.v1.OpenShareResponse
+	45, // 89: cocoon.agent.v1.Agent.ReadShare:output_type -> cocoon.agent.v1.ReadShareResponse
+	51, // 90: cocoon.agent.v1.Agent.WriteShare:output_type -> google.protobuf.Empty
+	51, // 91: cocoon.agent.v1.Agent.CloseShare:output_type -> google.protobuf.Empty
+	57, // [57:92] is the sub-list for method output_type
+	22, // [22:57] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }

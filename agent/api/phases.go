@@ -1,5 +1,7 @@
 package api
 
+import "time"
+
 // The steps of a CreateContainer the guest times, in the order
 // ContainerProcessResponse.phases has them: the container's bundle dir
 // made and its root ready (a disk found, probed, mounted under its
@@ -13,3 +15,45 @@ const (
 
 // CreatePhases are those names in order.
 var CreatePhases = []string{PhaseRoot, PhaseBundle, PhaseRuncCreate}
+
+// The steps of an Init the guest times, in the order
+// InitResponse.phases has them; a step with nothing to do is left out.
+// identity is the clock, the randomness and the hostname; rootfs the disk
+// found and its root and the container's mounts mounted; confine the
+// masked and read-only paths and the read-only root applied over them;
+// process the process forked and exec'd, held for Start, with its user,
+// capabilities, no_new_privs, umask and rlimits.
+const (
+	PhaseIdentity = "identity"
+	PhaseSysctls  = "sysctls"
+	PhaseFiles    = "files"
+	PhaseNetwork  = "network"
+	PhaseRootfs   = "rootfs"
+	PhaseConfine  = "confine"
+	PhaseProcess  = "process"
+)
+
+// InitPhases are those names in order.
+var InitPhases = []string{PhaseIdentity, PhaseSysctls, PhaseFiles, PhaseNetwork, PhaseRootfs, PhaseConfine, PhaseProcess}
+
+// Clock times a call's steps one after another, as the API reports them.
+type Clock struct {
+	last   time.Time
+	phases []*Phase
+}
+
+// NewClock starts timing the first step.
+func NewClock() *Clock { return &Clock{last: time.Now()} }
+
+// Lap ends the step under way as name and starts the next.
+func (c *Clock) Lap(name string) {
+	now := time.Now()
+	c.phases = append(c.phases, &Phase{Name: name, Nanos: now.Sub(c.last).Nanoseconds()})
+	c.last = now
+}
+
+// Skip starts the next step, leaving the one under way out.
+func (c *Clock) Skip() { c.last = time.Now() }
+
+// Phases are the steps lapped so far.
+func (c *Clock) Phases() []*Phase { return c.phases }

@@ -37,21 +37,32 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 	s.initMu.Lock()
 	defer s.initMu.Unlock()
 	s.detachAll()
+	clk := api.NewClock()
+	// A step with a phase ends it: lapped when the step had something to
+	// do, left out when not. rootfs laps its own (rootfs, confine).
 	for _, step := range []struct {
-		name string
-		run  func() error
+		name, phase string
+		has         bool
+		run         func() error
 	}{
-		{"clock", func() error { return s.setClock(r) }},
-		{"entropy", func() error { return s.addEntropy(r) }},
-		{"hostname", func() error { return s.setHostname(r) }},
-		{"sysctls", func() error { return s.setSysctls(plan.sysctls) }},
-		{"files", func() error { return s.writeFiles(plan.files) }},
-		{"network", func() error { return s.configureNetwork(plan.network) }},
-		{"rootfs", func() error { return s.setupRootfs(ctx, plan.rootfs) }},
-		{"process", func() error { return s.prepare(r.Process) }},
+		{"clock", "", true, func() error { return s.setClock(r) }},
+		{"entropy", "", true, func() error { return s.addEntropy(r) }},
+		{"hostname", api.PhaseIdentity, true, func() error { return s.setHostname(r) }},
+		{"sysctls", api.PhaseSysctls, len(plan.sysctls) > 0, func() error { return s.setSysctls(plan.sysctls) }},
+		{"files", api.PhaseFiles, len(plan.files) > 0, func() error { return s.writeFiles(plan.files) }},
+		{"network", api.PhaseNetwork, plan.network != nil, func() error { return s.configureNetwork(plan.network) }},
+		{"rootfs", "", true, func() error { return s.setupRootfs(ctx, plan.rootfs, clk) }},
+		{"process", api.PhaseProcess, r.Process != nil, func() error { return s.prepare(r.Process) }},
 	} {
 		if err := step.run(); err != nil {
 			return nil, fmt.Errorf("init %s: %w", step.name, err)
+		}
+		switch {
+		case step.phase == "":
+		case step.has:
+			clk.Lap(step.phase)
+		default:
+			clk.Skip()
 		}
 	}
 	if debugging() {
@@ -60,7 +71,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 			"network": r.Network != nil, "rootfs": r.Rootfs != nil, "process": r.Process.GetId(),
 		}).Debug("guest initialized")
 	}
-	return &api.InitResponse{Version: Version}, nil
+	return &api.InitResponse{Version: Version, Phases: clk.Phases()}, nil
 }
 
 func (s *Service) planInit(r *api.InitRequest) (*initPlan, error) {

@@ -57,6 +57,41 @@ func TestInitOrder(t *testing.T) {
 	}
 }
 
+// TestInitPhases: Init times the steps it had work for, in order, and
+// leaves out the others; a confined root adds its confine step.
+func TestInitPhases(t *testing.T) {
+	dir := t.TempDir()
+	confined := fullInit(dir)
+	confined.Rootfs.MaskedPaths = []string{"/proc/kcore"}
+	for _, tc := range []struct {
+		name string
+		r    *api.InitRequest
+		want []string
+	}{
+		{"identity only", &api.InitRequest{Hostname: "clone-1"}, []string{api.PhaseIdentity}},
+		{"everything", fullInit(dir), []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseRootfs}},
+		{"a confined root", confined, []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseRootfs, api.PhaseConfine}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newFakeGuest(t)
+			resp, err := g.svc.Init(context.Background(), tc.r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, p := range resp.Phases {
+				got = append(got, p.Name)
+				if p.Nanos < 0 {
+					t.Errorf("phase %s took %dns", p.Name, p.Nanos)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("phases %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestInitStepFails: a failing step is named, and later steps do not run.
 func TestInitStepFails(t *testing.T) {
 	for _, step := range []string{"clock", "entropy", "hostname", "sysctl", "files", "network", "rootfs"} {

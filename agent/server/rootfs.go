@@ -86,12 +86,13 @@ func (s *Service) findRootfs() {
 // the mounts inside it. Once per boot: the same r again is a no-op (a
 // restored fork), a different one an error. A failure unmounts what it
 // mounted, so Init can be retried.
-func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
+func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs, clk *api.Clock) error {
 	if r == nil {
 		return nil
 	}
 	l := layout(s.stateDir)
 	if done, err := sameRootfs(l.marker, r); done || err != nil {
+		clk.Skip()
 		return err
 	}
 	if s.mnt == nil {
@@ -112,6 +113,11 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
 			return errors.Join(err, m.undo())
 		}
 	}
+	last := api.PhaseRootfs
+	if confines(r) {
+		clk.Lap(api.PhaseRootfs)
+		last = api.PhaseConfine
+	}
 	if err := m.confine(l.root, r); err != nil {
 		return errors.Join(err, m.undo())
 	}
@@ -123,7 +129,14 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs) error {
 		return errors.Join(fmt.Errorf("record the rootfs: %w", err), m.undo())
 	}
 	s.rootMounted.Store(true)
+	clk.Lap(last)
 	return nil
+}
+
+// confines says whether r asks for masked or read-only paths or a
+// read-only root.
+func confines(r *api.Rootfs) bool {
+	return r.Readonly || len(r.MaskedPaths) > 0 || len(r.ReadonlyPaths) > 0
 }
 
 // sameRootfs says whether r is already mounted; an error if another one is.

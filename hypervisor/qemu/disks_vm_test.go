@@ -146,7 +146,7 @@ func TestAttachDiskGuestReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Init(ctx, agent.InitRequest{Rootfs: &agent.Rootfs{FSType: "erofs", Serial: serial}}); err != nil {
+	if _, err := c.Init(ctx, agent.InitRequest{Rootfs: &agent.Rootfs{FSType: "erofs", Serial: serial}}); err != nil {
 		t.Fatalf("init with the rootfs of slot %d: %v (console %s)", slot, err, readSerial(v))
 	}
 	if got := run(t, c, "/bin/busybox", "cat", "/hello.txt"); got != text {

@@ -118,7 +118,7 @@ func TestClonesGetOwnIdentity(t *testing.T) {
 		entropy := make([]byte, 64)
 		rand.Read(entropy)
 		name := fmt.Sprintf("clone-%d", i)
-		if err := c.Init(testContext(t, 10*time.Second), agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: name}); err != nil {
+		if _, err := c.Init(testContext(t, 10*time.Second), agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: name}); err != nil {
 			t.Fatalf("init %s: %v", name, err)
 		}
 		host := float64(time.Now().UnixNano()) / 1e9

@@ -3,6 +3,7 @@ package bench
 import (
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
@@ -135,7 +136,7 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 	for _, name := range order {
 		p := phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))}
 		c.Phases = append(c.Phases, p)
-		if guestPhases[name] {
+		if guestWork(name) {
 			c.GuestP50Ms = round1(c.GuestP50Ms + p.P50Ms)
 		}
 	}
@@ -163,6 +164,12 @@ var vmmPhases = map[string]bool{"fill": true, "spawn": true, "load": true, resto
 // a cold boot, the whole kernel boot too), the identity call and the
 // process start.
 var guestPhases = map[string]bool{restore.PhaseAgent: true, restore.PhaseInit: true, phaseStarted: true}
+
+// guestWork says whether phase name is the guest's work: one of
+// guestPhases, or a step the guest timed itself.
+func guestWork(name string) bool {
+	return guestPhases[name] || strings.HasPrefix(name, restore.GuestPhasePrefix)
+}
 
 // splitClone splits one clone's create-to-running time: the hypervisor's
 // phases, and what no phase covers.

@@ -66,7 +66,7 @@ func (c *phaseClock) lapWithin(name string, guest []agent.Phase) {
 	}
 	c.lap(name)
 	for _, p := range guest {
-		c.phases = append(c.phases, restore.Phase{Name: guestPhasePrefix + p.Name, Duration: config.Duration(p.Duration)})
+		c.phases = append(c.phases, restore.Phase{Name: restore.GuestPhasePrefix + p.Name, Duration: config.Duration(p.Duration)})
 	}
 }
 

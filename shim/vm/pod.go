@@ -21,12 +21,11 @@ import (
 
 // The phases of a container joining its pod's VM: its image's disk
 // attached to a spare slot, then the container created in the guest: the
-// guest's own steps (guestPhasePrefix and api.CreatePhases' names), and
-// PhaseContainer the rest of the call.
+// guest's own steps (restore.GuestPhasePrefix and api.CreatePhases'
+// names), and PhaseContainer the rest of the call.
 const (
-	PhaseAttach      = "attach"
-	PhaseContainer   = "container"
-	guestPhasePrefix = "guest "
+	PhaseAttach    = "attach"
+	PhaseContainer = "container"
 )
 
 // PodVM says whether r, a pod sandbox, gets the VM its pod's containers

@@ -65,7 +65,7 @@ func (m *Manager) Create(ctx context.Context, id string, o CreateOptions) (*Cont
 }
 
 func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Container, error) {
-	clk := newClock()
+	clk := api.NewClock()
 	if err := checkRoot(o); err != nil {
 		return nil, fmt.Errorf("container %q: %w", id, err)
 	}
@@ -89,8 +89,8 @@ func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Cont
 		return nil, err
 	}
 	pid, io, err := c.runcCreate(ctx, spec.Process, o.Stdin)
-	clk.lap(api.PhaseRuncCreate)
-	c.Phases = clk.phases
+	clk.Lap(api.PhaseRuncCreate)
+	c.Phases = clk.Phases()
 	if err == nil {
 		if c.init, err = watch(id, pid, io, c.oomOnExit(ctx)); err != nil {
 			_ = c.rt.Delete(context.WithoutCancel(ctx), id, &runc.DeleteOpts{Force: true})
@@ -106,7 +106,7 @@ func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Cont
 
 // prepare makes c's bundle: its dir, its root (a disk mounted in it),
 // its files and its config.json. A failure undoes it all.
-func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o CreateOptions, files []*api.File, clk *clock) error {
+func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o CreateOptions, files []*api.File, clk *api.Clock) error {
 	if err := makeBundle(c.bundle); err != nil {
 		return fmt.Errorf("container %q: %w", c.ID, err)
 	}
@@ -116,7 +116,7 @@ func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o
 		return fmt.Errorf("container %q: %w", c.ID, err)
 	}
 	spec.Root.Path = root
-	clk.lap(api.PhaseRoot)
+	clk.Lap(api.PhaseRoot)
 	if err = m.mountVolumes(ctx, c, o); err != nil {
 		err = fmt.Errorf("container %q: %w", c.ID, err)
 	} else if err = guestfile.Write(files); err != nil {
@@ -127,7 +127,7 @@ func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o
 	if err != nil {
 		return errors.Join(err, m.unprepare(c))
 	}
-	clk.lap(api.PhaseBundle)
+	clk.Lap(api.PhaseBundle)
 	return nil
 }
 

@@ -42,6 +42,8 @@ require (
 	k8s.io/cri-api v0.37.0
 )
 
+require github.com/elastic/go-seccomp-bpf v1.6.0 // indirect
+
 require (
 	cyphar.com/go-pathrs v0.2.5 // indirect
 	dario.cat/mergo v1.0.2 // indirect

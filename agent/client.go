@@ -5,6 +5,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -112,6 +113,9 @@ const (
 	apiVersion6 = 6
 	// apiVersion7 is the first with the port calls and UpdateFiles.
 	apiVersion7 = 7
+	// apiVersion10 is the first that starts a process under a seccomp
+	// filter.
+	apiVersion10 = 10
 )
 
 // apiVersion is the agent's API version, asked with a Ping if no answer
@@ -158,6 +162,9 @@ type ExecRequest struct {
 	OwnPIDNamespace bool
 	// Capabilities, when set, are the process's (agent API 7).
 	Capabilities *specs.LinuxCapabilities
+	// Seccomp, when set, is the filter the process starts under (agent
+	// API 10): its container's linux.seccomp.
+	Seccomp *specs.LinuxSeccomp
 }
 
 // Exec starts a process in the guest. After an Init with a rootfs, the
@@ -178,14 +185,23 @@ func (c *Client) Exec(ctx context.Context, r ExecRequest) (*Process, error) {
 			return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
 		}
 	}
-	resp, err := c.api.Exec(ctx, execRequest(r))
+	if r.Seccomp != nil {
+		if err := c.requireVersion(ctx, apiVersion10, "a seccomp filter"); err != nil {
+			return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
+		}
+	}
+	req, err := execRequest(r)
+	if err != nil {
+		return nil, fmt.Errorf("exec %q in guest: %w", r.ID, err)
+	}
+	resp, err := c.api.Exec(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("exec %q in guest: %w", r.ID, native(err))
 	}
 	return c.process(r, resp.GetPid()), nil
 }
 
-func execRequest(r ExecRequest) *api.ExecRequest {
+func execRequest(r ExecRequest) (*api.ExecRequest, error) {
 	req := &api.ExecRequest{
 		Id: r.ID, Args: r.Args, Env: r.Env, Cwd: r.Cwd,
 		Uid: r.UID, Gid: r.GID, AdditionalGids: r.AdditionalGIDs,
@@ -199,7 +215,13 @@ func execRequest(r ExecRequest) *api.ExecRequest {
 		req.Capabilities = &api.Capabilities{Bounding: c.Bounding, Effective: c.Effective,
 			Permitted: c.Permitted, Inheritable: c.Inheritable, Ambient: c.Ambient}
 	}
-	return req
+	if r.Seccomp != nil {
+		var err error
+		if req.Seccomp, err = json.Marshal(r.Seccomp); err != nil {
+			return nil, fmt.Errorf("encode seccomp profile: %w", err)
+		}
+	}
+	return req, nil
 }
 
 // Prepared says whether Init prepared process id for Start on this client.

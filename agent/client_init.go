@@ -160,6 +160,11 @@ func (c *Client) Init(ctx context.Context, r InitRequest) ([]Phase, error) {
 			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
+	if r.Process != nil && r.Process.Seccomp != nil {
+		if err := c.requireVersion(ctx, apiVersion10, "a seccomp filter"); err != nil {
+			return nil, fmt.Errorf("init guest: %w", err)
+		}
+	}
 	if r.Rootfs.confined() {
 		if err := c.requireVersion(ctx, apiVersion7, "a read-only root, masked or read-only paths"); err != nil {
 			return nil, fmt.Errorf("init guest: %w", err)
@@ -195,7 +200,9 @@ func initRequest(r InitRequest) (*api.InitRequest, error) {
 		}
 	}
 	if r.Process != nil {
-		req.Process = execRequest(*r.Process)
+		if req.Process, err = execRequest(*r.Process); err != nil {
+			return nil, err
+		}
 	}
 	return req, nil
 }

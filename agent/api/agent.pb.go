@@ -747,7 +747,10 @@ type ExecRequest struct {
 	// capabilities, when set, are the process's, as the OCI spec gives
 	// them, by name ("CAP_NET_ADMIN"); unset keeps the agent's (API
 	// version 7).
-	Capabilities  *Capabilities `protobuf:"bytes,14,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Capabilities *Capabilities `protobuf:"bytes,14,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// seccomp, when set, is the OCI spec's linux.seccomp as JSON: the
+	// filter the process starts under (API version 10).
+	Seccomp       []byte `protobuf:"bytes,15,opt,name=seccomp,proto3" json:"seccomp,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -876,6 +879,13 @@ func (x *ExecRequest) GetOwnPidNamespace() bool {
 func (x *ExecRequest) GetCapabilities() *Capabilities {
 	if x != nil {
 		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetSeccomp() []byte {
+	if x != nil {
+		return x.Seccomp
 	}
 	return nil
 }
@@ -3180,7 +3190,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12\x18\n" +
-	"\aoptions\x18\x04 \x03(\tR\aoptions\"\xc7\x03\n" +
+	"\aoptions\x18\x04 \x03(\tR\aoptions\"\xe1\x03\n" +
 	"\vExecRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -3196,7 +3206,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x11no_new_privileges\x18\v \x01(\bR\x0fnoNewPrivileges\x12\x19\n" +
 	"\x05umask\x18\f \x01(\rH\x00R\x05umask\x88\x01\x01\x12*\n" +
 	"\x11own_pid_namespace\x18\r \x01(\bR\x0fownPidNamespace\x12A\n" +
-	"\fcapabilities\x18\x0e \x01(\v2\x1d.cocoon.agent.v1.CapabilitiesR\fcapabilitiesB\b\n" +
+	"\fcapabilities\x18\x0e \x01(\v2\x1d.cocoon.agent.v1.CapabilitiesR\fcapabilities\x12\x18\n" +
+	"\aseccomp\x18\x0f \x01(\fR\aseccompB\b\n" +
 	"\x06_umask\"\xa2\x01\n" +
 	"\fCapabilities\x12\x1a\n" +
 	"\bbounding\x18\x01 \x03(\tR\bbounding\x12\x1c\n" +

@@ -34,10 +34,10 @@ var forkers = sync.OnceValue(func() [2]*forker {
 
 // forkerFor is the forker for s; nil when s's process must fork on a
 // thread of its own: its rlimits are set as its user (see forked), which
-// no thread can stop being, or it has capabilities of its own, which no
-// thread can take back once dropped from its bounding set.
+// no thread can stop being, or it has capabilities or a seccomp filter of
+// its own, which no thread can take back once it has them.
 func forkerFor(s *procSpec) *forker {
-	if s.caps != nil || len(s.rlimits) > 0 && (s.uid != 0 || s.gid != 0) && !canSetRlimits() {
+	if s.caps != nil || s.seccomp != nil || len(s.rlimits) > 0 && (s.uid != 0 || s.gid != 0) && !canSetRlimits() {
 		return nil
 	}
 	if s.noNewPrivileges {
@@ -108,8 +108,8 @@ func (j forkJob) alone() {
 	j.f.err = j.f.forkOnThread(j.s, j.childEnds, true)
 }
 
-// takeSettings gives this thread s's umask, no_new_privileges and
-// capabilities.
+// takeSettings gives this thread s's umask, no_new_privileges,
+// capabilities and, last, seccomp filter.
 func takeSettings(s *procSpec) error {
 	if s.umask != nil {
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
@@ -123,7 +123,12 @@ func takeSettings(s *procSpec) error {
 		}
 	}
 	if s.caps != nil {
-		return s.caps.take()
+		if err := s.caps.take(); err != nil {
+			return err
+		}
+	}
+	if s.seccomp != nil {
+		return confineThread(s)
 	}
 	return nil
 }

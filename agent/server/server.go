@@ -27,8 +27,8 @@ import (
 // the container calls (runc in the guest). 5: Exec's own_pid_namespace.
 // 6: Init's sysctls. 7: the port calls and UpdateFiles. 8: UpdateFiles
 // takes files in pieces; a directory may be a tmpfs (File.tmpfs_size).
-// 9: the share calls.
-const Version = "9"
+// 9: the share calls. 10: Exec's seccomp filter.
+const Version = "10"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond

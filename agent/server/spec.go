@@ -15,6 +15,7 @@ import (
 	"github.com/moby/sys/user"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/seccomp"
 )
 
 const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -38,6 +39,7 @@ type procSpec struct {
 	ownPIDNamespace bool      // pid 1 of a PID namespace of its own
 	boot            *bootRoot // what the guest's root held at boot; nil in a container root
 	caps            *capSet   // nil: the agent's
+	seccomp         *seccomp.Filter
 }
 
 // newProcSpec checks r and resolves what the process needs in root (the
@@ -58,6 +60,9 @@ func newProcSpec(r *api.ExecRequest, root string, boot *bootRoot) (*procSpec, er
 		spec.boot = boot
 	}
 	if spec.caps, err = newCapSet(r.Capabilities); err != nil {
+		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
+	}
+	if spec.seccomp, err = newSeccomp(r.Seccomp); err != nil {
 		return nil, fmt.Errorf("exec %q: %w", r.Id, err)
 	}
 	home, err := spec.home(r.Uid)
@@ -250,7 +255,9 @@ func (s *procSpec) checkExecutable(p string) error {
 }
 
 // command is the process forked and exec'd by Go, chrooted and with its
-// credentials, in a new session (and a new PID namespace when asked).
+// credentials, in a new session (and a new PID namespace when asked). A
+// process with a seccomp filter has its forking thread chroot and unshare
+// (see confineThread).
 func (s *procSpec) command() *exec.Cmd {
 	attr := &syscall.SysProcAttr{
 		Setsid: true, Chroot: s.root,
@@ -258,6 +265,9 @@ func (s *procSpec) command() *exec.Cmd {
 	}
 	if s.ownPIDNamespace {
 		attr.Cloneflags = syscall.CLONE_NEWPID
+	}
+	if s.seccomp != nil {
+		attr.Chroot, attr.Cloneflags = "", 0
 	}
 	if s.caps != nil {
 		attr.AmbientCaps = s.caps.ambient

@@ -88,7 +88,7 @@ func (s *Service) create(ctx context.Context, r *taskAPI.CreateTaskRequest) (int
 	if err != nil {
 		return 0, err
 	}
-	t.hooks = h
+	t.hooks, t.seccomp = h, seccompOf(spec)
 	if IsPodSandbox(spec) {
 		t.sysctls = sysctlsOf(spec)
 	}
@@ -220,7 +220,7 @@ func readSpec(bundle string) (*specs.Spec, error) {
 }
 
 func initProcess(spec *specs.Spec, r *taskAPI.CreateTaskRequest) (*process, error) {
-	ps, err := guestProcess(InitGuestID, spec.Process, r.Terminal, r.Stdin != "")
+	ps, err := guestProcess(InitGuestID, spec.Process, seccompOf(spec), r.Terminal, r.Stdin != "")
 	if err != nil {
 		return nil, err
 	}
@@ -231,8 +231,18 @@ func initProcess(spec *specs.Spec, r *taskAPI.CreateTaskRequest) (*process, erro
 	return newProcess("", ps, sio), nil
 }
 
-// guestProcess turns an OCI process into what the agent runs.
-func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpec, error) {
+// seccompOf is spec's seccomp profile; nil for none.
+func seccompOf(spec *specs.Spec) *specs.LinuxSeccomp {
+	if spec.Linux == nil {
+		return nil
+	}
+	return spec.Linux.Seccomp
+}
+
+// guestProcess turns an OCI process into what the agent runs, under the
+// container's seccomp profile (nil: none). A container in a pod's VM
+// ignores the profile here: the guest's runc applies its spec's.
+func guestProcess(id string, p *specs.Process, profile *specs.LinuxSeccomp, terminal, stdin bool) (ProcessSpec, error) {
 	if p == nil || len(p.Args) == 0 {
 		return ProcessSpec{}, fmt.Errorf("process %s has no args: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -254,6 +264,7 @@ func guestProcess(id string, p *specs.Process, terminal, stdin bool) (ProcessSpe
 		NoNewPrivileges: p.NoNewPrivileges,
 		Umask:           p.User.Umask,
 		Capabilities:    p.Capabilities,
+		Seccomp:         profile,
 	}, nil
 }
 

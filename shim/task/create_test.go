@@ -101,15 +101,16 @@ func TestGuestProcess(t *testing.T) {
 		Env:  []string{"A=1"},
 		User: specs.User{UID: 1000, GID: 100, AdditionalGids: []uint32{10, 20}},
 	}
-	got, err := guestProcess("init", p, true, true)
+	profile := &specs.LinuxSeccomp{DefaultAction: specs.ActErrno}
+	got, err := guestProcess("init", p, profile, true, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got.ID != "init" || !slices.Equal(got.Args, p.Args) || got.Cwd != "/" || got.UID != 1000 || got.GID != 100 ||
-		!slices.Equal(got.AdditionalGIDs, []uint32{10, 20}) || !got.Terminal || !got.Stdin {
+		!slices.Equal(got.AdditionalGIDs, []uint32{10, 20}) || !got.Terminal || !got.Stdin || got.Seccomp != profile {
 		t.Fatalf("guest process %+v does not carry the OCI process", got)
 	}
-	if _, err := guestProcess("init", &specs.Process{}, false, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := guestProcess("init", &specs.Process{}, nil, false, false); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("process without args: %v, want invalid argument", err)
 	}
 }

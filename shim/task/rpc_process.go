@@ -53,7 +53,7 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*pty
 	if err := json.Unmarshal(r.Spec.GetValue(), &spec); err != nil {
 		return nil, fmt.Errorf("decode exec %s process spec: %w: %w", r.ExecID, err, errdefs.ErrInvalidArgument)
 	}
-	ps, err := guestProcess("exec-"+r.ExecID, &spec, r.Terminal, r.Stdin != "")
+	ps, err := guestProcess("exec-"+r.ExecID, &spec, t.seccomp, r.Terminal, r.Stdin != "")
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/stdio"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
@@ -40,6 +41,9 @@ type task struct {
 	// sysctls are a pod sandbox's linux.sysctl, the pod's, which its
 	// containers' VMs set (guestSysctls).
 	sysctls map[string]string
+	// seccomp is the spec's linux.seccomp, which the task's execs start
+	// under too, as runc's do; nil for none.
+	seccomp *specs.LinuxSeccomp
 
 	ctx    context.Context // ends when the hypervisor process exits
 	cancel context.CancelFunc

@@ -127,7 +127,7 @@ func TestTerminal(t *testing.T) {
 
 // taskPID is the task's pid (the hypervisor's) from `ctr task ls`, and its
 // status.
-func taskPID(t *testing.T, c *ctrdtest.Containerd, id string) (int, string) {
+func taskPID(t testing.TB, c *ctrdtest.Containerd, id string) (int, string) {
 	t.Helper()
 	out, err := c.Ctr("task", "ls")
 	if err != nil {
@@ -291,7 +291,7 @@ func TestShimCrash(t *testing.T) {
 }
 
 // readReport reads task id's restore report from its bundle.
-func readReport(t *testing.T, c *ctrdtest.Containerd, id string) *state.Report {
+func readReport(t testing.TB, c *ctrdtest.Containerd, id string) *state.Report {
 	t.Helper()
 	report, err := state.ReadReport(filepath.Join(c.State, "io.containerd.runtime.v2.task", ctrdtest.Namespace, id))
 	if err != nil {
@@ -310,7 +310,7 @@ func phaseList(phases []state.Phase) string {
 
 // waitStatus waits until ctr task ls shows id in status, or the task is
 // gone when status is "".
-func waitStatus(t *testing.T, c *ctrdtest.Containerd, id, status string) {
+func waitStatus(t testing.TB, c *ctrdtest.Containerd, id, status string) {
 	t.Helper()
 	testenv.Eventually(t, time.Minute, fmt.Sprintf("task %s %q", id, status), func() error {
 		if _, st := taskPID(t, c, id); st != status {

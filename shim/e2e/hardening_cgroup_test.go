@@ -200,7 +200,7 @@ func guestData(t *testing.T, c *ctrdtest.Containerd) int64 {
 }
 
 // removeTask kills and removes task id and its container.
-func removeTask(t *testing.T, c *ctrdtest.Containerd, id string) {
+func removeTask(t testing.TB, c *ctrdtest.Containerd, id string) {
 	t.Helper()
 	if _, err := c.Ctr("task", "kill", "--signal", "SIGKILL", id); err != nil {
 		t.Errorf("kill %s: %v", id, err)

@@ -35,16 +35,48 @@ type Call struct {
 // Returns runs f on c, as the kernel would, and says what f returns: a
 // SECCOMP_RET_* action, with its data.
 func (f *Filter) Returns(c Call) (uint32, error) {
+	vm, err := f.machine()
+	if err != nil {
+		return 0, err
+	}
+	return run(vm, c)
+}
+
+// Refuses is the index of the first of calls that f does not let
+// through (allow, or allow and log), or -1 when it lets them all.
+func (f *Filter) Refuses(calls []Call) (int, error) {
+	vm, err := f.machine()
+	if err != nil {
+		return 0, err
+	}
+	for i, c := range calls {
+		ret, err := run(vm, c)
+		if err != nil {
+			return i, err
+		}
+		if ret != unix.SECCOMP_RET_ALLOW && ret != unix.SECCOMP_RET_LOG {
+			return i, nil
+		}
+	}
+	return -1, nil
+}
+
+func (f *Filter) machine() (*bpf.VM, error) {
+	vm, err := bpf.NewVM(f.insts)
+	if err != nil {
+		return nil, fmt.Errorf("load seccomp filter into a BPF machine: %w", err)
+	}
+	return vm, nil
+}
+
+// run runs the filter in vm on c.
+func run(vm *bpf.VM, c Call) (uint32, error) {
 	if c.Arch == 0 {
 		nat, table, err := native()
 		if err != nil {
 			return 0, err
 		}
 		c.Arch = uint32(table[nat].info.ID)
-	}
-	vm, err := bpf.NewVM(f.instructions())
-	if err != nil {
-		return 0, fmt.Errorf("load seccomp filter into a BPF machine: %w", err)
 	}
 	// x/net/bpf loads words big-endian, as from a packet: each 32-bit word
 	// goes in that way to be read as the kernel reads it natively.
@@ -60,27 +92,4 @@ func (f *Filter) Returns(c Call) (uint32, error) {
 		return 0, fmt.Errorf("run seccomp filter: %w", err)
 	}
 	return uint32(ret), nil
-}
-
-// Refuses is the index of the first of calls that f does not let
-// through (allow, or allow and log), or -1 when it lets them all.
-func (f *Filter) Refuses(calls []Call) (int, error) {
-	for i, c := range calls {
-		ret, err := f.Returns(c)
-		if err != nil {
-			return i, err
-		}
-		if ret != unix.SECCOMP_RET_ALLOW && ret != unix.SECCOMP_RET_LOG {
-			return i, nil
-		}
-	}
-	return -1, nil
-}
-
-func (f *Filter) instructions() []bpf.Instruction {
-	out := make([]bpf.Instruction, len(f.prog))
-	for i, in := range f.prog {
-		out[i] = in.Disassemble()
-	}
-	return out
 }

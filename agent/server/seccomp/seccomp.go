@@ -31,8 +31,9 @@ var ErrUnsupported = errors.New("not supported in the guest")
 
 // Filter is a compiled profile, ready to load.
 type Filter struct {
-	prog  []bpf.RawInstruction
-	flags uintptr // SECCOMP_FILTER_FLAG_*
+	insts []bpf.Instruction    // the program, to run in a BPF machine (Returns)
+	prog  []bpf.RawInstruction // and assembled, to load
+	flags uintptr              // SECCOMP_FILTER_FLAG_*
 }
 
 // Len is the program's length in instructions.
@@ -107,7 +108,8 @@ func Compile(s *specs.LinuxSeccomp) (*Filter, error) {
 	if err != nil {
 		return nil, err
 	}
-	prog, err := bpf.Assemble(program(arches, rules, def))
+	f.insts = program(arches, rules, def)
+	prog, err := bpf.Assemble(f.insts)
 	if err != nil {
 		return nil, fmt.Errorf("assemble seccomp filter: %w", err)
 	}

@@ -140,33 +140,8 @@ func (c *Client) Init(ctx context.Context, r InitRequest) ([]Phase, error) {
 			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
-	if r.Process != nil && r.Process.OwnPIDNamespace {
-		if err := c.requireVersion(ctx, apiVersion5, "a process in a PID namespace of its own"); err != nil {
-			return nil, fmt.Errorf("init guest: %w", err)
-		}
-	}
-	if len(r.Sysctls) > 0 {
-		if err := c.requireVersion(ctx, apiVersion6, "sysctls"); err != nil {
-			return nil, fmt.Errorf("init guest: %w", err)
-		}
-	}
-	if tmpfsIn(r.Files) {
-		if err := c.requireVersion(ctx, apiVersion8, tmpfsNeeds); err != nil {
-			return nil, fmt.Errorf("init guest: %w", err)
-		}
-	}
-	if r.Process != nil && r.Process.Capabilities != nil {
-		if err := c.requireVersion(ctx, apiVersion7, "a process's capabilities"); err != nil {
-			return nil, fmt.Errorf("init guest: %w", err)
-		}
-	}
-	if r.Process != nil && r.Process.Seccomp != nil {
-		if err := c.requireVersion(ctx, apiVersion10, "a seccomp filter"); err != nil {
-			return nil, fmt.Errorf("init guest: %w", err)
-		}
-	}
-	if r.Rootfs.confined() {
-		if err := c.requireVersion(ctx, apiVersion7, "a read-only root, masked or read-only paths"); err != nil {
+	for _, n := range initNeeds(r) {
+		if err := c.requireVersion(ctx, n.version, n.what); err != nil {
 			return nil, fmt.Errorf("init guest: %w", err)
 		}
 	}
@@ -176,6 +151,39 @@ func (c *Client) Init(ctx context.Context, r InitRequest) ([]Phase, error) {
 		c.mu.Unlock()
 	}
 	return guestPhases(resp.GetPhases(), api.InitPhases, call), nil
+}
+
+// need is what a request asks of the agent's API, and the version that
+// brought it.
+type need struct {
+	version int
+	what    string
+}
+
+// initNeeds are what r asks beyond API 2 (checked apart: before the call
+// when the version is known).
+func initNeeds(r InitRequest) []need {
+	var out []need
+	p := r.Process
+	if p != nil && p.OwnPIDNamespace {
+		out = append(out, need{apiVersion5, "a process in a PID namespace of its own"})
+	}
+	if len(r.Sysctls) > 0 {
+		out = append(out, need{apiVersion6, "sysctls"})
+	}
+	if tmpfsIn(r.Files) {
+		out = append(out, need{apiVersion8, tmpfsNeeds})
+	}
+	if p != nil && p.Capabilities != nil {
+		out = append(out, need{apiVersion7, "a process's capabilities"})
+	}
+	if p != nil && p.Seccomp != nil {
+		out = append(out, need{apiVersion10, "a seccomp filter"})
+	}
+	if r.Rootfs.confined() {
+		out = append(out, need{apiVersion7, "a read-only root, masked or read-only paths"})
+	}
+	return out
 }
 
 func initRequest(r InitRequest) (*api.InitRequest, error) {

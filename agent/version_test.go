@@ -111,3 +111,22 @@ func TestSysctlsNeedVersion6(t *testing.T) {
 		t.Errorf("Init with sysctls on an agent of API 5: %v, want failed precondition naming sysctls and both versions", err)
 	}
 }
+
+// TestSeccompNeedsVersion10: an agent of API 9 would start the process
+// without its filter, so an Exec or Init asking for one fails, naming it
+// and both versions, and no Exec reaches the agent.
+func TestSeccompNeedsVersion10(t *testing.T) {
+	a := &oldAgent{version: "9"}
+	c := serveFake(t, a)
+	p := agent.ExecRequest{ID: "p", Args: []string{"true"}, Seccomp: &specs.LinuxSeccomp{DefaultAction: specs.ActAllow}}
+	want := "a seccomp filter needs guest agent API 10, the guest's agent speaks 9"
+	if _, err := c.Exec(ctxT(t), p); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Exec with a filter on an agent of API 9: %v, want failed precondition: %s", err, want)
+	}
+	if a.execs.Load() != 0 {
+		t.Errorf("the agent got %d Execs, want none", a.execs.Load())
+	}
+	if _, err := c.Init(ctxT(t), agent.InitRequest{Process: &p}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Init with a filter on an agent of API 9: %v, want failed precondition: %s", err, want)
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/ctrdtest"
 )
 
 // BenchmarkRunEcho is `ctr run --rm ... echo hi` end to end: restore the
@@ -36,33 +38,47 @@ var restrictedFlags = func() []string {
 
 // BenchmarkConfinement times `ctr run -d` (a VM of its own restored and
 // its process started) of a container with ctr's defaults and of a
-// restricted one, in turns, and the guest's share of each from the
+// restricted one, in turns, for the snapshot image and for an ordinary
+// image on the base snapshot, and the guest's share of each from the
 // restore report: what the confinement costs a start, before and after in
 // one run, as medians.
 //
 //	go test -run '^$' -bench BenchmarkConfinement -benchtime 10x ./shim/e2e/
 func BenchmarkConfinement(b *testing.B) {
-	c := stack(b, "")
-	took := map[bool][]time.Duration{}
-	phases := map[bool]map[string][]time.Duration{false: {}, true: {}}
-	for i := range b.N {
-		for _, restricted := range []bool{i%2 == 0, i%2 != 0} {
-			var flags []string
-			if restricted {
-				flags = restrictedFlags
+	c, _ := ordinaryStack(b, imageRef)
+	for _, kind := range []struct {
+		name string
+		run  func(*ctrdtest.Containerd, []string, string, ...string) (string, error)
+	}{{"snapshot-image", run}, {"ordinary-image", runOrdinary}} {
+		b.Run(kind.name, func(b *testing.B) {
+			took := map[bool][]time.Duration{}
+			phases := map[bool]map[string][]time.Duration{false: {}, true: {}}
+			for i := range b.N {
+				for _, restricted := range []bool{i%2 == 0, i%2 != 0} {
+					flags := []string{"-d"}
+					if restricted {
+						flags = append(flags, restrictedFlags...)
+					}
+					id := fmt.Sprintf("conf-%s-%d-%t", kind.name, i, restricted)
+					began := time.Now()
+					if _, err := kind.run(c, flags, id, "sleep", "600"); err != nil {
+						b.Fatal(err)
+					}
+					took[restricted] = append(took[restricted], time.Since(began))
+					for _, p := range readReport(b, c, id).Phases {
+						phases[restricted][p.Name] = append(phases[restricted][p.Name], time.Duration(p.Duration))
+					}
+					removeTask(b, c, id)
+				}
 			}
-			id := fmt.Sprintf("conf-%d-%t", i, restricted)
-			began := time.Now()
-			if _, err := run(c, append([]string{"-d"}, flags...), id, "sleep", "600"); err != nil {
-				b.Fatal(err)
-			}
-			took[restricted] = append(took[restricted], time.Since(began))
-			for _, p := range readReport(b, c, id).Phases {
-				phases[restricted][p.Name] = append(phases[restricted][p.Name], time.Duration(p.Duration))
-			}
-			removeTask(b, c, id)
-		}
+			reportConfinement(b, took, phases)
+		})
 	}
+}
+
+// reportConfinement reports the medians of a start and of the guest's
+// phases, default and restricted, and the starts' ratio.
+func reportConfinement(b *testing.B, took map[bool][]time.Duration, phases map[bool]map[string][]time.Duration) {
 	def, res := median(took[false]), median(took[true])
 	b.ReportMetric(ms(def), "default-ms")
 	b.ReportMetric(ms(res), "restricted-ms")

@@ -21,7 +21,7 @@ const ordinaryRef = "example.com/cocoon/busybox:1"
 // image as the base snapshot of ordinary images, with a busybox image (two
 // layers, a whiteout, a non-root user) imported into the cocoon
 // snapshotter.
-func ordinaryStack(t *testing.T, baseImage string, extraConfig ...string) (*ctrdtest.Containerd, *testimage.BusyboxImage) {
+func ordinaryStack(t testing.TB, baseImage string, extraConfig ...string) (*ctrdtest.Containerd, *testimage.BusyboxImage) {
 	t.Helper()
 	c := stack(t, fmt.Sprintf("[restore]\nbase_image = %q\n%s", baseImage, strings.Join(extraConfig, "\n")))
 	return c, importBusybox(t, c)
@@ -29,7 +29,7 @@ func ordinaryStack(t *testing.T, baseImage string, extraConfig ...string) (*ctrd
 
 // importBusybox imports the test's busybox image into the cocoon
 // snapshotter.
-func importBusybox(t *testing.T, c *ctrdtest.Containerd) *testimage.BusyboxImage {
+func importBusybox(t testing.TB, c *ctrdtest.Containerd) *testimage.BusyboxImage {
 	t.Helper()
 	img, err := testimage.Busybox(testimage.BusyboxOptions{Name: ordinaryRef, Layers: 2})
 	if err != nil {

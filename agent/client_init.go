@@ -88,7 +88,9 @@ type Route struct {
 
 // Rootfs is the container's root: a read-only file system on the virtio-blk
 // disk whose serial is Serial, under a private writable overlay, with the
-// OCI spec's mounts inside it.
+// OCI spec's mounts inside it. Without a serial (nor type or mounts) it is
+// the guest's own root, a snapshot image's, confined for the processes
+// (agent API 10): they run in a mount namespace of their own where it is.
 type Rootfs struct {
 	FSType string // "erofs" or "ext4"
 	Serial string
@@ -182,6 +184,9 @@ func initNeeds(r InitRequest) []need {
 	}
 	if r.Rootfs.confined() {
 		out = append(out, need{apiVersion7, "a read-only root, masked or read-only paths"})
+	}
+	if r.Rootfs != nil && r.Rootfs.Serial == "" {
+		out = append(out, need{apiVersion10, "a confined root for a snapshot image"})
 	}
 	return out
 }

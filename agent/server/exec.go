@@ -54,6 +54,9 @@ func (s *Service) addProcess(r *api.ExecRequest, hold bool) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
+	if g := s.guestRoot.Load(); g != nil && spec.root == "" {
+		spec.mountNS = g.ns
+	}
 	if err := s.reserve(r.Id); err != nil {
 		return nil, err
 	}

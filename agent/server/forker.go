@@ -34,10 +34,10 @@ var forkers = sync.OnceValue(func() [2]*forker {
 
 // forkerFor is the forker for s; nil when s's process must fork on a
 // thread of its own: its rlimits are set as its user (see forked), which
-// no thread can stop being, or it has capabilities or a seccomp filter of
-// its own, which no thread can take back once it has them.
+// no thread can stop being, or it has capabilities, a seccomp filter or a
+// mount namespace of its own, which no thread gives back once it has them.
 func forkerFor(s *procSpec) *forker {
-	if s.caps != nil || s.seccomp != nil || len(s.rlimits) > 0 && (s.uid != 0 || s.gid != 0) && !canSetRlimits() {
+	if s.caps != nil || s.seccomp != nil || s.mountNS != nil || len(s.rlimits) > 0 && (s.uid != 0 || s.gid != 0) && !canSetRlimits() {
 		return nil
 	}
 	if s.noNewPrivileges {
@@ -108,9 +108,14 @@ func (j forkJob) alone() {
 	j.f.err = j.f.forkOnThread(j.s, j.childEnds, true)
 }
 
-// takeSettings gives this thread s's umask, no_new_privileges,
-// capabilities and, last, seccomp filter.
+// takeSettings gives this thread s's mount namespace, umask,
+// no_new_privileges, capabilities and, last, seccomp filter.
 func takeSettings(s *procSpec) error {
+	if s.mountNS != nil {
+		if err := enterGuestRoot(s.mountNS); err != nil {
+			return err
+		}
+	}
 	if s.umask != nil {
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			return fmt.Errorf("set the umask: %w", err)

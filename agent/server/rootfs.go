@@ -53,6 +53,9 @@ func layout(stateDir string) rootfsLayout {
 
 // checkRootfs checks r before anything is mounted.
 func checkRootfs(r *api.Rootfs) error {
+	if r.Serial == "" {
+		return checkGuestRoot(r)
+	}
 	if r.Fstype != "erofs" && r.Fstype != "ext4" {
 		return fmt.Errorf("fstype %q: expected erofs or ext4: %w", r.Fstype, errdefs.ErrInvalidArgument)
 	}
@@ -90,13 +93,16 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs, clk *api.Clock
 	if r == nil {
 		return nil
 	}
+	if s.mnt == nil {
+		return fmt.Errorf("this agent mounts no rootfs: %w", errdefs.ErrFailedPrecondition)
+	}
+	if r.Serial == "" {
+		return s.confineGuestRoot(r, clk)
+	}
 	l := layout(s.stateDir)
 	if done, err := sameRootfs(l.marker, r); done || err != nil {
 		clk.Skip()
 		return err
-	}
-	if s.mnt == nil {
-		return fmt.Errorf("this agent mounts no rootfs: %w", errdefs.ErrFailedPrecondition)
 	}
 	ctx, cancel := context.WithTimeout(ctx, diskWait)
 	defer cancel()

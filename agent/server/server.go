@@ -27,7 +27,8 @@ import (
 // the container calls (runc in the guest). 5: Exec's own_pid_namespace.
 // 6: Init's sysctls. 7: the port calls and UpdateFiles. 8: UpdateFiles
 // takes files in pieces; a directory may be a tmpfs (File.tmpfs_size).
-// 9: the share calls. 10: Exec's seccomp filter.
+// 9: the share calls. 10: Exec's seccomp filter; a Rootfs without a
+// disk confines the guest's own root.
 const Version = "10"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
@@ -58,6 +59,9 @@ type Service struct {
 	boot atomic.Pointer[bootRoot]
 	// rootMounted says Init mounted the container's root.
 	rootMounted atomic.Bool
+	// guestRoot is where a snapshot image's processes run when Init
+	// confined the guest's root; nil: the agent's namespace.
+	guestRoot atomic.Pointer[guestRoot]
 
 	mu    sync.Mutex
 	procs map[string]*process

@@ -40,6 +40,7 @@ type procSpec struct {
 	boot            *bootRoot // what the guest's root held at boot; nil in a container root
 	caps            *capSet   // nil: the agent's
 	seccomp         *seccomp.Filter
+	mountNS         *os.File // the confined guest root's (see guestRoot); nil: the agent's
 }
 
 // newProcSpec checks r and resolves what the process needs in root (the

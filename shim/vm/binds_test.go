@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -461,5 +462,35 @@ func TestGuestSetupShares(t *testing.T) {
 	}
 	if len(g.shares) != 2 {
 		t.Errorf("shares %v, want 2 (rw and ro of one directory)", g.shares)
+	}
+}
+
+// TestGuestRootConfinement: a snapshot image's processes get a confined
+// guest root (a Rootfs without a disk) only when the spec asks for a
+// read-only root, with its masked and read-only paths; a pod's sandbox
+// never.
+func TestGuestRootConfinement(t *testing.T) {
+	linux := &specs.Linux{MaskedPaths: []string{"/proc/kcore"}, ReadonlyPaths: []string{"/proc/sys"}}
+	for _, tc := range []struct {
+		name string
+		spec *specs.Spec
+		want *agent.Rootfs
+	}{
+		{"no spec", nil, nil},
+		{"writable root", &specs.Spec{Root: &specs.Root{Path: "rootfs"}, Linux: linux}, nil},
+		{"read-only root", &specs.Spec{Root: &specs.Root{Path: "rootfs", Readonly: true}, Linux: linux},
+			&agent.Rootfs{Readonly: true, MaskedPaths: linux.MaskedPaths, ReadonlyPaths: linux.ReadonlyPaths}},
+		{"a pod's sandbox", &specs.Spec{Root: &specs.Root{Path: "rootfs", Readonly: true}, Linux: linux,
+			Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := guestSetup(tc.spec, nil, testCopies(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(g.root, tc.want) {
+				t.Errorf("root %+v, want %+v", g.root, tc.want)
+			}
+		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
 // bindSources is where the guest keeps the copies of host files that the
@@ -74,7 +75,7 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs, copies *copyBudget, 
 	}
 	if disk == nil {
 		files, err := identityFiles(mounts)
-		return guestMounts{files: files}, err
+		return guestMounts{files: files, root: guestRootConfinement(spec)}, err
 	}
 	b := binds{budget: copies, vm: shares}
 	root := &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
@@ -95,6 +96,26 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs, copies *copyBudget, 
 		return guestMounts{}, err
 	}
 	return guestMounts{files: b.files, root: root, copied: b.copied, shares: b.shares}, nil
+}
+
+// guestRootConfinement confines a snapshot image's processes, which run
+// in the guest's own root, when the spec asks for a read-only root: in a
+// mount namespace of their own where it is, with the spec's masked and
+// read-only paths (a Rootfs without a disk). Without that ask it is nil
+// and they share the agent's view, as the VM is the container (the
+// masked and read-only paths alone would cost every start a namespace). A
+// pod's sandbox gets none: containerd's CRI asks a read-only root for its
+// pause process, which writes nothing, and the pod's start would pay for
+// it.
+func guestRootConfinement(spec *specs.Spec) *agent.Rootfs {
+	if spec == nil || spec.Root == nil || !spec.Root.Readonly || task.IsPodSandbox(spec) {
+		return nil
+	}
+	root := &agent.Rootfs{Readonly: true}
+	if spec.Linux != nil {
+		root.MaskedPaths, root.ReadonlyPaths = spec.Linux.MaskedPaths, spec.Linux.ReadonlyPaths
+	}
+	return root
 }
 
 // identityFiles copies the resolver, hosts and hostname files the spec

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 
@@ -108,9 +109,21 @@ func confineThread(s *procSpec) error {
 		}
 	}
 	if s.ownPIDNamespace {
+		settleForkCheck()
 		if err := unix.Unshare(unix.CLONE_NEWPID); err != nil {
 			return fmt.Errorf("unshare the PID namespace: %w", err)
 		}
 	}
 	return s.seccomp.Load()
+}
+
+// settleForkCheck has os run, if it has not yet, its one check of whether
+// clone gives a pidfd, which forks a child that exits at once. A thread
+// whose children go to a new PID namespace must not run it: that child
+// would be the namespace's init, and its exit would end the namespace
+// before the process forks into it (ENOMEM). os.FindProcess runs it.
+func settleForkCheck() {
+	if p, err := os.FindProcess(os.Getpid()); err == nil {
+		_ = p.Release()
+	}
 }

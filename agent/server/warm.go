@@ -10,14 +10,16 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
-// warmUp makes the forkers, opens /dev/null and builds the codecs of the
-// API's messages, which protobuf builds on a type's first use. The agent does it as it
-// starts, so that a snapshot carries them: a restored clone would
-// otherwise make them after every restore, in code the guest's CPU has yet
-// to translate.
+// warmUp makes the forkers, opens /dev/null, has os check its pidfd
+// support (a fork: see settleForkCheck) and builds the codecs of the
+// API's messages, which protobuf builds on a type's first use. The agent
+// does it as it starts, so that a snapshot carries them: a restored clone
+// would otherwise make them after every restore, in code the guest's CPU
+// has yet to translate.
 func warmUp() {
 	forkers()
 	_, _ = devNull()
+	settleForkCheck()
 	msgs := api.File_agent_proto.Messages()
 	types := []protoreflect.MessageType{(&emptypb.Empty{}).ProtoReflect().Type(), (&timestamppb.Timestamp{}).ProtoReflect().Type()}
 	for i := range msgs.Len() {

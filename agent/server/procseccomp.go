@@ -4,11 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 
 	"github.com/containerd/errdefs"
-	"github.com/elastic/go-seccomp-bpf/arch"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -64,20 +62,16 @@ func newSeccomp(data []byte) (*seccomp.Filter, error) {
 
 // letsForkThrough checks f against forkCalls.
 func letsForkThrough(f *seccomp.Filter) error {
-	table := arch.X86_64
-	if runtime.GOARCH == "arm64" {
-		table = arch.AARCH64
-	}
 	var calls []seccomp.Call
 	var names []string
 	for _, name := range forkCalls {
-		nr, ok := table.SyscallNames[name]
+		var args []uint64
+		if name == "clone" {
+			args = []uint64{forkCloneFlags}
+		}
+		c, ok := seccomp.NativeCall(name, args...)
 		if !ok {
 			continue // not on this architecture (Go uses another)
-		}
-		c := seccomp.Call{Nr: uint32(nr)}
-		if name == "clone" {
-			c.Args[0] = forkCloneFlags
 		}
 		calls, names = append(calls, c), append(names, name)
 	}

@@ -32,6 +32,22 @@ type Call struct {
 	Args [maxArgs]uint64
 }
 
+// NativeCall is the call named name on this machine's architecture, with
+// args; false when the architecture has no such call.
+func NativeCall(name string, args ...uint64) (Call, bool) {
+	nat, table, err := native()
+	if err != nil {
+		return Call{}, false
+	}
+	nr, ok := table[nat].info.SyscallNames[name]
+	if !ok {
+		return Call{}, false
+	}
+	c := Call{Nr: uint32(nr)}
+	copy(c.Args[:], args)
+	return c, true
+}
+
 // Returns runs f on c, as the kernel would, and says what f returns: a
 // SECCOMP_RET_* action, with its data.
 func (f *Filter) Returns(c Call) (uint32, error) {

@@ -60,12 +60,15 @@ func newTestNetTap(t testing.TB, mode netlink.TuntapMode, flags netlink.TuntapFl
 			return
 		}
 		defer orig.Close()
-		errc <- n.setup()
-		// Back to our namespace before the thread serves other goroutines;
-		// a thread that cannot go back stays locked and ends with this one.
+		err = n.setup()
+		// Back to our namespace before the thread serves other goroutines,
+		// and before the test goes on (the thread may be the main one,
+		// whose namespace /proc/PID/ns/net shows); a thread that cannot go
+		// back stays locked and ends with this one.
 		if netns.Set(orig) == nil {
 			runtime.UnlockOSThread()
 		}
+		errc <- err
 	}()
 	err := <-errc
 	t.Cleanup(func() {

@@ -98,10 +98,13 @@ func onThread(fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		errc <- fn()
+		err = fn()
+		// Back in its namespace before the caller goes on: the thread may
+		// be the main one, whose namespace /proc/PID/ns/net shows.
 		if netns.Set(orig) == nil {
 			runtime.UnlockOSThread()
 		}
+		errc <- err
 	}()
 	return <-errc
 }

@@ -20,6 +20,7 @@ require (
 	github.com/cyphar/filepath-securejoin v0.7.0
 	github.com/distribution/reference v0.6.0
 	github.com/docker/go-units v0.5.0
+	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/google/nftables v0.3.0
 	github.com/hanwen/go-fuse/v2 v2.12.1
@@ -41,8 +42,6 @@ require (
 	google.golang.org/protobuf v1.36.12
 	k8s.io/cri-api v0.37.0
 )
-
-require github.com/elastic/go-seccomp-bpf v1.6.0 // indirect
 
 require (
 	cyphar.com/go-pathrs v0.2.5 // indirect

@@ -103,12 +103,12 @@ func writePodVMConfig(b *testing.B, base, path string) {
 }
 
 // criClient dials containerd's CRI at its gRPC socket.
-func criClient(b *testing.B, address string) runtimeapi.RuntimeServiceClient {
+func criClient(tb testing.TB, address string) runtimeapi.RuntimeServiceClient {
 	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		b.Fatalf("dial containerd's CRI: %v", err)
+		tb.Fatalf("dial containerd's CRI: %v", err)
 	}
-	b.Cleanup(func() { conn.Close() })
+	tb.Cleanup(func() { conn.Close() })
 	return runtimeapi.NewRuntimeServiceClient(conn)
 }
 

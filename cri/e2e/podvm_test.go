@@ -95,6 +95,7 @@ func runWorkload(t *testing.T, w *podWorkload) {
 		{"image volume", w.imageVolume}, {"restricted container", w.restricted},
 		{"privileged container", w.privileged}}
 	all = append(all, w.vmStep("one VM")...)
+	all = append(all, step{"resize the pod", w.resize})
 	all = append(all, step{"replace the sidecar", w.replaceSidecar})
 	all = append(all, w.vmStep("same VM after the sidecar's restart")...)
 	all = append(all, step{"OOM", func(t *testing.T) { n.checkPodOOM(t, w.p, w.app) }},

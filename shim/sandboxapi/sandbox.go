@@ -216,14 +216,15 @@ func (sb *sandbox) remove(ctx context.Context, pods Pods) error {
 	return pods.RemovePod(ctx, p)
 }
 
-// running is the pod's VM while it runs.
+// running is the pod's VM while it runs and no stop was asked.
 func (sb *sandbox) running() (Pod, error) {
-	if sb.status().state != stateReady {
+	sb.mu.Lock()
+	p, stopped := sb.pod, sb.stopped
+	sb.mu.Unlock()
+	if stopped || sb.status().state != stateReady {
 		return nil, fmt.Errorf("sandbox %s is not running: %w", sb.id, errdefs.ErrFailedPrecondition)
 	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.pod, nil
+	return p, nil
 }
 
 type status struct {

@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
@@ -34,6 +35,8 @@ type Pod interface {
 	ExitedAt() time.Time
 	// Stats are the VM's cgroup metrics (cgroup v1 or v2 types).
 	Stats() (any, error)
+	// Update puts the pod's new limits on the VM's cgroup.
+	Update(res *specs.LinuxResources) error
 }
 
 // Pods runs pod VMs: the task service, whose tasks join them.
@@ -238,8 +241,24 @@ func (s *Service) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetri
 	return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: data}}, nil
 }
 
-// UpdateSandbox is not served: containerd tolerates that, and a pod's
-// resources change through its containers' updates.
+// UpdateSandbox applies an in-place resize of the pod (containerd's CRI
+// sends UpdatePodSandboxResources here) to its VM's cgroup; an update that
+// carries no resize changes nothing the shim holds.
 func (s *Service) UpdateSandbox(ctx context.Context, r *sandboxAPI.UpdateSandboxRequest) (*sandboxAPI.UpdateSandboxResponse, error) {
-	return nil, fmt.Errorf("update sandbox %s: %w", r.SandboxID, errdefs.ErrNotImplemented)
+	sb, err := s.get(r.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	res, err := resizeOf(r)
+	if err != nil {
+		return nil, err
+	}
+	if res == nil {
+		return &sandboxAPI.UpdateSandboxResponse{}, nil
+	}
+	if err := sb.resize(res); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{"id": r.SandboxID, "memory": res.MemoryLimitInBytes, "cpu_quota": res.CpuQuota}).Info("sandbox resized")
+	return &sandboxAPI.UpdateSandboxResponse{}, nil
 }

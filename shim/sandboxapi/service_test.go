@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/plugin/registry"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 	runtime "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
@@ -29,6 +30,7 @@ type fakePod struct {
 	done     chan struct{}
 	once     sync.Once
 	exitedAt time.Time
+	updates  []*specs.LinuxResources
 }
 
 func (p *fakePod) PID() int              { return p.pid }
@@ -36,6 +38,10 @@ func (p *fakePod) Done() <-chan struct{} { return p.done }
 func (p *fakePod) ExitedAt() time.Time   { return p.exitedAt }
 func (p *fakePod) Stats() (any, error) {
 	return &cgroupsv2.Metrics{Memory: &cgroupsv2.MemoryStat{Usage: 42}}, nil
+}
+func (p *fakePod) Update(res *specs.LinuxResources) error {
+	p.updates = append(p.updates, res)
+	return nil
 }
 func (p *fakePod) exit() {
 	p.once.Do(func() { p.exitedAt = time.Now(); close(p.done) })
@@ -298,8 +304,8 @@ func TestSandboxRefusals(t *testing.T) {
 	if _, err := s.StartSandbox(ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "nope"}); !errdefs.IsNotFound(err) {
 		t.Fatalf("start of an unknown sandbox: %v, want NotFound", err)
 	}
-	if _, err := s.UpdateSandbox(ctx, &sandboxAPI.UpdateSandboxRequest{SandboxID: "sb1"}); !errdefs.IsNotImplemented(err) {
-		t.Fatalf("update: %v, want NotImplemented", err)
+	if _, err := s.UpdateSandbox(ctx, &sandboxAPI.UpdateSandboxRequest{SandboxID: "nope"}); !errdefs.IsNotFound(err) {
+		t.Fatalf("update of an unknown sandbox: %v, want NotFound", err)
 	}
 	if _, err := s.CreateSandbox(ctx, createRequest(t, "sb1")); err != nil {
 		t.Fatal(err)
@@ -339,4 +345,95 @@ func TestRegister(t *testing.T) {
 	if _, ok := order[string(pluginType)+".sandbox"]; !ok || tp >= sp {
 		t.Fatalf("plugin order %v: want the task plugin before the sandbox plugin", order)
 	}
+}
+
+// criUpdatedResources is containerd's podsandbox.UpdatedResources, which
+// its CRI registers so: typeurl encodes it as JSON under that name.
+type criUpdatedResources struct {
+	Overhead  *runtime.LinuxContainerResources
+	Resources *runtime.LinuxContainerResources
+}
+
+func init() {
+	typeurl.Register(&criUpdatedResources{}, "io.containerd.cri.v1", "UpdatedResources")
+}
+
+// resizeRequest is UpdateSandbox as containerd's CRI sends it for an
+// UpdatePodSandboxResources: the pod's resources in the sandbox's
+// extensions; ext, when given, in their place.
+func resizeRequest(t *testing.T, ext *anypb.Any, fields ...string) *sandboxAPI.UpdateSandboxRequest {
+	t.Helper()
+	if ext == nil {
+		var err error
+		ext, err = typeurl.MarshalAnyToProto(&criUpdatedResources{
+			Overhead:  &runtime.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 10000},
+			Resources: &runtime.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 150000, MemoryLimitInBytes: 2 << 30},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &sandboxAPI.UpdateSandboxRequest{SandboxID: "sb1", Fields: fields, Sandbox: &types.Sandbox{SandboxID: "sb1",
+		Extensions: map[string]*anypb.Any{resizeExtension: ext}}}
+}
+
+// TestSandboxResize: a pod's in-place resize reaches its VM as the pod's
+// limits; an update without one changes nothing; a resize that cannot be
+// read, or of a pod whose VM does not run, is refused.
+func TestSandboxResize(t *testing.T) {
+	resized := &specs.LinuxResources{
+		Memory: &specs.LinuxMemory{Limit: ptr(int64(2 << 30))},
+		CPU:    &specs.LinuxCPU{Quota: ptr(int64(150000)), Period: ptr(uint64(100000))}}
+	for _, tc := range []struct {
+		name    string
+		req     *sandboxAPI.UpdateSandboxRequest
+		stopped bool
+		want    *specs.LinuxResources // the VM's update; nil: none
+		wantErr func(error) bool
+	}{
+		{name: "resize", req: resizeRequest(t, nil, "extensions"), want: resized},
+		{name: "no fields named", req: resizeRequest(t, nil), want: resized},
+		{name: "labels only", req: resizeRequest(t, nil, "labels")},
+		{name: "no extension", req: &sandboxAPI.UpdateSandboxRequest{SandboxID: "sb1", Sandbox: &types.Sandbox{SandboxID: "sb1"}}},
+		{name: "another type", req: resizeRequest(t, &anypb.Any{TypeUrl: "example.com/Other", Value: []byte("{}")}), wantErr: errdefs.IsInvalidArgument},
+		{name: "not JSON", req: resizeRequest(t, &anypb.Any{TypeUrl: resizeTypeURL, Value: []byte("{")}), wantErr: errdefs.IsInvalidArgument},
+		{name: "stopped", req: resizeRequest(t, nil), stopped: true, wantErr: errdefs.IsFailedPrecondition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			pods := newFakePods()
+			s := New(pods, nil)
+			if _, err := s.CreateSandbox(ctx, createRequest(t, "sb1")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.StartSandbox(ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sb1"}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.stopped {
+				if _, err := s.StopSandbox(ctx, &sandboxAPI.StopSandboxRequest{SandboxID: "sb1"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := s.UpdateSandbox(ctx, tc.req)
+			if (tc.wantErr == nil) != (err == nil) || (err != nil && !tc.wantErr(err)) {
+				t.Fatalf("update: %v", err)
+			}
+			var want []*specs.LinuxResources
+			if tc.want != nil {
+				want = append(want, tc.want)
+			}
+			if got, _ := json.Marshal(pods.pod.updates); string(got) != string(must(json.Marshal(want))) {
+				t.Fatalf("the VM was updated with %s, want %s", got, must(json.Marshal(want)))
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

@@ -59,6 +59,24 @@ func (p *PodVM) Stats() (any, error) {
 	return m, nil
 }
 
+// Update puts the pod's new limits (an in-place resize) on the VM's
+// cgroup as a task's update does on its VM's: the CPU limits as given,
+// memory as the pod's limit plus the hypervisor's headroom, refused when
+// it is below the guest's memory.
+func (p *PodVM) Update(res *specs.LinuxResources) error {
+	vres, err := p.sb.Memory.vmResources(res)
+	if err != nil {
+		return fmt.Errorf("resize pod %s: %w", p.id, err)
+	}
+	if p.cg == nil {
+		return fmt.Errorf("resize pod %s: it has no cgroup (its config names no cgroup parent): %w", p.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := p.cg.Update(vres); err != nil {
+		return fmt.Errorf("resize pod %s: update cgroup: %w", p.id, err)
+	}
+	return nil
+}
+
 // StartPod restores the VM of pod req.ID with no image of its own as its
 // root (req.Bare) and makes it the host its pod's containers join: their
 // tasks, which carry the pod's id as their sandbox id, run in it. As

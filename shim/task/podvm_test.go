@@ -101,3 +101,38 @@ func shutDown(h *harness) bool {
 		return false
 	}
 }
+
+// TestPodVMUpdate: a pod's resize puts its limits on the VM's cgroup as a
+// task's update does (memory plus the headroom); a memory
+// limit below the guest's is refused and changes nothing.
+func TestPodVMUpdate(t *testing.T) {
+	cg, path := testCgroup(t, "pod-resize")
+	p := &PodVM{id: "pod1", sb: &Sandbox{Memory: MemoryBudget{Guest: 256 << 20, Headroom: 32 << 20}}, cg: cg}
+	quota, period := int64(150000), uint64(100000)
+	for _, tc := range []struct {
+		name    string
+		memory  int64
+		want    int64 // the cgroup's memory limit after
+		wantErr func(error) bool
+	}{
+		{name: "grow", memory: 512 << 20, want: 544 << 20},
+		{name: "shrink", memory: 300 << 20, want: 332 << 20},
+		{name: "below the guest", memory: 128 << 20, want: 332 << 20, wantErr: errdefs.IsInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			memory := tc.memory
+			err := p.Update(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &memory}, CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}})
+			if (tc.wantErr == nil) != (err == nil) || (err != nil && !tc.wantErr(err)) {
+				t.Fatalf("update to %d: %v", tc.memory, err)
+			}
+			if got := memoryLimit(t, path); got != tc.want {
+				t.Fatalf("cgroup memory limit %d, want %d", got, tc.want)
+			}
+		})
+	}
+	memory := int64(512 << 20)
+	noCgroup := &PodVM{id: "pod2", sb: p.sb}
+	if err := noCgroup.Update(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &memory}}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("resize of a pod with no cgroup: %v, want FailedPrecondition", err)
+	}
+}

@@ -45,6 +45,11 @@ type InitRequest struct {
 	// Sysctls are set in the guest's own namespaces, by their dotted
 	// names, after the hostname; at most api.MaxSysctls. They need API 6.
 	Sysctls map[string]string
+	// WarmContainers says the VM will host containers (a pod's VM): once
+	// Init is done the guest runs its runc once, with nothing to create,
+	// while the host prepares the first container. Agents before API 11
+	// ignore it, which costs only the warm-up.
+	WarmContainers bool
 }
 
 // File is a file, a directory or a symbolic link to make in the guest.
@@ -195,7 +200,7 @@ func initRequest(r InitRequest) (*api.InitRequest, error) {
 	if len(r.Sysctls) > api.MaxSysctls {
 		return nil, fmt.Errorf("%d sysctls, expected at most %d: %w", len(r.Sysctls), api.MaxSysctls, errdefs.ErrInvalidArgument)
 	}
-	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname, Sysctls: r.Sysctls}
+	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname, Sysctls: r.Sysctls, WarmContainers: r.WarmContainers}
 	if !r.Time.IsZero() {
 		req.Time = timestamppb.New(r.Time)
 	}

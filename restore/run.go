@@ -76,6 +76,9 @@ type GuestSetup struct {
 	// BeforeInit, when set, runs with the connected agent before Init:
 	// what Rootfs's mounts need in the guest first (shared directories).
 	BeforeInit func(ctx context.Context, c *agent.Client) error
+	// WarmContainers has a VM that will host containers warm its runc
+	// once Init is done (agent.InitRequest.WarmContainers).
+	WarmContainers bool
 }
 
 // Phase is how long one step of a restore took.
@@ -259,7 +262,7 @@ func initGuest(ctx context.Context, c *agent.Client, r Request) ([]agent.Phase, 
 	ctx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 	defer cancel()
 	req := agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname, Files: r.Guest.Files, Rootfs: r.Guest.Rootfs,
-		Process: r.Guest.Process, Sysctls: r.Guest.Sysctls}
+		Process: r.Guest.Process, Sysctls: r.Guest.Sysctls, WarmContainers: r.Guest.WarmContainers}
 	if r.Guest.Network != nil {
 		req.Network = r.Guest.Network()
 	}

@@ -149,9 +149,14 @@ type InitRequest struct {
 	// before anything else but the clock, entropy and hostname: the pod's
 	// (CRI puts them on its sandbox's spec) and the spec's linux.sysctl, by
 	// their dotted names (API version 6; older agents ignore them).
-	Sysctls       map[string]string `protobuf:"bytes,8,rep,name=sysctls,proto3" json:"sysctls,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Sysctls map[string]string `protobuf:"bytes,8,rep,name=sysctls,proto3" json:"sysctls,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// warm_containers says the VM will host containers (a pod's VM): once
+	// Init is done the agent runs the guest's runc once, with nothing to
+	// create, so that the first container's create finds runc's start-up
+	// translated under TCG (API version 11; older agents ignore it).
+	WarmContainers bool `protobuf:"varint,9,opt,name=warm_containers,json=warmContainers,proto3" json:"warm_containers,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -238,6 +243,13 @@ func (x *InitRequest) GetSysctls() map[string]string {
 		return x.Sysctls
 	}
 	return nil
+}
+
+func (x *InitRequest) GetWarmContainers() bool {
+	if x != nil {
+		return x.WarmContainers
+	}
+	return false
 }
 
 type InitResponse struct {
@@ -3143,7 +3155,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vagent.proto\x12\x0fcocoon.agent.v1\x1a\x19google/protobuf/any.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
 	"\fPingResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
-	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\xbe\x03\n" +
+	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\xe7\x03\n" +
 	"\vInitRequest\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
@@ -3152,7 +3164,8 @@ const file_agent_proto_rawDesc = "" +
 	"\anetwork\x18\x05 \x01(\v2\x18.cocoon.agent.v1.NetworkR\anetwork\x12/\n" +
 	"\x06rootfs\x18\x06 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\x126\n" +
 	"\aprocess\x18\a \x01(\v2\x1c.cocoon.agent.v1.ExecRequestR\aprocess\x12C\n" +
-	"\asysctls\x18\b \x03(\v2).cocoon.agent.v1.InitRequest.SysctlsEntryR\asysctls\x1a:\n" +
+	"\asysctls\x18\b \x03(\v2).cocoon.agent.v1.InitRequest.SysctlsEntryR\asysctls\x12'\n" +
+	"\x0fwarm_containers\x18\t \x01(\bR\x0ewarmContainers\x1a:\n" +
 	"\fSysctlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"j\n" +

@@ -15,6 +15,9 @@ import (
 // diskWait bounds the wait for the rootfs disk when Init has no deadline.
 const diskWait = 10 * time.Second
 
+// warmTimeout bounds Init's warm-up of runc, which nothing waits for.
+const warmTimeout = 30 * time.Second
+
 // initPlan is a checked InitRequest.
 type initPlan struct {
 	files   []*api.File
@@ -25,7 +28,8 @@ type initPlan struct {
 
 // Init gives the guest its clone identity (clock, entropy, hostname), sets
 // its sysctls, then writes its files, configures its NIC, mounts its container root and
-// prepares its process, in that order. It first detaches the processes the
+// prepares its process, in that order; a pod's VM then warms its runc
+// while the host goes on. It first detaches the processes the
 // clone inherited from its snapshot (detachAll). Everything is checked
 // before anything changes, but the process, whose program and cwd are
 // looked up in the root; an error names the step that failed.
@@ -65,6 +69,9 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 			clk.Skip()
 		}
 	}
+	if r.WarmContainers {
+		go s.warmContainers()
+	}
 	if debugging() {
 		log.G(ctx).WithFields(log.Fields{
 			"hostname": r.Hostname, "entropy": len(r.Entropy), "files": len(r.Files),
@@ -72,6 +79,17 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 		}).Debug("guest initialized")
 	}
 	return &api.InitResponse{Version: Version, Phases: clk.Phases()}, nil
+}
+
+// warmContainers runs the guest's runc once, after Init has answered
+// (InitRequest.warm_containers); it is best effort, so a failure is only
+// logged.
+func (s *Service) warmContainers() {
+	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
+	defer cancel()
+	if err := s.RPC.Warm(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("warm the guest's runc")
+	}
 }
 
 func (s *Service) planInit(r *api.InitRequest) (*initPlan, error) {

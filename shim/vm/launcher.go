@@ -207,6 +207,7 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 		p.guest.BeforeInit = func(ctx context.Context, c *agent.Client) error { return p.shares.open(ctx, c, g.shares) }
 	}
 	p.guest.Process, p.guest.Sysctls = r.Process, r.Sysctls
+	p.guest.WarmContainers = cfg.Shim.WarmRunc && task.IsPodSandbox(r.Spec)
 	if p.net, err = openNetwork(r.Spec, r.ID); err != nil {
 		return prepared{}, err
 	}

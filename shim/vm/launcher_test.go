@@ -249,3 +249,34 @@ func TestLaunchPreparesTheProcess(t *testing.T) {
 		t.Errorf("the prepared process exited %+v, %v; want 0", exit, err)
 	}
 }
+
+// TestPrepareWarmsPodVMs: a pod's VM asks its guest to warm runc for the
+// containers to come when shim.warm_runc says so; a container's own VM,
+// which runs no runc, never does.
+func TestPrepareWarmsPodVMs(t *testing.T) {
+	pod := &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
+	for _, tc := range []struct {
+		name string
+		spec *specs.Spec
+		warm bool
+		want bool
+	}{
+		{"pod VM", pod, true, true},
+		{"pod VM, warm_runc off", pod, false, false},
+		{"a container's own VM", &specs.Spec{}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Shim.RunDir, cfg.Shim.WarmRunc = t.TempDir(), tc.warm
+			d := &fakeDriver{t: t, sys: &nopSystem{}}
+			r := task.LaunchRequest{ID: "t1", Namespace: "ns", Spec: tc.spec}
+			p, err := prepare(context.Background(), cfg, d, r, source{dir: stageChain(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.guest.WarmContainers != tc.want {
+				t.Fatalf("guest setup warms runc: %v, want %v", p.guest.WarmContainers, tc.want)
+			}
+		})
+	}
+}

@@ -20,30 +20,41 @@ import (
 // podVMHandler is the bench node's cocoon handler with one VM per pod
 // under containerd's default sandboxer (a pause container, whose task
 // restores the VM), beside the cocoon handler's one VM per container and
-// sandboxAPIHandler's VM per pod under containerd's sandbox API.
-const podVMHandler = "cocoon-pod"
+// sandboxAPIHandler's VM per pod under containerd's sandbox API;
+// coldPodVMHandler is podVMHandler with shim.warm_runc off.
+const (
+	podVMHandler     = "cocoon-pod"
+	coldPodVMHandler = "cocoon-pod-cold"
+)
 
 // benchArgs is every bench container's command.
 var benchArgs = []string{"sleep", "3600"}
+
+// kubeletGap stands for what kubelet does between a pod's RunPodSandbox
+// and its first CreateContainer (the image check, the container's
+// volumes and config), which containerd's and crictl's callers do not.
+const kubeletGap = 300 * time.Millisecond
 
 // BenchmarkPodStart times, through containerd's CRI (its gRPC API, no
 // crictl process on the clock), RunPodSandbox → CreateContainer →
 // StartContainer of a one-container pod of the busybox image, with runc,
 // with cocoon's one VM per container and with one VM per pod (both
-// sandboxers), side by side in one containerd; and a second container's create → start in a running
-// pod's VM (join), against which the goal is ≤ 0.3× of a restore:
+// sandboxers; and without the warmed runc), side by side in one
+// containerd; the first container's create → start with kubeletGap after
+// RunPodSandbox, with the warmed runc and without; and a second
+// container's create → start in a running pod's VM (join), against which
+// the goal is ≤ 0.3× of a restore:
 //
 //	go test -run '^$' -bench BenchmarkPodStart -benchtime 5x ./cri/e2e/
 func BenchmarkPodStart(b *testing.B) {
-	podCfg := filepath.Join(b.TempDir(), "pod-vm.toml")
-	n := startChainNode(b, nodeOptions{cocoonConfig: cocoonConfig, handlers: []devstack.Handler{{
-		Name: podVMHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter,
-		Options: map[string]any{"ConfigPath": podCfg},
-	}, {
-		Name: sandboxAPIHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter,
-		Sandboxer: devstack.SandboxerShim, Options: map[string]any{"ConfigPath": podCfg},
-	}}})
-	writePodVMConfig(b, n.stack.ConfigPath, podCfg)
+	podCfg, coldCfg := filepath.Join(b.TempDir(), "pod-vm.toml"), filepath.Join(b.TempDir(), "pod-vm-cold.toml")
+	n := startChainNode(b, nodeOptions{cocoonConfig: cocoonConfig, handlers: []devstack.Handler{
+		podVMBenchHandler(podVMHandler, podCfg, ""),
+		podVMBenchHandler(coldPodVMHandler, coldCfg, ""),
+		podVMBenchHandler(sandboxAPIHandler, podCfg, devstack.SandboxerShim),
+	}})
+	writePodVMConfig(b, n.stack.ConfigPath, podCfg, true)
+	writePodVMConfig(b, n.stack.ConfigPath, coldCfg, false)
 	ctx := context.Background()
 	if err := n.stack.Import(ctx, images.busyboxTar, devstack.Snapshotter); err != nil {
 		b.Fatal(err)
@@ -52,23 +63,15 @@ func BenchmarkPodStart(b *testing.B) {
 	// A container-mode VM must hold the guest; a pod-mode container's limit
 	// must fit in it.
 	limits := map[string]int64{devstack.CocoonHandler: cocoonMemoryLimit}
-	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler, podVMHandler, sandboxAPIHandler} {
-		b.Run("pod/handler="+handler, func(b *testing.B) {
-			var runp, start time.Duration
-			for i := range b.N {
-				b.StartTimer()
-				pod := n.startPod(b, rt, handler+"-"+strconv.Itoa(i), handler, limits[handler])
-				b.StopTimer()
-				runp, start = runp+pod.runp, start+pod.start
-				n.removePod(b, rt, pod)
-			}
-			reportMs(b, "runp-ms/op", runp)
-			reportMs(b, "start-ms/op", start)
-		})
+	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler, podVMHandler, coldPodVMHandler, sandboxAPIHandler} {
+		b.Run("pod/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, limits[handler], 0) })
+	}
+	for _, handler := range []string{podVMHandler, coldPodVMHandler} {
+		b.Run("first/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, 0, kubeletGap) })
 	}
 	b.Run("join/handler="+podVMHandler, func(b *testing.B) {
 		b.StopTimer()
-		pod := n.startPod(b, rt, "join", podVMHandler, 0)
+		pod := n.startPod(b, rt, "join", podVMHandler, 0, 0)
 		defer n.removePod(b, rt, pod)
 		for i := range b.N {
 			name := "second-" + strconv.Itoa(i)
@@ -82,9 +85,36 @@ func BenchmarkPodStart(b *testing.B) {
 	})
 }
 
+// podVMBenchHandler is a cocoon handler with the config at path.
+func podVMBenchHandler(name, path, sandboxer string) devstack.Handler {
+	return devstack.Handler{Name: name, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter,
+		Sandboxer: sandboxer, Options: map[string]any{"ConfigPath": path}}
+}
+
+// benchPods starts b.N one-container pods with handler and reports
+// RunPodSandbox's and the container's create → start medians. With gap,
+// only create → start is timed, gap after RunPodSandbox.
+func benchPods(b *testing.B, n *node, rt runtimeapi.RuntimeServiceClient, handler string, limit int64, gap time.Duration) {
+	var runp, start time.Duration
+	for i := range b.N {
+		if gap > 0 {
+			b.StopTimer()
+		}
+		pod := n.startPod(b, rt, handler+"-"+strconv.Itoa(i), handler, limit, gap)
+		b.StopTimer()
+		runp, start = runp+pod.runp, start+pod.start
+		n.removePod(b, rt, pod)
+		b.StartTimer()
+	}
+	if gap == 0 {
+		reportMs(b, "runp-ms/op", runp)
+	}
+	reportMs(b, "start-ms/op", start)
+}
+
 // writePodVMConfig writes the node's cocoon config at base with one VM per
-// pod to path.
-func writePodVMConfig(b *testing.B, base, path string) {
+// pod, and runc warmed or not, to path.
+func writePodVMConfig(b *testing.B, base, path string, warm bool) {
 	data, err := os.ReadFile(base)
 	if err != nil {
 		b.Fatal(err)
@@ -93,7 +123,7 @@ func writePodVMConfig(b *testing.B, base, path string) {
 	if err != nil {
 		b.Fatalf("the node's cocoon config: %v", err)
 	}
-	cfg.Shim.PodVM = config.PodVMPod
+	cfg.Shim.PodVM, cfg.Shim.WarmRunc = config.PodVMPod, warm
 	if data, err = toml.Marshal(cfg); err != nil {
 		b.Fatal(err)
 	}
@@ -126,8 +156,8 @@ type benchPod struct {
 }
 
 // startPod runs a pod with handler and one busybox container in it, with
-// memory limit (none when 0), started.
-func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, handler string, limit int64) benchPod {
+// memory limit (none when 0), started gap after the pod.
+func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, handler string, limit int64, gap time.Duration) benchPod {
 	cfg := n.podSandboxConfig(name, nil)
 	began := time.Now()
 	resp, err := rt.RunPodSandbox(context.Background(), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
@@ -135,6 +165,10 @@ func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, 
 		b.Fatalf("run pod %s with %s: %v", name, handler, err)
 	}
 	pod := benchPod{id: resp.PodSandboxId, config: cfg, runp: time.Since(began)}
+	time.Sleep(gap)
+	if gap > 0 {
+		b.StartTimer()
+	}
 	began = time.Now()
 	startContainer(b, rt, pod, containerConfig("app", busyboxRef, benchArgs, func(c *runtimeapi.ContainerConfig) {
 		if limit > 0 {

@@ -38,7 +38,7 @@ func BenchmarkConfinement(b *testing.B) {
 	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler} {
 		b.Run("handler="+handler, func(b *testing.B) {
 			b.StopTimer()
-			pod := n.startPod(b, rt, "confinement-"+handler, handler, 0)
+			pod := n.startPod(b, rt, "confinement-"+handler, handler, 0, 0)
 			defer n.removePod(b, rt, pod)
 			took := map[bool][]time.Duration{}
 			for i := range b.N {

@@ -260,18 +260,27 @@ func statusOf(t *testing.T, s *Service, id string) *sandboxAPI.SandboxStatusResp
 	return st
 }
 
+// runningSandbox is a service with sandbox id created and started, with
+// no runtime options.
+func runningSandbox(t *testing.T, id string) (*Service, *fakePods) {
+	t.Helper()
+	ctx := context.Background()
+	pods := newFakePods()
+	s := New(pods, nil)
+	if _, err := s.CreateSandbox(ctx, createRequest(t, id)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StartSandbox(ctx, &sandboxAPI.StartSandboxRequest{SandboxID: id}); err != nil {
+		t.Fatal(err)
+	}
+	return s, pods
+}
+
 // TestSandboxVMLost: a VM that ends on its own ends the wait, with the
 // status containerd gives a shim it lost.
 func TestSandboxVMLost(t *testing.T) {
 	ctx := context.Background()
-	pods := newFakePods()
-	s := New(pods, nil)
-	if _, err := s.CreateSandbox(ctx, createRequest(t, "sb1")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.StartSandbox(ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sb1"}); err != nil {
-		t.Fatal(err)
-	}
+	s, pods := runningSandbox(t, "sb1")
 	if pods.started[0].ConfigPath != "" || pods.started[0].ConfigBody != "" {
 		t.Fatalf("without runtime options the launch has config %q/%q, want none", pods.started[0].ConfigPath, pods.started[0].ConfigBody)
 	}
@@ -401,14 +410,7 @@ func TestSandboxResize(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			pods := newFakePods()
-			s := New(pods, nil)
-			if _, err := s.CreateSandbox(ctx, createRequest(t, "sb1")); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.StartSandbox(ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sb1"}); err != nil {
-				t.Fatal(err)
-			}
+			s, pods := runningSandbox(t, "sb1")
 			if tc.stopped {
 				if _, err := s.StopSandbox(ctx, &sandboxAPI.StopSandboxRequest{SandboxID: "sb1"}); err != nil {
 					t.Fatal(err)

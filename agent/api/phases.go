@@ -18,8 +18,9 @@ var CreatePhases = []string{PhaseRoot, PhaseBundle, PhaseRuncCreate}
 
 // The steps of an Init the guest times, in the order
 // InitResponse.phases has them; a step with nothing to do is left out.
-// identity is the clock, the randomness and the hostname; rootfs the disk
-// found and its root and the container's mounts mounted; confine the
+// identity is the clock, the randomness and the hostname; disk the root's
+// disk found (its virtio device bound, its node there); rootfs its root
+// and the container's mounts mounted; confine the
 // masked and read-only paths and the read-only root applied over them;
 // process the process forked and exec'd, held for Start, with its user,
 // capabilities, no_new_privs, umask and rlimits.
@@ -28,13 +29,14 @@ const (
 	PhaseSysctls  = "sysctls"
 	PhaseFiles    = "files"
 	PhaseNetwork  = "network"
+	PhaseDisk     = "disk"
 	PhaseRootfs   = "rootfs"
 	PhaseConfine  = "confine"
 	PhaseProcess  = "process"
 )
 
 // InitPhases are those names in order.
-var InitPhases = []string{PhaseIdentity, PhaseSysctls, PhaseFiles, PhaseNetwork, PhaseRootfs, PhaseConfine, PhaseProcess}
+var InitPhases = []string{PhaseIdentity, PhaseSysctls, PhaseFiles, PhaseNetwork, PhaseDisk, PhaseRootfs, PhaseConfine, PhaseProcess}
 
 // Clock times a call's steps one after another, as the API reports them.
 type Clock struct {

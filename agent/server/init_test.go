@@ -69,8 +69,8 @@ func TestInitPhases(t *testing.T) {
 		want []string
 	}{
 		{"identity only", &api.InitRequest{Hostname: "clone-1"}, []string{api.PhaseIdentity}},
-		{"everything", fullInit(dir), []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseRootfs}},
-		{"a confined root", confined, []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseRootfs, api.PhaseConfine}},
+		{"everything", fullInit(dir), []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseDisk, api.PhaseRootfs}},
+		{"a confined root", confined, []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseDisk, api.PhaseRootfs, api.PhaseConfine}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newFakeGuest(t)

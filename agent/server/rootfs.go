@@ -110,6 +110,7 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs, clk *api.Clock
 	if err != nil {
 		return err
 	}
+	clk.Lap(api.PhaseDisk)
 	m := &mountStack{mnt: s.mnt}
 	if err := m.root(l, dev, r.Fstype); err != nil {
 		return errors.Join(err, m.undo())

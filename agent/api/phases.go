@@ -4,8 +4,9 @@ import "time"
 
 // The steps of a CreateContainer the guest times, in the order
 // ContainerProcessResponse.phases has them: the container's bundle dir
-// made and its root ready (a disk found, probed, mounted under its
-// overlay), its files and config.json written, and runc's create (its
+// made and its root's disk found (probed again: PhaseDisk, below; none
+// for a root that is a directory), its root ready (the disk mounted under
+// its overlay), its files and config.json written, and runc's create (its
 // init then waits for the start).
 const (
 	PhaseRoot       = "root"
@@ -14,7 +15,7 @@ const (
 )
 
 // CreatePhases are those names in order.
-var CreatePhases = []string{PhaseRoot, PhaseBundle, PhaseRuncCreate}
+var CreatePhases = []string{PhaseDisk, PhaseRoot, PhaseBundle, PhaseRuncCreate}
 
 // The steps of an Init the guest times, in the order
 // InitResponse.phases has them; a step with nothing to do is left out.

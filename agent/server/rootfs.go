@@ -184,7 +184,7 @@ func containerLayout(dir string) rootfsLayout {
 }
 
 // Mount mounts r's disk for a container whose dir is dir.
-func (c containerRoots) Mount(ctx context.Context, r *api.Rootfs, dir string) (string, error) {
+func (c containerRoots) Mount(ctx context.Context, r *api.Rootfs, dir string, clk *api.Clock) (string, error) {
 	if err := checkRootfs(r); err != nil {
 		return "", err
 	}
@@ -197,6 +197,7 @@ func (c containerRoots) Mount(ctx context.Context, r *api.Rootfs, dir string) (s
 	if err != nil {
 		return "", err
 	}
+	clk.Lap(api.PhaseDisk)
 	l := containerLayout(dir)
 	m := &mountStack{mnt: c.s.mnt}
 	if err := m.root(l, dev, r.Fstype); err != nil {

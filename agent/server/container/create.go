@@ -110,7 +110,7 @@ func (m *Manager) prepare(ctx context.Context, c *Container, spec *specs.Spec, o
 	if err := makeBundle(c.bundle); err != nil {
 		return fmt.Errorf("container %q: %w", c.ID, err)
 	}
-	root, err := m.mountRoot(ctx, c.ID, c.bundle, o)
+	root, err := m.mountRoot(ctx, c.ID, c.bundle, o, clk)
 	if err != nil {
 		_ = os.RemoveAll(c.bundle)
 		return fmt.Errorf("container %q: %w", c.ID, err)

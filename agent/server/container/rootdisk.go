@@ -13,10 +13,11 @@ import (
 // Roots mounts the root of a container joining the VM on a disk slot.
 type Roots interface {
 	// Mount finds r's disk (probing its slot again: the host may have
-	// put another image behind it), mounts it read-only under an overlay
-	// whose writable upper is a tmpfs of its own, all under dir, and
-	// returns the overlay's path. A failure leaves nothing mounted.
-	Mount(ctx context.Context, r *api.Rootfs, dir string) (string, error)
+	// put another image behind it), laps api.PhaseDisk on clk, mounts it
+	// read-only under an overlay whose writable upper is a tmpfs of its
+	// own, all under dir, and returns the overlay's path. A failure leaves
+	// nothing mounted.
+	Mount(ctx context.Context, r *api.Rootfs, dir string, clk *api.Clock) (string, error)
 	// Unmount undoes Mount of dir, so the host can detach the disk.
 	Unmount(dir string) error
 	// MountVolume finds v's disk, as Mount does, and mounts it read-only
@@ -61,7 +62,7 @@ func (m *Manager) releaseDisk(serial string) {
 
 // mountRoot mounts o's root disk in bundle and returns the root, or
 // returns o's directory.
-func (m *Manager) mountRoot(ctx context.Context, id, bundle string, o CreateOptions) (string, error) {
+func (m *Manager) mountRoot(ctx context.Context, id, bundle string, o CreateOptions, clk *api.Clock) (string, error) {
 	if o.RootDisk == nil {
 		return o.Rootfs, nil
 	}
@@ -71,7 +72,7 @@ func (m *Manager) mountRoot(ctx context.Context, id, bundle string, o CreateOpti
 	if err := m.claimDisk(id, o.RootDisk.Serial); err != nil {
 		return "", err
 	}
-	root, err := m.cfg.Roots.Mount(ctx, o.RootDisk, bundle)
+	root, err := m.cfg.Roots.Mount(ctx, o.RootDisk, bundle, clk)
 	if err != nil {
 		m.releaseDisk(o.RootDisk.Serial)
 		return "", fmt.Errorf("root disk %q: %w", o.RootDisk.Serial, err)

@@ -27,7 +27,8 @@ type fakeRoots struct {
 	mounted []string
 }
 
-func (f *fakeRoots) Mount(_ context.Context, _ *api.Rootfs, dir string) (string, error) {
+func (f *fakeRoots) Mount(_ context.Context, _ *api.Rootfs, dir string, clk *api.Clock) (string, error) {
+	clk.Lap(api.PhaseDisk)
 	if f.fail != nil {
 		return "", f.fail
 	}
@@ -84,6 +85,13 @@ func TestRootDisk(t *testing.T) {
 	}
 	if data, err := os.ReadFile(bind); err != nil || string(data) != "bound" {
 		t.Errorf("bind file %q, %v; want bound", data, err)
+	}
+	var names []string
+	for _, p := range c.Phases {
+		names = append(names, p.GetName())
+	}
+	if !slices.Equal(names, api.CreatePhases) {
+		t.Errorf("create on a disk timed %v, want %v", names, api.CreatePhases)
 	}
 	_, err = m.Create(ctx, "two", CreateOptions{Spec: specJSON(t, "two"), RootDisk: disk})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), disk.Serial) {

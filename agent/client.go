@@ -116,6 +116,8 @@ const (
 	// apiVersion10 is the first that starts a process under a seccomp
 	// filter.
 	apiVersion10 = 10
+	// apiVersion12 is the first whose guest has its own pause process.
+	apiVersion12 = 12
 )
 
 // apiVersion is the agent's API version, asked with a Ping if no answer

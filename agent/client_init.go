@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/pause"
 )
 
 // InitRequest is what a restored clone gets after every restore: its own
@@ -127,6 +128,13 @@ func (c *Client) Init(ctx context.Context, r InitRequest) ([]Phase, error) {
 	req, err := initRequest(r)
 	if err != nil {
 		return nil, fmt.Errorf("init guest: %w", err)
+	}
+	// An older guest would fail the Init on a missing program: ask first
+	// (a Ping, the version being unknown yet), to say what to do.
+	if r.Process != nil && len(r.Process.Args) > 0 && r.Process.Args[0] == pause.Path {
+		if err := c.requireVersion(ctx, apiVersion12, "the guest's own pause process"); err != nil {
+			return nil, fmt.Errorf("init guest: %w", err)
+		}
 	}
 	needs2 := len(r.Files) > 0 || r.Network != nil || r.Rootfs != nil
 	if needs2 && c.knownVersion() != 0 {

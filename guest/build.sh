@@ -155,6 +155,8 @@ install_rootfs "$root"
 install_busybox "$bdeb" "$root"
 install_modules "$work/kernel" "$release" "$root"
 install -m 0755 "$agent" "$root/sbin/cocoon-agent"
+# A pod's VM runs its sandbox's pause as the agent under this name (agent/pause).
+ln -s cocoon-agent "$root/sbin/cocoon-pause"
 install -m 0755 "$runc" "$root/usr/bin/runc"
 pack "$root" "$work/initramfs.cpio.gz"
 install -m 0644 "$work/kernel/boot/vmlinuz-$release" "$work/vmlinuz"

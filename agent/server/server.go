@@ -28,8 +28,9 @@ import (
 // 6: Init's sysctls. 7: the port calls and UpdateFiles. 8: UpdateFiles
 // takes files in pieces; a directory may be a tmpfs (File.tmpfs_size).
 // 9: the share calls. 10: Exec's seccomp filter; a Rootfs without a
-// disk confines the guest's own root. 11: Init's warm_containers.
-const Version = "11"
+// disk confines the guest's own root. 11: Init's warm_containers. 12: the
+// guest's own pause process (agent/pause.Path).
+const Version = "12"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond

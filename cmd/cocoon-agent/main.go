@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/pause"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
 )
 
@@ -31,6 +32,9 @@ const (
 )
 
 func main() {
+	if pause.IsPause(os.Args[0]) {
+		pause.Main()
+	}
 	if err := run(); err != nil {
 		log.L.WithError(err).Error("cocoon-agent failed")
 		os.Exit(1)

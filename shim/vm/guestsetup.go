@@ -8,6 +8,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/pause"
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
@@ -134,4 +135,18 @@ func identityFiles(mounts []specs.Mount) ([]agent.File, error) {
 		files = append(files, agent.File{Path: path.Clean(m.Destination), Data: data, Mode: mode})
 	}
 	return files, nil
+}
+
+// podPause is the process r's VM prepares: for a pod's sandbox, the
+// guest's own pause (agent/pause) in place of the pause image's, with the
+// rest of the pause's spec (user, capabilities, seccomp, PID namespace).
+// The pause image holds one program that waits for a signal; mounting it
+// would cost every pod start its disk's probe and mounts.
+func podPause(r task.LaunchRequest) *agent.ExecRequest {
+	if r.Process == nil || !task.IsPodSandbox(r.Spec) {
+		return r.Process
+	}
+	p := *r.Process
+	p.Args, p.Cwd = []string{pause.Path}, "/"
+	return &p
 }

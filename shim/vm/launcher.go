@@ -159,7 +159,13 @@ func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchR
 		return source{}, err
 	}
 	clock.lap(PhaseBase)
-	return source{dir: base.Dir, staged: base.Staged, base: base, disk: r.Rootfs, why: why}, nil
+	src := source{dir: base.Dir, staged: base.Staged, base: base, disk: r.Rootfs, why: why}
+	if task.IsPodSandbox(r.Spec) {
+		// The pod's VM runs the guest's own pause (podPause): its image
+		// is not mounted.
+		src.disk = nil
+	}
+	return src, nil
 }
 
 // prepared is a restore decided and made ready: its plan, the VM's memory
@@ -206,7 +212,7 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 	if len(g.shares) > 0 {
 		p.guest.BeforeInit = func(ctx context.Context, c *agent.Client) error { return p.shares.open(ctx, c, g.shares) }
 	}
-	p.guest.Process, p.guest.Sysctls = r.Process, r.Sysctls
+	p.guest.Process, p.guest.Sysctls = podPause(r), r.Sysctls
 	p.guest.WarmContainers = cfg.Shim.WarmRunc && task.IsPodSandbox(r.Spec)
 	if p.net, err = openNetwork(r.Spec, r.ID); err != nil {
 		return prepared{}, err

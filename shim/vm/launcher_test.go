@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/pause"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -276,6 +279,29 @@ func TestPrepareWarmsPodVMs(t *testing.T) {
 			}
 			if p.guest.WarmContainers != tc.want {
 				t.Fatalf("guest setup warms runc: %v, want %v", p.guest.WarmContainers, tc.want)
+			}
+		})
+	}
+}
+
+// TestPodPause: a pod sandbox's process is the guest's own pause, with the
+// rest of what the pause's spec asks; any other process is as asked.
+func TestPodPause(t *testing.T) {
+	sandbox := &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
+	asked := &agent.ExecRequest{ID: "init", Args: []string{"/pause"}, Cwd: "/pause-dir", UID: 65535, OwnPIDNamespace: true}
+	for _, tc := range []struct {
+		name string
+		r    task.LaunchRequest
+		want *agent.ExecRequest
+	}{
+		{"pod sandbox", task.LaunchRequest{Spec: sandbox, Process: asked},
+			&agent.ExecRequest{ID: "init", Args: []string{pause.Path}, Cwd: "/", UID: 65535, OwnPIDNamespace: true}},
+		{"a container", task.LaunchRequest{Spec: &specs.Spec{}, Process: asked}, asked},
+		{"no process", task.LaunchRequest{Spec: sandbox}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := podPause(tc.r); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("process %+v, want %+v", got, tc.want)
 			}
 		})
 	}

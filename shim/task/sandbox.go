@@ -216,11 +216,20 @@ type Warmer interface {
 const (
 	containerTypeAnnotation = "io.kubernetes.cri.container-type"
 	containerTypeSandbox    = "sandbox"
+	sandboxNameAnnotation   = "io.kubernetes.cri.sandbox-name"
 )
 
 // IsPodSandbox reports whether spec is a CRI pod sandbox's container.
 func IsPodSandbox(spec *specs.Spec) bool {
 	return spec != nil && spec.Annotations[containerTypeAnnotation] == containerTypeSandbox
+}
+
+// IsCRIPause reports whether spec is a pod sandbox containerd's CRI made
+// (it names the pod, as only the CRI does): its process is always its
+// configured pause image's, which waits for a signal. A client that marks
+// a container a sandbox by its type alone runs what it asks.
+func IsCRIPause(spec *specs.Spec) bool {
+	return IsPodSandbox(spec) && spec.Annotations[sandboxNameAnnotation] != ""
 }
 
 // ownsPIDNamespace reports whether spec asks for a PID namespace of its

@@ -137,13 +137,14 @@ func identityFiles(mounts []specs.Mount) ([]agent.File, error) {
 	return files, nil
 }
 
-// podPause is the process r's VM prepares: for a pod's sandbox, the
-// guest's own pause (agent/pause) in place of the pause image's, with the
-// rest of the pause's spec (user, capabilities, seccomp, PID namespace).
-// The pause image holds one program that waits for a signal; mounting it
-// would cost every pod start its disk's probe and mounts.
+// podPause is the process r's VM prepares: for the pause of a pod's
+// sandbox made by containerd's CRI, the guest's own pause (agent/pause) in
+// place of the pause image's, with the rest of the pause's spec (user,
+// capabilities, seccomp, PID namespace). The pause image holds one program
+// that waits for a signal; mounting it would cost every pod start its
+// disk's probe and mounts.
 func podPause(r task.LaunchRequest) *agent.ExecRequest {
-	if r.Process == nil || !task.IsPodSandbox(r.Spec) {
+	if r.Process == nil || !task.IsCRIPause(r.Spec) {
 		return r.Process
 	}
 	p := *r.Process

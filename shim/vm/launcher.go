@@ -160,7 +160,7 @@ func (l *Launcher) source(ctx context.Context, cfg config.Config, r task.LaunchR
 	}
 	clock.lap(PhaseBase)
 	src := source{dir: base.Dir, staged: base.Staged, base: base, disk: r.Rootfs, why: why}
-	if task.IsPodSandbox(r.Spec) {
+	if task.IsCRIPause(r.Spec) {
 		// The pod's VM runs the guest's own pause (podPause): its image
 		// is not mounted.
 		src.disk = nil

@@ -284,10 +284,12 @@ func TestPrepareWarmsPodVMs(t *testing.T) {
 	}
 }
 
-// TestPodPause: a pod sandbox's process is the guest's own pause, with the
-// rest of what the pause's spec asks; any other process is as asked.
+// TestPodPause: the process of a pod sandbox the CRI made is the guest's
+// own pause, with the rest of what the pause's spec asks; any other
+// process is as asked.
 func TestPodPause(t *testing.T) {
-	sandbox := &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
+	sandbox := &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-name": "web"}}
+	typeOnly := &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
 	asked := &agent.ExecRequest{ID: "init", Args: []string{"/pause"}, Cwd: "/pause-dir", UID: 65535, OwnPIDNamespace: true}
 	for _, tc := range []struct {
 		name string
@@ -297,6 +299,7 @@ func TestPodPause(t *testing.T) {
 		{"pod sandbox", task.LaunchRequest{Spec: sandbox, Process: asked},
 			&agent.ExecRequest{ID: "init", Args: []string{pause.Path}, Cwd: "/", UID: 65535, OwnPIDNamespace: true}},
 		{"a container", task.LaunchRequest{Spec: &specs.Spec{}, Process: asked}, asked},
+		{"a sandbox not the CRI's", task.LaunchRequest{Spec: typeOnly, Process: asked}, asked},
 		{"no process", task.LaunchRequest{Spec: sandbox}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

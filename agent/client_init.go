@@ -129,13 +129,6 @@ func (c *Client) Init(ctx context.Context, r InitRequest) ([]Phase, error) {
 	if err != nil {
 		return nil, fmt.Errorf("init guest: %w", err)
 	}
-	// An older guest would fail the Init on a missing program: ask first
-	// (a Ping, the version being unknown yet), to say what to do.
-	if r.Process != nil && len(r.Process.Args) > 0 && r.Process.Args[0] == pause.Path {
-		if err := c.requireVersion(ctx, apiVersion12, "the guest's own pause process"); err != nil {
-			return nil, fmt.Errorf("init guest: %w", err)
-		}
-	}
 	needs2 := len(r.Files) > 0 || r.Network != nil || r.Rootfs != nil
 	if needs2 && c.knownVersion() != 0 {
 		if err := c.requireVersion(ctx, apiVersion2, "files, a network or a rootfs"); err != nil {
@@ -146,6 +139,9 @@ func (c *Client) Init(ctx context.Context, r InitRequest) ([]Phase, error) {
 	resp, err := c.api.Init(ctx, req)
 	call := time.Since(began)
 	if err != nil {
+		if perr := c.pauseNeeds(ctx, r.Process); perr != nil {
+			err = perr
+		}
 		return nil, fmt.Errorf("init guest: %w", native(err))
 	}
 	if resp.GetVersion() != "" {
@@ -202,6 +198,17 @@ func initNeeds(r InitRequest) []need {
 		out = append(out, need{apiVersion10, "a confined root for a snapshot image"})
 	}
 	return out
+}
+
+// pauseNeeds says, after an Init failed, whether it failed because p is
+// the guest's own pause and the guest predates it (its program is then
+// missing; the version error replaces that one): asked only then, so a
+// pod's start pays no Ping for it.
+func (c *Client) pauseNeeds(ctx context.Context, p *ExecRequest) error {
+	if p == nil || len(p.Args) == 0 || p.Args[0] != pause.Path {
+		return nil
+	}
+	return c.requireVersion(ctx, apiVersion12, "the guest's own pause process")
 }
 
 func initRequest(r InitRequest) (*api.InitRequest, error) {

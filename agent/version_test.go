@@ -2,16 +2,20 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/pause"
 )
 
 // oldAgent is an agent of an API version before 3, as in a snapshot baked
@@ -19,11 +23,12 @@ import (
 // Init's files, network and rootfs silently; both drop its process.
 type oldAgent struct {
 	api.AgentService
-	version      string
-	inits, execs atomic.Int32
+	version             string
+	inits, execs, pings atomic.Int32
 }
 
 func (a *oldAgent) Ping(context.Context, *emptypb.Empty) (*api.PingResponse, error) {
+	a.pings.Add(1)
 	return &api.PingResponse{Version: a.version}, nil
 }
 
@@ -128,5 +133,34 @@ func TestSeccompNeedsVersion10(t *testing.T) {
 	}
 	if _, err := c.Init(ctxT(t), agent.InitRequest{Process: &p}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), want) {
 		t.Errorf("Init with a filter on an agent of API 9: %v, want failed precondition: %s", err, want)
+	}
+}
+
+// pauseAgent answers Init as an agent of its version does when the
+// process is the guest's own pause: one of API 12 starts it, an older one
+// cannot find its program.
+type pauseAgent struct{ oldAgent }
+
+func (a *pauseAgent) Init(context.Context, *api.InitRequest) (*api.InitResponse, error) {
+	a.inits.Add(1)
+	if v, _ := strconv.Atoi(a.version); v < 12 {
+		return nil, errgrpc.ToGRPC(fmt.Errorf("init process: program %q not found: %w", pause.Path, errdefs.ErrInvalidArgument))
+	}
+	return &api.InitResponse{Version: a.version}, nil
+}
+
+// TestPauseNeedsVersion12: an Init whose process is the guest's own pause
+// fails on an agent before API 12 naming what it needs and both versions;
+// on one of API 12 it costs no Ping.
+func TestPauseNeedsVersion12(t *testing.T) {
+	p := &agent.ExecRequest{ID: "init", Args: []string{pause.Path}}
+	old := &pauseAgent{oldAgent{version: "11"}}
+	want := "the guest's own pause process needs guest agent API 12, the guest's agent speaks 11"
+	if _, err := serveFake(t, old).Init(ctxT(t), agent.InitRequest{Process: p}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Init of the pause on an agent of API 11: %v, want failed precondition: %s", err, want)
+	}
+	cur := &pauseAgent{oldAgent{version: "12"}}
+	if _, err := serveFake(t, cur).Init(ctxT(t), agent.InitRequest{Process: p}); err != nil || cur.pings.Load() != 0 {
+		t.Errorf("Init of the pause on an agent of API 12: %v after %d pings, want none", err, cur.pings.Load())
 	}
 }

@@ -68,6 +68,7 @@ type ContainerRoot struct {
 // volume's filesystem on a disk slot.
 type VolumeDisk struct {
 	Serial, FSType, Path string
+	Size                 uint64 // as Rootfs.Size
 }
 
 // CreateContainerFrom has the guest's runc create container id from spec
@@ -146,7 +147,7 @@ func createContainerRequest(id string, spec *specs.Spec, root ContainerRoot, std
 		}
 	}
 	for _, v := range root.Volumes {
-		req.VolumeDisks = append(req.VolumeDisks, &api.VolumeDisk{Serial: v.Serial, Fstype: v.FSType, Path: v.Path})
+		req.VolumeDisks = append(req.VolumeDisks, &api.VolumeDisk{Serial: v.Serial, Fstype: v.FSType, Path: v.Path, Size: v.Size})
 	}
 	return req, nil
 }

@@ -100,6 +100,9 @@ type Route struct {
 type Rootfs struct {
 	FSType string // "erofs" or "ext4"
 	Serial string
+	// Size is the image's size in bytes; 0 if unknown, which has the guest
+	// probe the disk again (see api.Rootfs.size).
+	Size   uint64
 	Mounts []specs.Mount
 	// The spec's confinement of the root, applied after the mounts.
 	MaskedPaths, ReadonlyPaths []string
@@ -319,7 +322,7 @@ func initNetwork(n *Network) *api.Network {
 }
 
 func initRootfs(r *Rootfs) (*api.Rootfs, error) {
-	out := &api.Rootfs{Fstype: r.FSType, Serial: r.Serial, MaskedPaths: r.MaskedPaths, ReadonlyPaths: r.ReadonlyPaths, Readonly: r.Readonly}
+	out := &api.Rootfs{Fstype: r.FSType, Serial: r.Serial, Size: r.Size, MaskedPaths: r.MaskedPaths, ReadonlyPaths: r.ReadonlyPaths, Readonly: r.Readonly}
 	for _, m := range r.Mounts {
 		if len(m.UIDMappings) > 0 || len(m.GIDMappings) > 0 {
 			return nil, fmt.Errorf("mount at %q: id-mapped mounts are not supported in the guest: %w", m.Destination, errdefs.ErrInvalidArgument)

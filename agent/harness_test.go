@@ -181,7 +181,7 @@ type fakeMounter struct {
 	mounts []string // target fstype
 }
 
-func (m *fakeMounter) Disk(context.Context, string) (string, error) { return "/dev/vdz", nil }
+func (m *fakeMounter) Disk(context.Context, string, uint64) (string, error) { return "/dev/vdz", nil }
 
 func (m *fakeMounter) Mount(_, target, fstype string, _ uintptr, _ string) error {
 	m.mu.Lock()

@@ -59,6 +59,17 @@ type StagedRootfs struct {
 // ImagePath is the staged image.
 func (r *StagedRootfs) ImagePath() string { return filepath.Join(r.Dir, StagedRootfsImage) }
 
+// ImageSize is the staged image's size in bytes, 0 when it cannot be read:
+// a guest told the size of the image behind its disk can skip probing the
+// disk again, and one told 0 probes it.
+func (r *StagedRootfs) ImageSize() uint64 {
+	st, err := os.Stat(r.ImagePath())
+	if err != nil {
+		return 0
+	}
+	return uint64(st.Size())
+}
+
 // WriteStagedRootfs writes dir/rootfs.json for the image already staged at
 // dir/rootfs.img, atomically but without fsync: like chain.json, its maker
 // re-stages it after a host crash.

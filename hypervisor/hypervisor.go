@@ -247,11 +247,12 @@ type DiskAttacher interface {
 	DiskSlots() int
 	// AttachDisk backs slot with the read-only image at path in place of
 	// what backed it, and returns the serial by which the guest finds the
-	// disk. The guest sees the new image once it probes the device again
-	// (rebinds its driver): a disk it probed before keeps its old size
-	// and cached blocks.
+	// disk. A guest that probed the disk before keeps the size it read
+	// then (an empty slot's is large) and its cached blocks: it reads the
+	// new image once it drops them, if the image fits that size, else once
+	// it probes the device again (rebinds its driver).
 	AttachDisk(ctx context.Context, slot int, path string) (serial string, err error)
-	// DetachDisk leaves slot empty (a 0-byte disk); the hypervisor no
-	// longer holds the image. The guest must have stopped using the disk.
+	// DetachDisk leaves slot empty; the hypervisor no longer holds the
+	// image. The guest must have stopped using the disk.
 	DetachDisk(ctx context.Context, slot int) error
 }

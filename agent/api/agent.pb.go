@@ -591,6 +591,10 @@ type Rootfs struct {
 	MaskedPaths   []string `protobuf:"bytes,4,rep,name=masked_paths,json=maskedPaths,proto3" json:"masked_paths,omitempty"`
 	ReadonlyPaths []string `protobuf:"bytes,5,rep,name=readonly_paths,json=readonlyPaths,proto3" json:"readonly_paths,omitempty"`
 	Readonly      bool     `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	// size is the byte size of the image behind the disk; 0 if unknown
+	// (API version 13). A disk the guest probed before with a capacity of
+	// at least size has only its cached blocks dropped, not probed again.
+	Size          uint64 `protobuf:"varint,7,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -665,6 +669,13 @@ func (x *Rootfs) GetReadonly() bool {
 		return x.Readonly
 	}
 	return false
+}
+
+func (x *Rootfs) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
 }
 
 // Mount is an OCI mount (runtime-spec config.md) inside the container.
@@ -1841,7 +1852,9 @@ type VolumeDisk struct {
 	Fstype string                 `protobuf:"bytes,2,opt,name=fstype,proto3" json:"fstype,omitempty"`
 	// path is where in the guest it is mounted: under the agent's copies
 	// of bind sources.
-	Path          string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	Path string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	// size is as Rootfs.size.
+	Size          uint64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1895,6 +1908,13 @@ func (x *VolumeDisk) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *VolumeDisk) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
 }
 
 // ContainerRequest names a container, or with exec_id one of its execs.
@@ -3191,14 +3211,15 @@ const file_agent_proto_rawDesc = "" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x16\n" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12\x16\n" +
 	"\x06metric\x18\x04 \x01(\rR\x06metric\x12\x17\n" +
-	"\aon_link\x18\x05 \x01(\bR\x06onLink\"\xce\x01\n" +
+	"\aon_link\x18\x05 \x01(\bR\x06onLink\"\xe2\x01\n" +
 	"\x06Rootfs\x12\x16\n" +
 	"\x06fstype\x18\x01 \x01(\tR\x06fstype\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12.\n" +
 	"\x06mounts\x18\x03 \x03(\v2\x16.cocoon.agent.v1.MountR\x06mounts\x12!\n" +
 	"\fmasked_paths\x18\x04 \x03(\tR\vmaskedPaths\x12%\n" +
 	"\x0ereadonly_paths\x18\x05 \x03(\tR\rreadonlyPaths\x12\x1a\n" +
-	"\breadonly\x18\x06 \x01(\bR\breadonly\"o\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x12\n" +
+	"\x04size\x18\a \x01(\x04R\x04size\"o\n" +
 	"\x05Mount\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
@@ -3287,12 +3308,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x05stdin\x18\x04 \x01(\bR\x05stdin\x124\n" +
 	"\troot_disk\x18\x05 \x01(\v2\x17.cocoon.agent.v1.RootfsR\brootDisk\x12+\n" +
 	"\x05files\x18\x06 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x12>\n" +
-	"\fvolume_disks\x18\a \x03(\v2\x1b.cocoon.agent.v1.VolumeDiskR\vvolumeDisks\"P\n" +
+	"\fvolume_disks\x18\a \x03(\v2\x1b.cocoon.agent.v1.VolumeDiskR\vvolumeDisks\"d\n" +
 	"\n" +
 	"VolumeDisk\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x16\n" +
 	"\x06fstype\x18\x02 \x01(\tR\x06fstype\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\";\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\";\n" +
 	"\x10ContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\\\n" +

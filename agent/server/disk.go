@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,9 +41,12 @@ type LinuxMounts struct {
 	// Held says whether something holds the block device node (mounts
 	// it); nil means an exclusive open fails with EBUSY.
 	Held func(node string) (bool, error)
-	// DiskMap is where the guest's rcS noted, before it unbound them at
-	// boot, each disk's serial and virtio device ("serial virtioN" lines);
-	// empty means /run/cocoon/disks.
+	// Flush drops the blocks cached of the block device node; nil means
+	// BLKFLSBUF.
+	Flush func(node string) error
+	// DiskMap is where the guest's rcS noted at boot each disk's serial
+	// and virtio device ("serial virtioN" lines); empty means
+	// /run/cocoon/disks.
 	DiskMap string
 }
 
@@ -58,14 +62,18 @@ func orDefault(s, def string) string {
 	return s
 }
 
-// Disk binds the unbound virtio-blk devices and returns the node of the
-// disk whose serial is serial, looking again with a growing pause until
-// ctx ends. A disk the driver probed before this call, and that nothing
-// holds (mounts it), is probed again first: the host may have put another
-// image behind its slot since (a spare slot for a container joining the
-// VM), and the guest learns a disk's size, and forgets the blocks it
-// cached, only when the driver probes it.
-func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
+// Disk binds the virtio block device of the disk whose serial is serial
+// if it has no driver, and returns the disk's node, looking again with a
+// growing pause until ctx ends. A disk the driver probed before this call
+// (at boot: a snapshot carries its slots probed), and that nothing holds
+// (mounts it), may have another image behind its slot since: the rootfs
+// slot after a restore, a spare slot for a container joining the VM. The
+// guest learns a disk's size only when the driver probes it, so a disk
+// whose capacity holds the image's size bytes keeps it and only drops the
+// blocks it cached; any other is probed again, which under TCG costs
+// ~100 ms of a restored VM's first probe (the driver's code translated
+// afresh).
+func (l LinuxMounts) Disk(ctx context.Context, serial string, size uint64) (string, error) {
 	fresh, err := l.bindVirtioBlk(serial)
 	if err != nil {
 		return "", err
@@ -83,7 +91,7 @@ func (l LinuxMounts) Disk(ctx context.Context, serial string) (string, error) {
 				if err != nil || fresh.has(dev) {
 					return node, nil
 				}
-				if again, err := l.reprobe(dev, node); err != nil || !again {
+				if again, err := l.refresh(dev, name, size); err != nil || !again {
 					return node, err
 				}
 				fresh.add(dev)
@@ -125,15 +133,25 @@ func (l LinuxMounts) virtioDevice(name string) (string, error) {
 	return filepath.Base(dev), nil
 }
 
-// reprobe unbinds virtio device dev from virtio_blk and binds it again,
-// unless its disk's node is held: a mounted disk is never pulled from
-// under its users. It reports whether it probed.
-func (l LinuxMounts) reprobe(dev, node string) (bool, error) {
+// refresh has the guest see what backs block device name (virtio device
+// dev) now, an image of size bytes, unless something holds its node: a
+// mounted disk is never pulled from under its users. When the disk's
+// capacity holds size it only drops the blocks the guest cached of it (the
+// kernel drops them at a disk's last close, but a process may keep it
+// open), else it unbinds dev from virtio_blk and binds it again; it
+// reports whether it probed.
+func (l LinuxMounts) refresh(dev, name string, size uint64) (bool, error) {
 	binding.Lock()
 	defer binding.Unlock()
+	node := filepath.Join(l.dev(), name)
 	held, err := l.held(node)
 	if err != nil || held {
 		return false, err
+	}
+	if size > 0 {
+		if capacity, err := l.capacity(name); err == nil && capacity >= size {
+			return false, l.flush(node)
+		}
 	}
 	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
 	for _, op := range []string{"unbind", "bind"} {
@@ -142,6 +160,36 @@ func (l LinuxMounts) reprobe(dev, node string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// capacity is block device name's size in bytes, as its driver last
+// read it.
+func (l LinuxMounts) capacity(name string) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(l.sys(), "block", name, "size"))
+	if err != nil {
+		return 0, fmt.Errorf("read the size of %s: %w", name, err)
+	}
+	sectors, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", name, err)
+	}
+	return sectors * 512, nil
+}
+
+// flush drops the blocks the guest cached of the disk at node.
+func (l LinuxMounts) flush(node string) error {
+	if l.Flush != nil {
+		return l.Flush(node)
+	}
+	f, err := os.Open(node)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", node, err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.BLKFLSBUF, 0); err != nil {
+		return fmt.Errorf("drop the cached blocks of %s: %w", node, err)
+	}
+	return nil
 }
 
 // held says whether something holds block device node: it cannot be
@@ -161,11 +209,11 @@ func (l LinuxMounts) held(node string) (bool, error) {
 }
 
 // bindVirtioBlk binds the virtio block device of the disk whose serial is
-// serial, if the guest noted it at boot (DiskMap), else every one without
-// a driver, and returns those it bound: each bind probes a disk, ~20 ms
-// under TCG, and a pod's VM has a slot per container. The guest loads
-// virtio_blk at boot; one whose snapshot predates that loads it here, which
-// probes, and so binds, every slot.
+// serial if it has no driver (a probe that failed left it so), found by
+// the guest's note (DiskMap), else every one without a driver, and
+// returns those it bound: each bind probes a disk, and a pod's VM has a
+// slot per container. A guest without virtio_blk loaded at boot loads it
+// here, which probes, and so binds, every slot.
 func (l LinuxMounts) bindVirtioBlk(serial string) (*probed, error) {
 	binding.Lock()
 	defer binding.Unlock()

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,7 +83,7 @@ func TestDiskBindsAndFinds(t *testing.T) {
 	f.virtio("virtio2", "0x0002", false) // the rootfs slot
 	f.disk("vda", "other")
 	f.disk("vdb", "cocoon-rootfs")
-	dev, err := f.mounts().Disk(context.Background(), "cocoon-rootfs")
+	dev, err := f.mounts().Disk(context.Background(), "cocoon-rootfs", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestDiskBindsMapped(t *testing.T) {
 			f.virtio("virtio2", "0x0002", false)
 			f.write("disks", "cocoon-disk-1 virtio1\ncocoon-disk-2 virtio2\n")
 			f.disk("vda", tc.serial)
-			if _, err := f.mounts().Disk(context.Background(), tc.serial); err != nil {
+			if _, err := f.mounts().Disk(context.Background(), tc.serial, 0); err != nil {
 				t.Fatal(err)
 			}
 			if b := f.bound(); b != tc.want {
@@ -130,7 +131,7 @@ func TestDiskWaits(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if dev, err := f.mounts().Disk(ctx, "late"); err != nil || dev != filepath.Join(f.dev, "vda") {
+	if dev, err := f.mounts().Disk(ctx, "late", 0); err != nil || dev != filepath.Join(f.dev, "vda") {
 		t.Errorf("disk %q %v, want vda", dev, err)
 	}
 }
@@ -141,7 +142,7 @@ func TestDiskOnlyOne(t *testing.T) {
 	f := newFakeSysfs(t, true)
 	f.virtio("virtio0", "0x0002", false)
 	f.disk("vda", "253:0:1234")
-	if dev, err := f.mounts().Disk(context.Background(), "cocoon-rootfs"); err != nil || dev != filepath.Join(f.dev, "vda") {
+	if dev, err := f.mounts().Disk(context.Background(), "cocoon-rootfs", 0); err != nil || dev != filepath.Join(f.dev, "vda") {
 		t.Errorf("disk %q %v, want the only one, vda", dev, err)
 	}
 }
@@ -164,7 +165,7 @@ func TestDiskLoadsDriver(t *testing.T) {
 		f.disk("vda", "cocoon-rootfs")
 		return nil
 	}
-	if dev, err := m.Disk(context.Background(), "cocoon-rootfs"); err != nil || dev != filepath.Join(f.dev, "vda") {
+	if dev, err := m.Disk(context.Background(), "cocoon-rootfs", 0); err != nil || dev != filepath.Join(f.dev, "vda") {
 		t.Fatalf("disk %q %v, want vda", dev, err)
 	}
 	if len(loaded) != 1 || loaded[0] != filepath.Join(m.Modules, "virtio_blk.ko") {
@@ -177,7 +178,7 @@ func TestDiskLoadsDriver(t *testing.T) {
 
 func TestDiskErrors(t *testing.T) {
 	t.Run("no driver and no module", func(t *testing.T) {
-		_, err := newFakeSysfs(t, false).mounts().Disk(context.Background(), "s")
+		_, err := newFakeSysfs(t, false).mounts().Disk(context.Background(), "s", 0)
 		if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "virtio_blk driver is not loaded") {
 			t.Errorf("Disk: %v, want the driver missing", err)
 		}
@@ -188,7 +189,7 @@ func TestDiskErrors(t *testing.T) {
 		f.disk("vdb", "b")
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
-		_, err := f.mounts().Disk(ctx, "c")
+		_, err := f.mounts().Disk(ctx, "c", 0)
 		if !errdefs.IsNotFound(err) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), `serial "c" (disks: vda="a" vdb="b")`) {
 			t.Errorf("Disk: %v, want not found listing the disks", err)
 		}
@@ -216,18 +217,25 @@ func (f *fakeSysfs) unbound() string {
 	return string(b)
 }
 
-// TestDiskReprobes: a disk the driver probed before Disk was called is
-// probed again (unbound and bound), since the host may have put another
-// image behind its slot; one bound by this call, or held (mounted), is not.
-func TestDiskReprobes(t *testing.T) {
+// TestDiskRefreshes: a disk the driver probed before Disk was called may
+// have another image behind its slot. One whose capacity holds the image
+// keeps it and has its cached blocks dropped; one too small, or an image
+// of unknown size, is probed again (unbound and bound); one bound by this
+// call, or held (mounted), is used as found.
+func TestDiskRefreshes(t *testing.T) {
+	const capacity = 1 << 30
 	tests := []struct {
 		name            string
 		bound, held     bool
+		size            uint64
 		unbind, rebound string
+		flushed         bool
 	}{
-		{"probed before", true, false, "virtio6", "virtio6"},
-		{"probed now", false, false, "", "virtio6"},
-		{"probed before and mounted", true, true, "", ""},
+		{"probed before, image fits", true, false, capacity, "", "", true},
+		{"probed before, image larger", true, false, capacity + 512, "virtio6", "virtio6", false},
+		{"probed before, size unknown", true, false, 0, "virtio6", "virtio6", false},
+		{"probed now", false, false, 4096, "", "virtio6", false},
+		{"probed before and mounted", true, true, 4096, "", "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -236,13 +244,18 @@ func TestDiskReprobes(t *testing.T) {
 			f.virtio("virtio6", "0x0002", tt.bound)
 			f.diskOn("vda", "cocoon-rootfs", "virtio2")
 			f.diskOn("vde", "cocoon-disk-3", "virtio6")
+			f.write("block/vde/size", fmt.Sprintln(capacity/512))
 			m := f.mounts()
-			var asked []string
+			var asked, flushed []string
 			m.Held = func(node string) (bool, error) {
 				asked = append(asked, node)
 				return tt.held, nil
 			}
-			dev, err := m.Disk(context.Background(), "cocoon-disk-3")
+			m.Flush = func(node string) error {
+				flushed = append(flushed, node)
+				return nil
+			}
+			dev, err := m.Disk(context.Background(), "cocoon-disk-3", tt.size)
 			if err != nil || dev != filepath.Join(f.dev, "vde") {
 				t.Fatalf("disk %q %v, want vde", dev, err)
 			}
@@ -254,6 +267,9 @@ func TestDiskReprobes(t *testing.T) {
 			}
 			if tt.bound && (len(asked) != 1 || asked[0] != dev) {
 				t.Errorf("asked whether %q are held, want only %s", asked, dev)
+			}
+			if want := tt.flushed; (len(flushed) == 1 && flushed[0] == dev) != want || len(flushed) > 1 {
+				t.Errorf("flushed %q, want %s flushed: %v", flushed, dev, want)
 			}
 		})
 	}

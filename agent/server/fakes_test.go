@@ -92,7 +92,7 @@ type fakeMounter struct {
 	failAt  string // a mount target that fails
 }
 
-func (m *fakeMounter) Disk(_ context.Context, serial string) (string, error) {
+func (m *fakeMounter) Disk(_ context.Context, serial string, _ uint64) (string, error) {
 	m.j.add("disk %s", serial)
 	return m.dev, m.diskErr
 }

@@ -22,11 +22,10 @@ const maxSerial = 20
 // Mounter is how Init reaches the rootfs disk and mounts the container's
 // root; tests replace it so they never touch the host's devices or mounts.
 type Mounter interface {
-	// Disk binds the VM's unbound virtio-blk devices to their driver (a
-	// snapshot leaves its disk slot unbound so the driver reads the disk's
-	// size at probe) and returns the device node of the disk whose serial
-	// is serial, waiting for it until ctx ends.
-	Disk(ctx context.Context, serial string) (string, error)
+	// Disk returns the device node of the disk whose serial is serial,
+	// an image of size bytes (0: unknown), waiting for it until ctx ends;
+	// the guest sees that image, not what the disk's slot held before.
+	Disk(ctx context.Context, serial string, size uint64) (string, error)
 	Mount(source, target, fstype string, flags uintptr, data string) error
 	// Unmount detaches target; Init undoes a half-mounted root with it.
 	Unmount(target string) error
@@ -106,7 +105,7 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs, clk *api.Clock
 	}
 	ctx, cancel := context.WithTimeout(ctx, diskWait)
 	defer cancel()
-	dev, err := s.mnt.Disk(ctx, r.Serial)
+	dev, err := s.mnt.Disk(ctx, r.Serial, r.Size)
 	if err != nil {
 		return err
 	}
@@ -193,7 +192,7 @@ func (c containerRoots) Mount(ctx context.Context, r *api.Rootfs, dir string, cl
 	}
 	ctx, cancel := context.WithTimeout(ctx, diskWait)
 	defer cancel()
-	dev, err := c.s.mnt.Disk(ctx, r.Serial)
+	dev, err := c.s.mnt.Disk(ctx, r.Serial, r.Size)
 	if err != nil {
 		return "", err
 	}
@@ -232,7 +231,7 @@ func (c containerRoots) MountVolume(ctx context.Context, v *api.VolumeDisk) erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, diskWait)
 	defer cancel()
-	dev, err := c.s.mnt.Disk(ctx, v.Serial)
+	dev, err := c.s.mnt.Disk(ctx, v.Serial, v.Size)
 	if err != nil {
 		return err
 	}

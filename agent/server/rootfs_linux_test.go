@@ -99,7 +99,7 @@ type loopDisk struct {
 	dev string
 }
 
-func (l loopDisk) Disk(context.Context, string) (string, error) { return l.dev, nil }
+func (l loopDisk) Disk(context.Context, string, uint64) (string, error) { return l.dev, nil }
 
 // rootfsChild runs in the child: it mounts the rootfs for real, checks it
 // and runs processes in it; it prints every failure and returns 1 if any.

@@ -29,8 +29,10 @@ import (
 // takes files in pieces; a directory may be a tmpfs (File.tmpfs_size).
 // 9: the share calls. 10: Exec's seccomp filter; a Rootfs without a
 // disk confines the guest's own root. 11: Init's warm_containers. 12: the
-// guest's own pause process (agent/pause.Path).
-const Version = "12"
+// guest's own pause process (agent/pause.Path). 13: a disk's size
+// (Rootfs.size, VolumeDisk.size): a slot probed at boot is refreshed, not
+// probed again.
+const Version = "13"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond

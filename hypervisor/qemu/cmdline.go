@@ -29,8 +29,8 @@ const (
 )
 
 // The rootfs block slot every VM has. Its backend is chosen at each start:
-// a read-only image, or an empty null-co node. The guest finds the slot by
-// its serial.
+// a read-only image, or an empty null-co node (emptyDisk). The guest finds
+// the slot by its serial.
 const (
 	rootfsID     = "rootfs"
 	rootfsSerial = hypervisor.RootfsSerial
@@ -59,7 +59,7 @@ type launch struct {
 	// NIC without a backend.
 	TapFD int
 	// Disk is the read-only image backing the rootfs slot; "" leaves the
-	// slot an empty null-co node.
+	// slot empty (emptyDisk).
 	Disk      string
 	AgentSock string
 	SerialLog string
@@ -120,13 +120,10 @@ func (l launch) nicArgs() []string {
 // rootfsArgs is the rootfs slot and its read-only backend. The node is
 // given as JSON, so no path needs QEMU's comma escaping.
 func (l launch) rootfsArgs() []string {
-	node := map[string]any{"node-name": rootfsID, "read-only": true}
-	if l.Disk == "" {
-		node["driver"] = "null-co"
-		node["size"] = 0
-	} else {
-		node["driver"] = "raw"
-		node["file"] = map[string]any{"driver": "file", "filename": l.Disk}
+	node := emptyDisk(rootfsID)
+	if l.Disk != "" {
+		node = map[string]any{"node-name": rootfsID, "read-only": true, "driver": "raw",
+			"file": map[string]any{"driver": "file", "filename": l.Disk}}
 	}
 	b, _ := json.Marshal(node)
 	return []string{
@@ -136,7 +133,7 @@ func (l launch) rootfsArgs() []string {
 }
 
 // diskSlotArgs are the spare disk slots, each empty: a read-only raw node
-// over a 0-byte null-co child, so that AttachDisk can swap the child for
+// over an empty null-co child (emptyDisk), so that AttachDisk can swap the child for
 // an image while the VM runs (a raw node's file child is reopenable; the
 // device's own node is not replaceable). The child is inline, so QEMU
 // frees it once a swap drops it.

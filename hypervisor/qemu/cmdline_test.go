@@ -82,7 +82,7 @@ func TestLaunchArgs(t *testing.T) {
 					"virtio-net-device,id=net0,mac=02:c0:c0:00:00:01",
 					"virtio-blk-device,id=rootfs,drive=rootfs,serial=cocoon-rootfs"},
 				"-netdev":   nil,
-				"-blockdev": {`{"driver":"null-co","node-name":"rootfs","read-only":true,"size":0}`},
+				"-blockdev": {`{"driver":"null-co","node-name":"rootfs","read-only":true,"read-zeroes":true,"size":1099511627776}`},
 				"-chardev":  {"socket,id=qmp,fd=3,server=on,wait=off", "file,id=serial,path=/run/vm/serial.log", tt.wantAgent},
 			}
 			for flag, want := range checks {
@@ -169,7 +169,7 @@ func TestLaunchAttachments(t *testing.T) {
 	const (
 		nic    = "virtio-net-device,id=net0,mac=02:c0:c0:00:00:01"
 		blk    = "virtio-blk-device,id=rootfs,drive=rootfs,serial=cocoon-rootfs"
-		null   = `{"driver":"null-co","node-name":"rootfs","read-only":true,"size":0}`
+		null   = `{"driver":"null-co","node-name":"rootfs","read-only":true,"read-zeroes":true,"size":1099511627776}`
 		serial = "virtio-serial-device"
 		port   = "virtserialport,chardev=agent,name=agent"
 	)

@@ -28,9 +28,16 @@ func diskID(slot int) string { return "disk" + strconv.Itoa(slot) }
 // diskSerial is the serial by which the guest finds spare slot i.
 func diskSerial(slot int) string { return "cocoon-disk-" + strconv.Itoa(slot) }
 
-// emptyDisk is a slot's backend node with nothing in it: a 0-byte disk.
+// emptyCapacity is the size of an empty slot. The guest reads a disk's
+// capacity when it probes it, at boot, and a snapshot keeps it: an image
+// up to this size put behind a slot after a restore needs no probe (see
+// the agent's LinuxMounts.Disk).
+const emptyCapacity = 1 << 40
+
+// emptyDisk is a slot's backend node with nothing in it: emptyCapacity of
+// zeroes (the boot's partition scan of it must find nothing).
 func emptyDisk(node string) map[string]any {
-	return map[string]any{"driver": "null-co", "node-name": node, "read-only": true, "size": 0}
+	return map[string]any{"driver": "null-co", "node-name": node, "read-only": true, "size": emptyCapacity, "read-zeroes": true}
 }
 
 // imageDisk is a slot's backend node over the image at path.
@@ -73,8 +80,8 @@ func (v *VM) AttachDisk(ctx context.Context, slot int, path string) (string, err
 	return diskSerial(slot), nil
 }
 
-// DetachDisk leaves spare slot empty, a 0-byte disk; QEMU closes the
-// image that backed it.
+// DetachDisk leaves spare slot empty (emptyDisk); QEMU closes the image
+// that backed it.
 func (v *VM) DetachDisk(ctx context.Context, slot int) error {
 	if err := v.checkSlot(slot); err != nil {
 		return err

@@ -53,7 +53,7 @@ func BenchmarkAttachDisk(b *testing.B) {
 	s := newStager(b, b.TempDir(), bakedSlotsLink(b, d))
 	v, c := restoreReady(b, d, hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeMmap})
 	const slot = 0
-	devs := strings.Fields(run(b, c, "/bin/sh", "-c", slotDevice, "sh", diskSerial(slot)))
+	devs := strings.Fields(run(b, c, "/bin/sh", "-c", diskNamed, "sh", diskSerial(slot)))
 	if len(devs) != 2 {
 		b.Fatalf("devices with serial %s: %q, want one disk and its virtio device", diskSerial(slot), devs)
 	}

@@ -43,7 +43,7 @@ func BenchmarkContainerJoin(b *testing.B) {
 		f()
 		phases[name] = append(phases[name], time.Since(t))
 	}
-	probeSlot := strings.Fields(run(b, c, "/bin/sh", "-c", slotDevice, "sh", diskSerial(1)))
+	probeSlot := strings.Fields(run(b, c, "/bin/sh", "-c", diskNamed, "sh", diskSerial(1)))
 	i := 0
 	for b.Loop() {
 		restoreOnce(b, d, restores, "restore", hypervisor.RestoreRequest{Mode: hypervisor.ModeMmap}, phases)
@@ -74,7 +74,7 @@ func timedJoin(ctx context.Context, b *testing.B, v *VM, c *agent.Client, img, i
 	spec := joinSpec(b, id, "echo up; exec sleep 1000")
 	timed("create", func() {
 		var err error
-		if j.p, err = c.CreateContainerFrom(ctx, id, spec, agent.ContainerRoot{Disk: &agent.Rootfs{FSType: "erofs", Serial: serial}}, false); err != nil {
+		if j.p, err = c.CreateContainerFrom(ctx, id, spec, agent.ContainerRoot{Disk: &agent.Rootfs{FSType: "erofs", Serial: serial, Size: fileSize(b, img)}}, false); err != nil {
 			b.Fatalf("create %s: %v", id, err)
 		}
 	})

@@ -32,12 +32,14 @@ const guestContainers = "/run/cocoon/containers"
 // slots and has containers join it through the real agent and the guest's
 // runc, each with its root on an erofs image attached to a slot while the
 // VM runs: the first on slot 0, a second from another image on slot 1
-// (attached once the guest had probed it empty, so the agent must probe it
-// again) beside it. Each reads the copy of its bind source and its image's
+// beside it. Each reads the copy of its bind source and its image's
 // file, and writes to its root (a private upper). A third container on
 // slot 0's disk, one with both roots, and one without a PID namespace are
-// refused by class. Once both are deleted, both slots detach and the guest
-// has no container mount or dir left.
+// refused by class. Once both are deleted, both slots detach, and a third
+// container on slot 0 with another image reads that image's file, though
+// the guest did not probe the slot again (its capacity, 1 TiB since boot,
+// holds the image). Once it is deleted too the guest has no container
+// mount or dir left.
 func TestContainerJoinsFromDiskSlot(t *testing.T) {
 	d := newTestDriver(t)
 	s := newStager(t, t.TempDir(), bakedSlotsLink(t, d))
@@ -59,6 +61,12 @@ func TestContainerJoinsFromDiskSlot(t *testing.T) {
 	for _, j := range started {
 		j.remove(ctx, t, v, c)
 	}
+	img, text := containerImage(t)
+	j := joinContainer(ctx, t, v, c, 0, "third", img, "true")
+	if got, want := j.readLines(t, 2), j.bind+"\n"+text+"\n"; got != want {
+		t.Errorf("third, on the first's slot, printed %q, want %q (its own image's, not the first's)", got, want)
+	}
+	j.remove(ctx, t, v, c)
 	if got := run(t, c, "/bin/sh", "-c", "grep "+guestContainers+" /proc/mounts; ls -A "+guestContainers); got != "" {
 		t.Errorf("the guest still has, after the containers were deleted:\n%s", got)
 	}
@@ -73,8 +81,9 @@ type joined struct {
 }
 
 // joinContainer attaches img to slot and creates and starts container id
-// on it, with a bind file of random text at /etc/bind.txt. Its process
-// prints the bind file and /hello.txt, then runs script.
+// on it, telling the guest img's size as the shim does, with a bind file
+// of random text at /etc/bind.txt. Its process prints the bind file and
+// /hello.txt, then runs script.
 func joinContainer(ctx context.Context, t testing.TB, v *VM, c *agent.Client, slot int, id, img, script string) *joined {
 	t.Helper()
 	serial, err := v.AttachDisk(ctx, slot, img)
@@ -85,7 +94,7 @@ func joinContainer(ctx context.Context, t testing.TB, v *VM, c *agent.Client, sl
 	src := path.Join(guestContainers, id, "binds", "0")
 	spec := joinSpec(t, id, "cat /etc/bind.txt; echo; cat /hello.txt; echo; "+script,
 		specs.Mount{Destination: "/etc/bind.txt", Type: "bind", Source: src, Options: []string{"rbind", "ro"}})
-	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: "erofs", Serial: serial}, Files: []agent.File{{Path: src, Data: []byte(j.bind), Mode: 0o444}}}
+	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: "erofs", Serial: serial, Size: fileSize(t, img)}, Files: []agent.File{{Path: src, Data: []byte(j.bind), Mode: 0o444}}}
 	if j.p, err = c.CreateContainerFrom(ctx, id, spec, root, false); err != nil {
 		t.Fatalf("create %s on slot %d: %v", id, slot, err)
 	}
@@ -214,4 +223,14 @@ func containerImage(t testing.TB) (string, string) {
 		t.Fatalf("mkfs.erofs: %v\n%s", err, out)
 	}
 	return img, text
+}
+
+// fileSize is the size of the file at path.
+func fileSize(t testing.TB, path string) uint64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint64(st.Size())
 }

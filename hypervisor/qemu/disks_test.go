@@ -25,9 +25,9 @@ func TestDiskSlotArgs(t *testing.T) {
 	if got := argAfter(a, "-device"); !slices.Equal(got, wantDevices) {
 		t.Errorf("-device = %q, want %q", got, wantDevices)
 	}
-	wantBlocks := []string{`{"driver":"null-co","node-name":"rootfs","read-only":true,"size":0}`,
-		`{"driver":"raw","file":{"driver":"null-co","node-name":"disk0.0","read-only":true,"size":0},"node-name":"disk0","read-only":true}`,
-		`{"driver":"raw","file":{"driver":"null-co","node-name":"disk1.0","read-only":true,"size":0},"node-name":"disk1","read-only":true}`}
+	wantBlocks := []string{`{"driver":"null-co","node-name":"rootfs","read-only":true,"read-zeroes":true,"size":1099511627776}`,
+		`{"driver":"raw","file":{"driver":"null-co","node-name":"disk0.0","read-only":true,"read-zeroes":true,"size":1099511627776},"node-name":"disk0","read-only":true}`,
+		`{"driver":"raw","file":{"driver":"null-co","node-name":"disk1.0","read-only":true,"read-zeroes":true,"size":1099511627776},"node-name":"disk1","read-only":true}`}
 	if got := argAfter(a, "-blockdev"); !slices.Equal(got, wantBlocks) {
 		t.Errorf("-blockdev = %q, want %q", got, wantBlocks)
 	}

@@ -78,10 +78,6 @@ func slotImage(t testing.TB, size int64, shell bool) (string, string) {
 	return img, text
 }
 
-// slotDevice prints the block device and virtio device of the disk with
-// serial $1, once the disks are bound (binding probes every unbound slot).
-const slotDevice = bindDisks + `for b in /sys/block/vd*; do [ "$(cat $b/serial)" = "$1" ] && echo ${b##*/} $(basename $(readlink $b/device)); done; true`
-
 // reprobeSlot is what the agent's Disk does to a disk the driver probed
 // before the host swapped its backend: unbind and bind virtio device $1.
 const reprobeSlot = `echo $1 > /sys/bus/virtio/drivers/virtio_blk/unbind && echo $1 > /sys/bus/virtio/drivers/virtio_blk/bind`
@@ -90,13 +86,13 @@ const reprobeSlot = `echo $1 > /sys/bus/virtio/drivers/virtio_blk/unbind && echo
 const readSlot = `mkdir -p /mnt/slot && mount -t erofs -o ro /dev/$1 /mnt/slot && cat /mnt/slot/hello.txt; umount /mnt/slot`
 
 // TestAttachDiskGuestReads restores a snapshot baked with spare disk slots
-// whose guest has probed them empty (as a pod's VM has once its first
-// container's disk was bound), attaches images of other sizes to a slot
-// while the guest runs, detaching between them, and reads each through the
-// slot's device once the guest probes it again: 0 bytes, then 64 MiB, then
-// 1 MiB, then 8 MiB mounted as a container root by the agent's Init, whose
-// Disk re-probes the stale disk itself (the guest still sees 1 MiB, so
-// busybox, 2 MB, would read past the disk's end).
+// whose guest probed them empty at boot, attaches images of other sizes to
+// a slot while the guest runs, detaching between them, and reads each
+// through the slot's device once the guest probes it again: 1 TiB empty,
+// then 64 MiB, then 1 MiB, then 8 MiB mounted as a container root by the
+// agent's Init, whose Disk probes the disk again itself, told the image is
+// larger than the 1 MiB the guest sees (busybox, 2 MB, would read past the
+// disk's end).
 func TestAttachDiskGuestReads(t *testing.T) {
 	d := newTestDriver(t)
 	s := newStager(t, t.TempDir(), bakedSlotsLink(t, d))
@@ -105,14 +101,14 @@ func TestAttachDiskGuestReads(t *testing.T) {
 		t.Fatalf("restored VM has %d disk slots, want %d", got, testDiskSlots)
 	}
 	const slot = 3
-	devs := strings.Fields(run(t, c, "/bin/sh", "-c", slotDevice, "sh", diskSerial(slot)))
+	devs := strings.Fields(run(t, c, "/bin/sh", "-c", diskNamed, "sh", diskSerial(slot)))
 	if len(devs) != 2 {
 		t.Fatalf("devices with serial %s: %q, want one disk and its virtio device", diskSerial(slot), devs)
 	}
 	disk, virtio := devs[0], devs[1]
 	size := func() string { return run(t, c, "cat", "/sys/block/"+disk+"/size") }
-	if got := size(); got != "0" {
-		t.Fatalf("empty slot %s has %s sectors, want 0", disk, got)
+	if got, want := size(), strconv.Itoa(emptyCapacity/512); got != want {
+		t.Fatalf("empty slot %s has %s sectors, want %s, the capacity the guest probed at boot", disk, got, want)
 	}
 	ctx := testContext(t, time.Minute)
 	for i, bytes := range []int64{64 << 20, 1 << 20} {
@@ -146,7 +142,7 @@ func TestAttachDiskGuestReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Init(ctx, agent.InitRequest{Rootfs: &agent.Rootfs{FSType: "erofs", Serial: serial}}); err != nil {
+	if _, err := c.Init(ctx, agent.InitRequest{Rootfs: &agent.Rootfs{FSType: "erofs", Serial: serial, Size: 8 << 20}}); err != nil {
 		t.Fatalf("init with the rootfs of slot %d: %v (console %s)", slot, err, readSerial(v))
 	}
 	if got := run(t, c, "/bin/busybox", "cat", "/hello.txt"); got != text {

@@ -79,7 +79,7 @@ func guestSetup(spec *specs.Spec, disk *chain.StagedRootfs, copies *copyBudget, 
 		return guestMounts{files: files, root: guestRootConfinement(spec)}, err
 	}
 	b := binds{budget: copies, vm: shares}
-	root := &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial}
+	root := &agent.Rootfs{FSType: disk.FSType, Serial: hypervisor.RootfsSerial, Size: disk.ImageSize()}
 	if spec != nil {
 		root.Readonly = spec.Root != nil && spec.Root.Readonly
 		if spec.Linux != nil {

@@ -78,7 +78,7 @@ func (p *pod) attachVolumes(ctx context.Context, m *member, images []imageVolume
 		if err != nil {
 			return nil, fmt.Errorf("attach image volume %s: %w", v.image.ImagePath(), err)
 		}
-		disks = append(disks, agent.VolumeDisk{Serial: serial, FSType: v.image.FSType, Path: v.path})
+		disks = append(disks, agent.VolumeDisk{Serial: serial, FSType: v.image.FSType, Path: v.path, Size: v.image.ImageSize()})
 	}
 	return disks, nil
 }

@@ -130,7 +130,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 		}
 		clock.lap(PhaseHooks)
 	}
-	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial}, Files: g.files, Volumes: volumes}
+	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial, Size: r.Rootfs.ImageSize()}, Files: g.files, Volumes: volumes}
 	if m.init, err = p.agent.CreateContainerFrom(ctx, r.ID, g.spec, root, r.Process != nil && r.Process.Stdin); err != nil {
 		return nil, err
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,12 +37,9 @@ type LinuxMounts struct {
 	Modules string // the guest's kernel modules; empty means /lib/modules
 	// LoadModule loads the kernel module in f; nil means finit_module(2).
 	LoadModule func(f *os.File) error
-	// Held says whether something holds the block device node (mounts
-	// it); nil means an exclusive open fails with EBUSY.
-	Held func(node string) (bool, error)
-	// Flush drops the blocks cached of the block device node; nil means
-	// BLKFLSBUF.
-	Flush func(node string) error
+	// OpenDisk opens a block device node exclusively, or says that
+	// something holds it (mounts it); nil means openDisk.
+	OpenDisk func(node string) (d BlockDisk, held bool, err error)
 	// DiskMap is where the guest's rcS noted at boot each disk's serial
 	// and virtio device ("serial virtioN" lines); empty means
 	// /run/cocoon/disks.
@@ -62,22 +58,40 @@ func orDefault(s, def string) string {
 	return s
 }
 
-// Disk binds the virtio block device of the disk whose serial is serial
-// if it has no driver, and returns the disk's node, looking again with a
-// growing pause until ctx ends. A disk the driver probed before this call
-// (at boot: a snapshot carries its slots probed), and that nothing holds
+// Disk returns the node of the disk whose serial is serial, binding its
+// virtio device if it has no driver and looking again with a growing
+// pause until ctx ends. A disk the driver probed before this call (at
+// boot: a snapshot carries its slots probed), and that nothing holds
 // (mounts it), may have another image behind its slot since: the rootfs
 // slot after a restore, a spare slot for a container joining the VM. The
 // guest learns a disk's size only when the driver probes it, so a disk
 // whose capacity holds the image's size bytes keeps it and only drops the
 // blocks it cached; any other is probed again, which under TCG costs
 // ~100 ms of a restored VM's first probe (the driver's code translated
-// afresh).
+// afresh). Under TCG all code a restored VM runs is translated afresh, so
+// a disk the guest's note maps to a bound device is taken as found: no
+// serial is read (each read is a request to the device), no device bound.
 func (l LinuxMounts) Disk(ctx context.Context, serial string, size uint64) (string, error) {
-	fresh, err := l.bindVirtioBlk(serial)
-	if err != nil {
-		return "", err
+	fresh := &probed{}
+	if dev, name := l.mappedBound(serial); name != "" {
+		again, err := l.refresh(dev, name, size)
+		if err != nil || !again {
+			return filepath.Join(l.dev(), name), err
+		}
+		fresh.add(dev)
+	} else {
+		bound, err := l.bindVirtioBlk(serial)
+		if err != nil {
+			return "", err
+		}
+		fresh = bound
 	}
+	return l.find(ctx, serial, size, fresh)
+}
+
+// find looks for the disk whose serial is serial until ctx ends, and
+// refreshes it unless its device is in fresh.
+func (l LinuxMounts) find(ctx context.Context, serial string, size uint64, fresh *probed) (string, error) {
 	for pause := time.Millisecond; ; pause = min(2*pause, diskPoll) {
 		name, seen, err := l.findSerial(serial)
 		if err != nil {
@@ -108,6 +122,24 @@ func (l LinuxMounts) Disk(ctx context.Context, serial string, size uint64) (stri
 	}
 }
 
+// mappedBound is the virtio device the guest's note (DiskMap) maps serial
+// to and its block device's name, when the device is bound and its node
+// is there; else "", "".
+func (l LinuxMounts) mappedBound(serial string) (dev, name string) {
+	devs := l.mappedDisk(serial)
+	if len(devs) != 1 {
+		return "", ""
+	}
+	entries, err := os.ReadDir(filepath.Join(l.sys(), "bus/virtio/devices", devs[0], "block"))
+	if err != nil || len(entries) != 1 {
+		return "", ""
+	}
+	if _, err := os.Stat(filepath.Join(l.dev(), entries[0].Name())); err != nil {
+		return "", ""
+	}
+	return devs[0], entries[0].Name()
+}
+
 // probed is the virtio devices the driver probed during one Disk call;
 // all when it loaded the driver.
 type probed struct {
@@ -131,81 +163,6 @@ func (l LinuxMounts) virtioDevice(name string) (string, error) {
 		return "", fmt.Errorf("find the virtio device of %s: %w", name, err)
 	}
 	return filepath.Base(dev), nil
-}
-
-// refresh has the guest see what backs block device name (virtio device
-// dev) now, an image of size bytes, unless something holds its node: a
-// mounted disk is never pulled from under its users. When the disk's
-// capacity holds size it only drops the blocks the guest cached of it (the
-// kernel drops them at a disk's last close, but a process may keep it
-// open), else it unbinds dev from virtio_blk and binds it again; it
-// reports whether it probed.
-func (l LinuxMounts) refresh(dev, name string, size uint64) (bool, error) {
-	binding.Lock()
-	defer binding.Unlock()
-	node := filepath.Join(l.dev(), name)
-	held, err := l.held(node)
-	if err != nil || held {
-		return false, err
-	}
-	if size > 0 {
-		if capacity, err := l.capacity(name); err == nil && capacity >= size {
-			return false, l.flush(node)
-		}
-	}
-	driver := filepath.Join(l.sys(), "bus/virtio/drivers/virtio_blk")
-	for _, op := range []string{"unbind", "bind"} {
-		if err := os.WriteFile(filepath.Join(driver, op), []byte(dev), 0); err != nil {
-			return false, fmt.Errorf("probe %s again: %s: %w", dev, op, err)
-		}
-	}
-	return true, nil
-}
-
-// capacity is block device name's size in bytes, as its driver last
-// read it.
-func (l LinuxMounts) capacity(name string) (uint64, error) {
-	b, err := os.ReadFile(filepath.Join(l.sys(), "block", name, "size"))
-	if err != nil {
-		return 0, fmt.Errorf("read the size of %s: %w", name, err)
-	}
-	sectors, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("size of %s: %w", name, err)
-	}
-	return sectors * 512, nil
-}
-
-// flush drops the blocks the guest cached of the disk at node.
-func (l LinuxMounts) flush(node string) error {
-	if l.Flush != nil {
-		return l.Flush(node)
-	}
-	f, err := os.Open(node)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", node, err)
-	}
-	defer f.Close()
-	if err := unix.IoctlSetInt(int(f.Fd()), unix.BLKFLSBUF, 0); err != nil {
-		return fmt.Errorf("drop the cached blocks of %s: %w", node, err)
-	}
-	return nil
-}
-
-// held says whether something holds block device node: it cannot be
-// opened exclusively (EBUSY) while mounted or claimed.
-func (l LinuxMounts) held(node string) (bool, error) {
-	if l.Held != nil {
-		return l.Held(node)
-	}
-	f, err := os.OpenFile(node, os.O_RDONLY|unix.O_EXCL|unix.O_NONBLOCK, 0)
-	if errors.Is(err, unix.EBUSY) {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("open %s: %w", node, err)
-	}
-	return false, f.Close()
 }
 
 // bindVirtioBlk binds the virtio block device of the disk whose serial is

@@ -13,7 +13,8 @@ import (
 
 // TestDiskFlushDropsCachedBlocks: with another image put behind a disk
 // (here the loop device's file rewritten under it), the guest reads the
-// blocks it cached until flush drops them, and then the new image's.
+// blocks it cached until Flush drops them, and then the new image's; the
+// disk's Capacity is its size; a mounted disk is held.
 func TestDiskFlushDropsCachedBlocks(t *testing.T) {
 	testenv.RequireRoot(t)
 	image := filepath.Join(t.TempDir(), "disk.img")
@@ -43,10 +44,44 @@ func TestDiskFlushDropsCachedBlocks(t *testing.T) {
 	if got := read(); !bytes.Equal(got, old) {
 		t.Fatalf("read %.8q… before the flush, want the cached first image (else this test shows nothing)", got)
 	}
-	if err := (LinuxMounts{}).flush(loop.Name()); err != nil {
+	d, held, err := openDisk(loop.Name())
+	if err != nil || held {
+		t.Fatalf("open the disk: held %v, %v", held, err)
+	}
+	defer d.Close()
+	if capacity, err := d.Capacity(); err != nil || capacity != uint64(len(old)) {
+		t.Errorf("capacity %d %v, want %d", capacity, err, len(old))
+	}
+	if err := d.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(); !bytes.Equal(got, next) {
 		t.Errorf("read %.8q… after the flush, want the image behind the disk now", got)
+	}
+}
+
+// TestOpenDiskHeld: a disk something claims exclusively, as a mount does,
+// is held.
+func TestOpenDiskHeld(t *testing.T) {
+	testenv.RequireRoot(t)
+	image := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(image, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	loop, err := mount.SetupLoop(image, mount.LoopParams{Readonly: true, Autoclear: true})
+	if err != nil {
+		t.Fatalf("set up a loop device: %v", err)
+	}
+	t.Cleanup(func() { loop.Close() })
+	claim, held, err := openDisk(loop.Name())
+	if err != nil || held {
+		t.Fatalf("open the disk: held %v, %v", held, err)
+	}
+	defer claim.Close()
+	if d, held, err := openDisk(loop.Name()); err != nil || !held {
+		if d != nil {
+			d.Close()
+		}
+		t.Errorf("open a disk claimed exclusively: held %v, %v; want held", held, err)
 	}
 }

@@ -217,11 +217,39 @@ func (f *fakeSysfs) unbound() string {
 	return string(b)
 }
 
+// fakeDisks stands in for the block device nodes refresh opens.
+type fakeDisks struct {
+	capacity uint64
+	held     bool
+	opened   []string
+	flushed  []string
+	open     int // nodes open now
+}
+
+func (f *fakeDisks) openDisk(node string) (BlockDisk, bool, error) {
+	f.opened = append(f.opened, node)
+	if f.held {
+		return nil, true, nil
+	}
+	f.open++
+	return fakeDisk{f, node}, false, nil
+}
+
+type fakeDisk struct {
+	f    *fakeDisks
+	node string
+}
+
+func (d fakeDisk) Capacity() (uint64, error) { return d.f.capacity, nil }
+func (d fakeDisk) Flush() error              { d.f.flushed = append(d.f.flushed, d.node); return nil }
+func (d fakeDisk) Close() error              { d.f.open--; return nil }
+
 // TestDiskRefreshes: a disk the driver probed before Disk was called may
 // have another image behind its slot. One whose capacity holds the image
 // keeps it and has its cached blocks dropped; one too small, or an image
 // of unknown size, is probed again (unbound and bound); one bound by this
-// call, or held (mounted), is used as found.
+// call, or held (mounted), is used as found. Found by the guest's note
+// of its disks or by serial, the same.
 func TestDiskRefreshes(t *testing.T) {
 	const capacity = 1 << 30
 	tests := []struct {
@@ -237,40 +265,67 @@ func TestDiskRefreshes(t *testing.T) {
 		{"probed now", false, false, 4096, "", "virtio6", false},
 		{"probed before and mounted", true, true, 4096, "", "", false},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := newFakeSysfs(t, true)
-			f.virtio("virtio2", "0x0002", true)
-			f.virtio("virtio6", "0x0002", tt.bound)
-			f.diskOn("vda", "cocoon-rootfs", "virtio2")
-			f.diskOn("vde", "cocoon-disk-3", "virtio6")
-			f.write("block/vde/size", fmt.Sprintln(capacity/512))
-			m := f.mounts()
-			var asked, flushed []string
-			m.Held = func(node string) (bool, error) {
-				asked = append(asked, node)
-				return tt.held, nil
-			}
-			m.Flush = func(node string) error {
-				flushed = append(flushed, node)
-				return nil
-			}
-			dev, err := m.Disk(context.Background(), "cocoon-disk-3", tt.size)
-			if err != nil || dev != filepath.Join(f.dev, "vde") {
-				t.Fatalf("disk %q %v, want vde", dev, err)
-			}
-			if got := f.unbound(); got != tt.unbind {
-				t.Errorf("unbound %q, want %q", got, tt.unbind)
-			}
-			if got := f.bound(); got != tt.rebound {
-				t.Errorf("bound %q, want %q", got, tt.rebound)
-			}
-			if tt.bound && (len(asked) != 1 || asked[0] != dev) {
-				t.Errorf("asked whether %q are held, want only %s", asked, dev)
-			}
-			if want := tt.flushed; (len(flushed) == 1 && flushed[0] == dev) != want || len(flushed) > 1 {
-				t.Errorf("flushed %q, want %s flushed: %v", flushed, dev, want)
-			}
-		})
+	for _, mapped := range []bool{false, true} {
+		for _, tt := range tests {
+			t.Run(fmt.Sprintf("%s/mapped=%v", tt.name, mapped), func(t *testing.T) {
+				f := newFakeSysfs(t, true)
+				f.virtio("virtio2", "0x0002", true)
+				f.virtio("virtio6", "0x0002", tt.bound)
+				f.diskOn("vda", "cocoon-rootfs", "virtio2")
+				f.diskOn("vde", "cocoon-disk-3", "virtio6")
+				if mapped {
+					f.write("disks", "cocoon-rootfs virtio2\ncocoon-disk-3 virtio6\n")
+					if tt.bound {
+						f.mkdir("bus/virtio/devices/virtio6/block/vde")
+					}
+				}
+				disks := &fakeDisks{capacity: capacity, held: tt.held}
+				m := f.mounts()
+				m.OpenDisk = disks.openDisk
+				dev, err := m.Disk(context.Background(), "cocoon-disk-3", tt.size)
+				if err != nil || dev != filepath.Join(f.dev, "vde") {
+					t.Fatalf("disk %q %v, want vde", dev, err)
+				}
+				if got := f.unbound(); got != tt.unbind {
+					t.Errorf("unbound %q, want %q", got, tt.unbind)
+				}
+				if got := f.bound(); got != tt.rebound {
+					t.Errorf("bound %q, want %q", got, tt.rebound)
+				}
+				if tt.bound && (len(disks.opened) != 1 || disks.opened[0] != dev) {
+					t.Errorf("opened %q, want only %s", disks.opened, dev)
+				}
+				if want := tt.flushed; (len(disks.flushed) == 1 && disks.flushed[0] == dev) != want || len(disks.flushed) > 1 {
+					t.Errorf("flushed %q, want %s flushed: %v", disks.flushed, dev, want)
+				}
+				if disks.open != 0 {
+					t.Errorf("%d disks left open", disks.open)
+				}
+			})
+		}
+	}
+}
+
+// TestDiskMappedReadsNoSerial: a disk the guest's note maps to a bound
+// device is found without reading any serial (a request to the device
+// each) and without binding anything.
+func TestDiskMappedReadsNoSerial(t *testing.T) {
+	f := newFakeSysfs(t, true)
+	f.virtio("virtio6", "0x0002", true)
+	f.write("disks", "cocoon-disk-3 virtio6\n")
+	f.mkdir("bus/virtio/devices/virtio6/block/vde")
+	if err := os.WriteFile(filepath.Join(f.dev, "vde"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	disks := &fakeDisks{capacity: 1 << 30}
+	m := f.mounts()
+	m.OpenDisk = disks.openDisk
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if dev, err := m.Disk(ctx, "cocoon-disk-3", 4096); err != nil || dev != filepath.Join(f.dev, "vde") {
+		t.Fatalf("disk %q %v, want vde (found by the note; no block device has a serial here)", dev, err)
+	}
+	if b := f.bound(); b != "" {
+		t.Errorf("bound %q, want nothing", b)
 	}
 }

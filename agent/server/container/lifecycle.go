@@ -34,8 +34,8 @@ func (c *Container) Start(ctx context.Context) (int, error) {
 	if c.init.exited() {
 		return 0, fmt.Errorf("container %q has exited: %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
-	if err := c.rt.Start(ctx, c.ID); err != nil {
-		return 0, fmt.Errorf("start container %q: %w: %w", c.ID, runcError(c.bundle, err), errdefs.ErrFailedPrecondition)
+	if err := c.startInit(ctx); err != nil {
+		return 0, fmt.Errorf("start container %q: %w: %w", c.ID, err, errdefs.ErrFailedPrecondition)
 	}
 	c.started = true
 	return c.init.pid, nil

@@ -3,8 +3,9 @@
 // run for every task, puts the task in its shim socket and starts the task
 // server behind it (package launch) in about a millisecond; the full server
 // binary, cocoon-shim-server next to it, would take four just to start.
-// Every other action (delete, -info, -v) is that server binary's, which
-// this process becomes. Executed as hold.Argv0 it is a pod sandbox's pause
+// Its `delete` answers for a task its server deleted cleanly (see
+// launch.DeletedFile). Every other action (delete otherwise, -info, -v) is
+// that server binary's, which this process becomes. Executed as hold.Argv0 it is a pod sandbox's pause
 // process.
 package main
 
@@ -34,42 +35,73 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cli, isStart := parseStart(os.Args[1:])
-	if !isStart {
-		err := syscall.Exec(server, append([]string{server}, os.Args[1:]...), os.Environ())
-		fmt.Fprintf(os.Stderr, "run %s: %v\n", server, err)
-		os.Exit(1)
+	cli, action := parseArgs(os.Args[1:])
+	switch {
+	case action == "start":
+		if err := start(cli, server); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	case action == "delete":
+		answered, err := answerDelete(cli.bundle)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if answered {
+			return
+		}
 	}
-	if err := start(cli, server); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	err = syscall.Exec(server, append([]string{server}, os.Args[1:]...), os.Environ())
+	fmt.Fprintf(os.Stderr, "run %s: %v\n", server, err)
+	os.Exit(1)
 }
 
-// cliFlags are pkg/shim's command line, the part `start` checks.
+// cliFlags are pkg/shim's command line, the part `start` and `delete`
+// check.
 type cliFlags struct {
-	namespace, id, address string
+	namespace, id, address, bundle string
 }
 
-// parseStart parses pkg/shim's flags; it reports whether the action is
-// start. Anything it cannot parse is left to the server binary.
-func parseStart(args []string) (cliFlags, bool) {
+// parseArgs parses pkg/shim's flags and returns them and the action; ""
+// when it cannot parse them, which leaves them to the server binary.
+func parseArgs(args []string) (cliFlags, string) {
 	var c cliFlags
 	fs := flag.NewFlagSet("containerd-shim-cocoon-v2", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&c.namespace, "namespace", "", "")
 	fs.StringVar(&c.id, "id", "", "")
 	fs.StringVar(&c.address, "address", "", "")
-	for _, name := range []string{"socket", "debug-socket", "bundle", "publish-binary"} {
+	fs.StringVar(&c.bundle, "bundle", "", "")
+	for _, name := range []string{"socket", "debug-socket", "publish-binary"} {
 		fs.String(name, "", "")
 	}
 	for _, name := range []string{"debug", "v", "info"} {
 		fs.Bool(name, false, "")
 	}
-	if err := fs.Parse(args); err != nil || fs.NArg() != 1 || fs.Arg(0) != "start" {
-		return c, false
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		return c, ""
 	}
-	return c, true
+	return c, fs.Arg(0)
+}
+
+// answerDelete prints the exit of a task its server deleted cleanly, as
+// `shim delete` does, and reports whether it did: a task without that
+// record (its server crashed, or never restored) is the server binary's
+// to clean up.
+func answerDelete(bundle string) (bool, error) {
+	if bundle == "" {
+		return false, nil
+	}
+	d, err := launch.ReadDeleted(bundle)
+	if err != nil {
+		return false, nil
+	}
+	if _, err := os.Stdout.Write(d.DeleteResponse()); err != nil {
+		return false, fmt.Errorf("write delete response: %w", err)
+	}
+	return true, nil
 }
 
 // start reads containerd's bootstrap parameters, starts the task's server

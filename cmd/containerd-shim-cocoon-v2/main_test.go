@@ -2,27 +2,28 @@ package main
 
 import "testing"
 
-func TestParseStart(t *testing.T) {
+func TestParseArgs(t *testing.T) {
 	tests := []struct {
-		name  string
-		args  []string
-		want  cliFlags
-		start bool
+		name   string
+		args   []string
+		want   cliFlags
+		action string
 	}{
 		{"start as containerd runs it", []string{"-namespace", "ns", "-address", "/c.sock", "-publish-binary", "/bin/containerd", "-id", "t1", "start"},
-			cliFlags{namespace: "ns", id: "t1", address: "/c.sock"}, true},
-		{"start with debug", []string{"-namespace", "ns", "-id", "t1", "-debug", "start"}, cliFlags{namespace: "ns", id: "t1"}, true},
-		{"delete", []string{"-namespace", "ns", "-id", "t1", "delete"}, cliFlags{}, false},
-		{"info", []string{"-info"}, cliFlags{}, false},
-		{"version", []string{"-v"}, cliFlags{}, false},
-		{"unknown flag", []string{"-bogus", "start"}, cliFlags{}, false},
-		{"start among other words", []string{"-id", "t1", "start", "now"}, cliFlags{}, false},
+			cliFlags{namespace: "ns", id: "t1", address: "/c.sock"}, "start"},
+		{"start with debug", []string{"-namespace", "ns", "-id", "t1", "-debug", "start"}, cliFlags{namespace: "ns", id: "t1"}, "start"},
+		{"delete as containerd runs it", []string{"-namespace", "ns", "-address", "/c.sock", "-publish-binary", "/bin/containerd", "-id", "t1", "-bundle", "/b/t1", "delete"},
+			cliFlags{namespace: "ns", id: "t1", address: "/c.sock", bundle: "/b/t1"}, "delete"},
+		{"info", []string{"-info"}, cliFlags{}, ""},
+		{"version", []string{"-v"}, cliFlags{}, ""},
+		{"unknown flag", []string{"-bogus", "start"}, cliFlags{}, ""},
+		{"start among other words", []string{"-id", "t1", "start", "now"}, cliFlags{}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, start := parseStart(tt.args)
-			if start != tt.start || (start && got != tt.want) {
-				t.Fatalf("parseStart = %+v, %v; want %+v, %v", got, start, tt.want, tt.start)
+			got, action := parseArgs(tt.args)
+			if action != tt.action || (action != "" && got != tt.want) {
+				t.Fatalf("parseArgs = %+v, %q; want %+v, %q", got, action, tt.want, tt.action)
 			}
 		})
 	}

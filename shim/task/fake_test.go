@@ -38,6 +38,7 @@ type fakeVM struct {
 	snapshots    []string // "kind:dir" of each link written
 	noDiff       bool     // Snapshot refuses diffs as a booted VM's driver does
 	closed       bool
+	closeErr     error // what Close returns
 }
 
 func newFakeVM(t *testing.T) *fakeVM {
@@ -112,7 +113,7 @@ func (v *fakeVM) Close() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.closed = true
-	return nil
+	return v.closeErr
 }
 
 func (v *fakeVM) exited() bool {

@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"syscall"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
 )
 
 func TestExitStatus(t *testing.T) {
@@ -303,6 +306,19 @@ func TestDeleteCreated(t *testing.T) {
 	wantTopics(t, h.events.waitTopics(t, 3), "/tasks/create", "/tasks/exit:t1", "/tasks/delete")
 	if !h.vm.exited() {
 		t.Fatal("Delete left the VM running")
+	}
+}
+
+// TestDeleteUncleanKeepsCleanup: a delete that could not release
+// everything leaves no record of a clean one, so `shim delete` still runs
+// the server's cleanup.
+func TestDeleteUncleanKeepsCleanup(t *testing.T) {
+	h := newHarness(t)
+	h.vm.closeErr = errors.New("run dir busy")
+	bundle := h.create("t1", specFor("sleep"), nil)
+	h.delete("t1", "")
+	if _, err := launch.ReadDeleted(bundle); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("deleted record after an unclean delete: %v, want none", err)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
 )
 
 // maxSignal is Linux's highest signal number (SIGRTMAX).
@@ -175,13 +177,17 @@ func (s *Service) delete(ctx context.Context, t *task, p *process) error {
 			return err
 		}
 	}
-	if err := t.destroy(ctx); err != nil {
+	err := t.destroy(ctx)
+	e := p.Exit() // a task never started ends in destroy
+	if err != nil {
 		log.G(ctx).WithError(err).WithField("id", t.id).Warn("release task")
+	} else if err := launch.WriteDeleted(t.bundle, launch.Deleted{Pid: uint32(t.pid()), Status: e.Status, ExitedAt: e.At}); err != nil {
+		// `shim delete` then finds nothing left to clean up, the slow way.
+		log.G(ctx).WithError(err).WithField("id", t.id).Warn("record the task deleted")
 	}
 	s.mu.Lock()
 	delete(s.tasks, t.id)
 	s.mu.Unlock()
-	e := p.Exit()
 	s.send(&eventstypes.TaskDelete{
 		ContainerID: t.id,
 		Pid:         uint32(t.pid()),

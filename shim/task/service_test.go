@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/rpcerr"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -260,6 +261,13 @@ func TestRunEcho(t *testing.T) {
 	}
 	if rec.PID != h.vm.PID() || rec.Exit == nil || rec.Exit.Status != 0 || rec.StagedDir != h.staged {
 		t.Fatalf("task record %+v does not describe the run", rec)
+	}
+	deleted, err := launch.ReadDeleted(bundle)
+	if err != nil {
+		t.Fatalf("no record of the clean delete for the launcher's `delete`: %v", err)
+	}
+	if want := (launch.Deleted{Pid: uint32(rec.PID), ExitedAt: rec.Exit.At}); !deleted.ExitedAt.Equal(want.ExitedAt) || deleted.Pid != want.Pid || deleted.Status != 0 {
+		t.Fatalf("deleted record %+v, want %+v", deleted, want)
 	}
 	report, err := state.ReadReport(bundle)
 	if err != nil {

@@ -279,16 +279,18 @@ func (t *task) destroy(ctx context.Context) error {
 		log.G(ctx).WithError(err).WithField("id", t.id).Warn("VM did not shut down; killing it")
 		t.killVM("shutdown failed")
 	}
+	var running error
 	select {
 	case <-t.vmDone:
 	case <-time.After(exitTimeout):
-		log.G(ctx).WithField("id", t.id).Error("hypervisor still runs after kill")
+		running = errors.New("hypervisor still runs after kill")
+		log.G(ctx).WithField("id", t.id).Error(running)
 	}
 	t.releaseNetwork()
 	if t.hooks != nil {
 		t.hooks.stopped(ctx, t.pid())
 	}
-	return closeVM(t.sb, t.cg)
+	return errors.Join(running, closeVM(t.sb, t.cg))
 }
 
 // deleteExec forgets an exec that never started or has exited.

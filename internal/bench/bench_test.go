@@ -88,6 +88,27 @@ func checkRatios(t *testing.T, res *results) {
 		if w.Runs != 1 || len(w.PhaseMs) != len(wholePhases) || sum < w.TotalMs*0.99 || sum > w.TotalMs*1.01 {
 			t.Errorf("whole start %s: %d runs, %v ms in phases %v: want 1 run and phases that add up to it", w.Arm, w.Runs, w.TotalMs, w.PhaseMs)
 		}
+		checkTeardown(t, w)
+	}
+}
+
+// checkTeardown: cocoon's shim publishes the task's exit and delete, so
+// its arms' end is split, into parts that add up to it.
+func checkTeardown(t *testing.T, w WholeRow) {
+	t.Helper()
+	if w.Arm != WholeSnapshot && w.Arm != WholeOrdinary {
+		return
+	}
+	var sum float64
+	for _, p := range w.TeardownMs {
+		if p < 0 {
+			t.Errorf("whole start %s: a teardown part of %v ms", w.Arm, p)
+		}
+		sum += p
+	}
+	end := w.PhaseMs[3] // process, task delete, container delete
+	if w.TeardownRuns != 1 || len(w.TeardownMs) != len(teardownPhases) || sum < end*0.99-0.01 || sum > end*1.01+0.01 {
+		t.Errorf("whole start %s: teardown %v ms in %d runs, want 1 run split into parts that add up to %v", w.Arm, w.TeardownMs, w.TeardownRuns, end)
 	}
 }
 

@@ -122,3 +122,21 @@ func TestBaselineRatios(t *testing.T) {
 		}
 	}
 }
+
+// TestTeardownTable: the whole start's end is split for the arms whose
+// runs had the task's exit and delete, and only for them.
+func TestTeardownTable(t *testing.T) {
+	r := &results{Whole: []WholeRow{
+		{Arm: WholeSnapshot, Runs: 5, TotalMs: 500, PhaseMs: []float64{50, 250, 60, 120, 20}, TeardownRuns: 5, TeardownMs: []float64{80, 20, 20}},
+		{Arm: WholeRunc, Runs: 5, TotalMs: 280, PhaseMs: []float64{50, 110, 20, 80, 20}},
+	}}
+	var b strings.Builder
+	r.wholeTable(&b)
+	got := b.String()
+	if !strings.Contains(got, "| arm | runs | process | task delete | container delete |") || !strings.Contains(got, "| "+WholeSnapshot+" | 5 of 5 | 80 | 20 | 20 |") {
+		t.Errorf("no teardown split for %s in:\n%s", WholeSnapshot, got)
+	}
+	if strings.Contains(got, "| "+WholeRunc+" | 0 of") {
+		t.Errorf("a teardown split for %s, whose runs had no exit and delete:\n%s", WholeRunc, got)
+	}
+}

@@ -26,15 +26,31 @@ import (
 // prepared, the task created and started, the process run, the task and
 // VM torn down, the container and snapshot removed. containerd's events
 // split it: each topic's time is when it was published, on the host's
-// clock. The task's exit and delete are left out: a shim publishes them as
-// it shuts down, and containerd's runc shim drops them at times (its
-// forwarder races the process's exit), so they cannot mark every run.
+// clock. The task's exit and delete split the end further only where both
+// came (teardownPhases): a shim publishes them as it shuts down, and
+// containerd's runc shim drops them at times (its forwarder races the
+// process's exit), so they cannot mark every run.
 const (
 	topicContainerCreate = "/containers/create"
 	topicTaskCreate      = "/tasks/create"
 	topicTaskStart       = "/tasks/start"
+	topicTaskExit        = "/tasks/exit"
+	topicTaskDelete      = "/tasks/delete"
 	topicContainerDelete = "/containers/delete"
 )
+
+// requiredMarks are the events every whole start has.
+var requiredMarks = []string{topicContainerCreate, topicTaskCreate, topicTaskStart, topicContainerDelete}
+
+// hasMarks says whether at has every topic of topics.
+func hasMarks(at map[string]time.Time, topics ...string) bool {
+	for _, t := range topics {
+		if _, ok := at[t]; !ok {
+			return false
+		}
+	}
+	return true
+}
 
 // wholePhases are the steps of a whole start, between two marks: ctr's
 // start (""), an event's topic, or ctr's exit ("").
@@ -44,6 +60,14 @@ var wholePhases = []struct{ name, from, to string }{
 	{"task start", topicTaskCreate, topicTaskStart},
 	{"process, task delete, container delete", topicTaskStart, topicContainerDelete},
 	{"to exit", topicContainerDelete, ""},
+}
+
+// teardownPhases split wholePhases' end where the shim published the
+// task's exit and delete.
+var teardownPhases = []struct{ name, from, to string }{
+	{"process", topicTaskStart, topicTaskExit},
+	{"task delete", topicTaskExit, topicTaskDelete},
+	{"container delete", topicTaskDelete, topicContainerDelete},
 }
 
 // The whole start's arms.
@@ -68,6 +92,10 @@ type WholeRow struct {
 	Runs    int       `json:"runs"`
 	TotalMs float64   `json:"totalMs"`
 	PhaseMs []float64 `json:"phaseMs"`
+	// TeardownRuns are the runs whose exit and delete came;
+	// TeardownMs their medians of teardownPhases, none without any.
+	TeardownRuns int       `json:"teardownRuns,omitempty"`
+	TeardownMs   []float64 `json:"teardownMs,omitempty"`
 }
 
 // wholeArms are the arms, each on the image and snapshotter a user would
@@ -104,7 +132,7 @@ func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, 
 	}
 	marks := watchEvents(ctx, s)
 	defer marks.stop()
-	samples := map[string][][]time.Duration{}
+	samples, teardowns := map[string][][]time.Duration{}, map[string][][]time.Duration{}
 	for round := range rounds {
 		order := slices.Clone(arms)
 		if round%2 == 1 {
@@ -112,23 +140,33 @@ func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, 
 		}
 		for i, a := range order {
 			id := fmt.Sprintf("whole-%d-%d", round, i)
-			d, err := runWhole(ctx, s, a, id, marks)
+			d, td, err := runWhole(ctx, s, a, id, marks)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", a.name, err)
 			}
 			fmt.Fprintf(out, "round %d  whole %-36s %8.1f ms\n", round+1, a.name, ms(d[0]))
 			samples[a.name] = append(samples[a.name], d)
+			if td != nil {
+				teardowns[a.name] = append(teardowns[a.name], td)
+			}
 		}
 	}
 	rows := make([]WholeRow, 0, len(arms))
 	for _, a := range arms {
-		rows = append(rows, wholeRow(a.name, samples[a.name]))
+		row := WholeRow{Arm: a.name, Runs: len(samples[a.name]), TeardownRuns: len(teardowns[a.name])}
+		medians := columnMedians(samples[a.name])
+		row.TotalMs, row.PhaseMs = medians[0], medians[1:]
+		if row.TeardownRuns > 0 {
+			row.TeardownMs = columnMedians(teardowns[a.name])
+		}
+		rows = append(rows, row)
 	}
 	return rows, nil
 }
 
-// runWhole runs one whole start and returns its total, then its phases.
-func runWhole(ctx context.Context, s *shimStack, a wholeArm, id string, marks *eventMarks) ([]time.Duration, error) {
+// runWhole runs one whole start and returns its total, then its phases,
+// and its teardownPhases when the task's exit and delete came (else nil).
+func runWhole(ctx context.Context, s *shimStack, a wholeArm, id string, marks *eventMarks) ([]time.Duration, []time.Duration, error) {
 	args := slices.Concat([]string{"--address", s.stack.Address, "--namespace", s.stack.Namespace, "run", "--rm"},
 		a.flags, []string{a.image, id, "echo", "hi"})
 	cmd := exec.CommandContext(ctx, filepath.Join(s.stack.BinDir, "ctr"), args...)
@@ -138,11 +176,11 @@ func runWhole(ctx context.Context, s *shimStack, a wholeArm, id string, marks *e
 	output, err := cmd.Output()
 	ended := time.Now()
 	if err != nil || strings.TrimSpace(string(output)) != "hi" {
-		return nil, fmt.Errorf("ctr run %s: %v, output %q, want \"hi\" (stderr %q)", id, err, output, stderr.String())
+		return nil, nil, fmt.Errorf("ctr run %s: %v, output %q, want \"hi\" (stderr %q)", id, err, output, stderr.String())
 	}
 	at, err := marks.wait(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	at[""] = began
 	d := []time.Duration{ended.Sub(began)}
@@ -153,23 +191,26 @@ func runWhole(ctx context.Context, s *shimStack, a wholeArm, id string, marks *e
 		}
 		d = append(d, to.Sub(from))
 	}
-	return d, nil
+	var td []time.Duration
+	if hasMarks(at, topicTaskExit, topicTaskDelete) {
+		for _, p := range teardownPhases {
+			td = append(td, at[p.to].Sub(at[p.from]))
+		}
+	}
+	return d, td, nil
 }
 
-func wholeRow(arm string, samples [][]time.Duration) WholeRow {
-	row := WholeRow{Arm: arm, Runs: len(samples)}
-	for i := range len(wholePhases) + 1 {
+// columnMedians are the medians, in ms, of each column of samples.
+func columnMedians(samples [][]time.Duration) []float64 {
+	var out []float64
+	for i := range samples[0] {
 		col := make([]time.Duration, 0, len(samples))
 		for _, s := range samples {
 			col = append(col, s[i])
 		}
-		if i == 0 {
-			row.TotalMs = ms(percentile(col, 0.5))
-		} else {
-			row.PhaseMs = append(row.PhaseMs, ms(percentile(col, 0.5)))
-		}
+		out = append(out, ms(percentile(col, 0.5)))
 	}
-	return row
+	return out
 }
 
 // eventMarks are the times of the whole start's events, by container.
@@ -216,6 +257,13 @@ func (m *eventMarks) record(topic string, at time.Time, event typeurl.Any) {
 		id = e.ContainerID
 	case *apievents.TaskStart:
 		id = e.ContainerID
+	case *apievents.TaskExit:
+		if e.ID != e.ContainerID {
+			return // an exec's
+		}
+		id = e.ContainerID
+	case *apievents.TaskDelete:
+		id = e.ContainerID
 	case *apievents.ContainerDelete:
 		id = e.ID
 	default:
@@ -237,7 +285,7 @@ func (m *eventMarks) wait(ctx context.Context, id string) (map[string]time.Time,
 		m.mu.Lock()
 		at, err := maps.Clone(m.at[id]), m.err
 		m.mu.Unlock()
-		complete := len(at) == len(wholePhases)-1
+		complete := hasMarks(at, requiredMarks...)
 		if err != nil {
 			return nil, err
 		}
@@ -283,4 +331,31 @@ func (r *results) wholeTable(b *strings.Builder) {
 		fmt.Fprintf(b, "%s ÷ %s: %s. ", q[0], q[1], times(ratio(byArm[q[0]], byArm[q[1]])))
 	}
 	b.WriteString("\n")
+	r.teardownTable(b)
+}
+
+// teardownTable splits the whole start's end, for the arms whose shim
+// published the task's exit and delete, in the runs where it did.
+func (r *results) teardownTable(b *strings.Builder) {
+	var rows []WholeRow
+	for _, w := range r.Whole {
+		if w.TeardownRuns > 0 {
+			rows = append(rows, w)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("\nThe end of it split by the task's exit and delete events, in the runs that had both (medians in ms):\n\n| arm | runs |")
+	for _, p := range teardownPhases {
+		fmt.Fprintf(b, " %s |", p.name)
+	}
+	b.WriteString("\n|---|---|" + strings.Repeat("---|", len(teardownPhases)) + "\n")
+	for _, w := range rows {
+		fmt.Fprintf(b, "| %s | %d of %d |", w.Arm, w.TeardownRuns, w.Runs)
+		for _, p := range w.TeardownMs {
+			fmt.Fprintf(b, " %.0f |", p)
+		}
+		b.WriteString("\n")
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -71,9 +70,9 @@ func openDisk(node string) (BlockDisk, bool, error) {
 type blockFile struct{ *os.File }
 
 func (b blockFile) Capacity() (uint64, error) {
-	var size uint64
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, b.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
-		return 0, fmt.Errorf("size of %s: %w", b.Name(), errno)
+	size, err := unix.IoctlGetUint64(int(b.Fd()), unix.BLKGETSIZE64)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", b.Name(), err)
 	}
 	return size, nil
 }

@@ -8,8 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"time"
 
+	"github.com/containerd/fifo"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,7 +34,7 @@ func (c *Container) startInit(ctx context.Context) error {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
 	if len(data) == 0 {
-		return errors.New("its init ended before it was started")
+		return errInitEnded
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove %s: %w", path, err)
@@ -42,43 +42,29 @@ func (c *Container) startInit(ctx context.Context) error {
 	return nil
 }
 
+var errInitEnded = errors.New("its init ended before it was started")
+
 // openExecFifo opens the fifo at path to read, which blocks until the init
 // opens it to write. An init that ended, or ends first, never will: then,
-// or when ctx ends, a writer of the agent's own releases the open.
-func openExecFifo(ctx context.Context, path string, ended <-chan struct{}) (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	opened := make(chan result, 1)
+// or when ctx ends, containerd's fifo package releases the open.
+func openExecFifo(ctx context.Context, path string, ended <-chan struct{}) (io.ReadCloser, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	go func() {
-		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
-		opened <- result{f, err}
-	}()
-	var why error
-	select {
-	case r := <-opened:
-		if r.err != nil {
-			return nil, fmt.Errorf("open exec fifo: %w", r.err)
-		}
-		return r.f, nil
-	case <-ended:
-		why = errors.New("its init ended before it was started")
-	case <-ctx.Done():
-		why = ctx.Err()
-	}
-	for {
-		// Fails (ENXIO) until the reader's open has begun.
-		if w, err := os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
-			w.Close()
-		}
 		select {
-		case r := <-opened:
-			if r.f != nil {
-				r.f.Close()
-			}
-			return nil, why
-		case <-time.After(10 * time.Millisecond):
+		case <-ended:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	f, err := fifo.OpenFifo(ctx, path, unix.O_RDONLY, 0)
+	if err != nil {
+		select {
+		case <-ended:
+			return nil, errInitEnded
+		default:
+			return nil, fmt.Errorf("open exec fifo: %w", err)
 		}
 	}
+	return f, nil
 }

@@ -47,9 +47,10 @@ type InitRequest struct {
 	// names, after the hostname; at most api.MaxSysctls. They need API 6.
 	Sysctls map[string]string
 	// WarmContainers says the VM will host containers (a pod's VM): once
-	// Init is done the guest runs its runc once, with nothing to create,
-	// while the host prepares the first container. Agents before API 11
-	// ignore it, which costs only the warm-up.
+	// Init is done the guest's runc creates and deletes a throwaway
+	// container at idle priority, while the host prepares the first
+	// container. Agents before API 11 ignore it, which costs only the
+	// warm-up.
 	WarmContainers bool
 }
 

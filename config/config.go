@@ -106,11 +106,11 @@ type Shim struct {
 	// app container (the sandbox a host process), which a pod whose
 	// container is a snapshot image needs.
 	PodVM string `toml:"pod_vm"`
-	// WarmRunc has a pod's VM run the guest's runc once (`runc
-	// --version`) as soon as it is up, so that under TCG, where a
-	// restored guest translates anew all the code it runs, the first
-	// container's `runc create` finds runc's start-up translated. Under
-	// KVM there is nothing to gain: turn it off there.
+	// WarmRunc has a pod's VM have the guest's runc create and delete a
+	// throwaway container, at idle priority, as soon as it is up, so that
+	// under TCG, where a restored guest translates anew all the code it
+	// runs, the first container's `runc create` finds runc's path
+	// translated. Under KVM there is nothing to gain: turn it off there.
 	WarmRunc bool `toml:"warm_runc"`
 	// CopyFiles and CopyBytes bound what one VM's guest holds of copies
 	// of the host's files (bind sources, Kubernetes volumes, each kept in

@@ -151,9 +151,10 @@ type InitRequest struct {
 	// their dotted names (API version 6; older agents ignore them).
 	Sysctls map[string]string `protobuf:"bytes,8,rep,name=sysctls,proto3" json:"sysctls,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// warm_containers says the VM will host containers (a pod's VM): once
-	// Init is done the agent runs the guest's runc once, with nothing to
-	// create, so that the first container's create finds runc's start-up
-	// translated under TCG (API version 11; older agents ignore it).
+	// Init is done the agent has the guest's runc create and delete a
+	// throwaway container at idle priority, so that the first container's
+	// create finds runc's path translated under TCG (API version 11; older
+	// agents ignore it).
 	WarmContainers bool `protobuf:"varint,9,opt,name=warm_containers,json=warmContainers,proto3" json:"warm_containers,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

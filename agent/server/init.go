@@ -15,7 +15,8 @@ import (
 // diskWait bounds the wait for the rootfs disk when Init has no deadline.
 const diskWait = 10 * time.Second
 
-// warmTimeout bounds Init's warm-up of runc, which nothing waits for.
+// warmTimeout bounds Init's warm-up of runc, which nothing waits for: at
+// idle priority it runs only while the guest has nothing else to run.
 const warmTimeout = 30 * time.Second
 
 // initPlan is a checked InitRequest.
@@ -81,9 +82,9 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 	return &api.InitResponse{Version: Version, Phases: clk.Phases()}, nil
 }
 
-// warmContainers runs the guest's runc once, after Init has answered
-// (InitRequest.warm_containers); it is best effort, so a failure is only
-// logged.
+// warmContainers has the guest's runc create and delete a throwaway
+// container, after Init has answered (InitRequest.warm_containers); it is
+// best effort, so a failure is only logged.
 func (s *Service) warmContainers() {
 	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
 	defer cancel()

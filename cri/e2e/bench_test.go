@@ -35,13 +35,17 @@ var benchArgs = []string{"sleep", "3600"}
 // volumes and config), which containerd's and crictl's callers do not.
 const kubeletGap = 300 * time.Millisecond
 
+// pullGap stands for an image pull between a pod's RunPodSandbox and its
+// first CreateContainer, as when the node does not have the image yet.
+const pullGap = 1500 * time.Millisecond
+
 // BenchmarkPodStart times, through containerd's CRI (its gRPC API, no
 // crictl process on the clock), RunPodSandbox → CreateContainer →
 // StartContainer of a one-container pod of the busybox image, with runc,
 // with cocoon's one VM per container and with one VM per pod (both
 // sandboxers; and without the warmed runc), side by side in one
-// containerd; the first container's create → start with kubeletGap after
-// RunPodSandbox, with the warmed runc and without; and a second
+// containerd; the first container's create → start with kubeletGap, and
+// with pullGap, after RunPodSandbox, with the warmed runc and without; and a second
 // container's create → start in a running pod's VM (join), against which
 // the goal is ≤ 0.3× of a restore:
 //
@@ -68,6 +72,7 @@ func BenchmarkPodStart(b *testing.B) {
 	}
 	for _, handler := range []string{podVMHandler, coldPodVMHandler} {
 		b.Run("first/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, 0, kubeletGap) })
+		b.Run("pulled/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, 0, pullGap) })
 	}
 	b.Run("join/handler="+podVMHandler, func(b *testing.B) {
 		b.StopTimer()

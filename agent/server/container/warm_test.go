@@ -2,34 +2,52 @@ package container
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestWarm: Warm runs the manager's runc with --version only, and fails
-// when runc does.
+// TestWarm: Warm has runc create the throwaway container and delete it,
+// under SCHED_IDLE, deletes it even when the create fails, and leaves no
+// bundle either way.
 func TestWarm(t *testing.T) {
+	const record = "echo \"$(awk '{print $41}' /proc/$$/stat) $*\" >> \"$0.args\"\n"
 	for _, tc := range []struct {
 		name, script string
 		wantErr      bool
 	}{
-		{name: "runs", script: "echo \"$@\" >> \"$0.args\"\necho 'runc version 1.5.3'\n"},
-		{name: "fails", script: "echo \"$@\" >> \"$0.args\"\nexit 3\n", wantErr: true},
+		{name: "creates and deletes", script: record},
+		{name: "create fails", script: record + "case \"$*\" in *' create '*) exit 3;; esac\n", wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := filepath.Join(t.TempDir(), "runc")
 			if err := os.WriteFile(fake, []byte("#!/bin/sh\n"+tc.script), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			err := New(Config{Runc: fake}).Warm(context.Background())
+			state := t.TempDir()
+			err := New(Config{Runc: fake, RuncRoot: t.TempDir(), StateDir: state, CgroupParent: "/test"}).Warm(context.Background())
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("warm: %v, want an error: %v", err, tc.wantErr)
 			}
-			args, rerr := os.ReadFile(fake + ".args")
-			if rerr != nil || strings.TrimSpace(string(args)) != "--version" {
-				t.Fatalf("runc ran with %q (%v), want --version alone, once", args, rerr)
+			data, rerr := os.ReadFile(fake + ".args")
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			calls := strings.Split(strings.TrimSpace(string(data)), "\n")
+			if len(calls) != 2 || !strings.Contains(calls[0], " create --bundle "+filepath.Join(state, warmID)+" "+warmID) ||
+				!strings.HasSuffix(calls[1], " delete --force "+warmID) {
+				t.Fatalf("runc ran as %q, want a create of %s, then its delete", calls, warmID)
+			}
+			for _, c := range calls {
+				// SCHED_IDLE is policy 5 (sched(7)).
+				if !strings.HasPrefix(c, "5 ") {
+					t.Errorf("runc ran with policy %q, want SCHED_IDLE (5)", strings.Fields(c)[0])
+				}
+			}
+			if _, err := os.Stat(filepath.Join(state, warmID)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the warm-up's bundle is left: %v", err)
 			}
 		})
 	}

@@ -59,8 +59,8 @@ func New(cfg Config) *Manager {
 // subreaper makes the agent the parent of the processes runc leaves
 // behind: its init and execs, once runc exits. It waits for them by pid
 // (a pidfd), as it waits for its own processes, so no reaper takes
-// another's status. Set at the first container: an agent without any
-// keeps its old orphans going to init.
+// another's status. Set at the first container, or a pod VM's warm-up
+// (Warm): an agent without any keeps its old orphans going to init.
 var subreaper = sync.OnceValue(func() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("become a child subreaper: %w", err)

@@ -46,8 +46,13 @@ func (m *Manager) Warm(ctx context.Context) error {
 }
 
 // warmCreate creates the throwaway container in a bundle of its own and
-// removes it all, whatever the create did.
+// removes it all, whatever the create did. The agent is made the
+// subreaper first, so the container's init, orphaned when runc create
+// exits, is the agent's to reap once its delete killed it.
 func (m *Manager) warmCreate(ctx context.Context) error {
+	if err := subreaper(); err != nil {
+		return err
+	}
 	bundle := filepath.Join(m.cfg.StateDir, warmID)
 	root := filepath.Join(bundle, "rootfs")
 	if err := os.MkdirAll(root, 0o700); err != nil {
@@ -58,23 +63,39 @@ func (m *Manager) warmCreate(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("open %s: %w", os.DevNull, err), os.RemoveAll(bundle))
 	}
 	defer null.Close()
-	err = writeSpec(bundle, warmSpec(root, m.cfg.CgroupParent))
 	rt := m.runc(bundle)
 	// go-runc forks a runc with a parent-death signal from a thread of
 	// its own, which would not be idle; the agent outliving its runc is
 	// all that signal is for, and a warm-up's runc ends by itself.
 	rt.PdeathSignal = 0
-	if err == nil {
-		if err = rt.Create(ctx, warmID, bundle, &runc.CreateOpts{IO: nullIO{null}}); err != nil {
-			err = fmt.Errorf("create warm-up container: %w", runcError(bundle, err))
-		}
-	}
+	init, err := warmInit(ctx, rt, bundle, m.cfg.CgroupParent, null)
 	// Its init waits on the exec fifo until deleted; a create cut short
 	// by ctx may have left it, or nothing.
 	if derr := rt.Delete(context.WithoutCancel(ctx), warmID, &runc.DeleteOpts{Force: true}); derr != nil && err == nil {
 		err = fmt.Errorf("delete warm-up container: %w", derr)
 	}
+	if init != nil {
+		_ = init.Kill()
+		_, _ = init.Wait()
+	}
 	return errors.Join(err, os.RemoveAll(bundle))
+}
+
+// warmInit has runc create the throwaway container and returns its init.
+func warmInit(ctx context.Context, rt *runc.Runc, bundle, cgroupParent string, null *os.File) (*os.Process, error) {
+	if err := writeSpec(bundle, warmSpec(filepath.Join(bundle, "rootfs"), cgroupParent)); err != nil {
+		return nil, err
+	}
+	pidFile := filepath.Join(bundle, "init.pid")
+	if err := rt.Create(ctx, warmID, bundle, &runc.CreateOpts{IO: nullIO{null}, PidFile: pidFile}); err != nil {
+		return nil, fmt.Errorf("create warm-up container: %w", runcError(bundle, err))
+	}
+	pid, err := readPid(pidFile)
+	if err != nil {
+		return nil, err
+	}
+	// A pidfd: the process itself, whatever its pid becomes.
+	return os.FindProcess(pid)
 }
 
 // nullIO gives runc /dev/null for its stdio and the init's. Without IO,

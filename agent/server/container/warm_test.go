@@ -13,7 +13,8 @@ import (
 // under SCHED_IDLE, deletes it even when the create fails, and leaves no
 // bundle either way.
 func TestWarm(t *testing.T) {
-	const record = "echo \"$(awk '{print $41}' /proc/$$/stat) $*\" >> \"$0.args\"\n"
+	const record = "echo \"$(awk '{print $41}' /proc/$$/stat) $*\" >> \"$0.args\"\n" +
+		"prev=; for a in \"$@\"; do [ \"$prev\" = --pid-file ] && echo $$ > \"$a\"; prev=$a; done\n"
 	for _, tc := range []struct {
 		name, script string
 		wantErr      bool
@@ -36,7 +37,7 @@ func TestWarm(t *testing.T) {
 				t.Fatal(rerr)
 			}
 			calls := strings.Split(strings.TrimSpace(string(data)), "\n")
-			if len(calls) != 2 || !strings.Contains(calls[0], " create --bundle "+filepath.Join(state, warmID)+" "+warmID) ||
+			if len(calls) != 2 || !strings.Contains(calls[0], " create --bundle "+filepath.Join(state, warmID)+" ") || !strings.HasSuffix(calls[0], " "+warmID) ||
 				!strings.HasSuffix(calls[1], " delete --force "+warmID) {
 				t.Fatalf("runc ran as %q, want a create of %s, then its delete", calls, warmID)
 			}

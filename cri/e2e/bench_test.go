@@ -45,9 +45,9 @@ const pullGap = 1500 * time.Millisecond
 // with cocoon's one VM per container and with one VM per pod (both
 // sandboxers; and without the warmed runc), side by side in one
 // containerd; the first container's create → start with kubeletGap, and
-// with pullGap, after RunPodSandbox, with the warmed runc and without; and a second
-// container's create → start in a running pod's VM (join), against which
-// the goal is ≤ 0.3× of a restore:
+// with pullGap, after RunPodSandbox, with the warmed runc and without; and
+// a second container's create → start in a running pod's VM (join), with
+// and without, against which the goal is ≤ 0.3× of a restore:
 //
 //	go test -run '^$' -bench BenchmarkPodStart -benchtime 5x ./cri/e2e/
 func BenchmarkPodStart(b *testing.B) {
@@ -74,20 +74,27 @@ func BenchmarkPodStart(b *testing.B) {
 		b.Run("first/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, 0, kubeletGap) })
 		b.Run("pulled/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, 0, pullGap) })
 	}
-	b.Run("join/handler="+podVMHandler, func(b *testing.B) {
+	for _, handler := range []string{podVMHandler, coldPodVMHandler} {
+		b.Run("join/handler="+handler, func(b *testing.B) { benchJoins(b, n, rt, handler) })
+	}
+}
+
+// benchJoins times b.N second containers' create → start, one after
+// another, in a running pod of handler.
+func benchJoins(b *testing.B, n *node, rt runtimeapi.RuntimeServiceClient, handler string) {
+	ctx := context.Background()
+	b.StopTimer()
+	pod := n.startPod(b, rt, "join", handler, 0, 0)
+	defer n.removePod(b, rt, pod)
+	for i := range b.N {
+		name := "second-" + strconv.Itoa(i)
+		b.StartTimer()
+		id := startContainer(b, rt, pod, containerConfig(name, busyboxRef, benchArgs, nil))
 		b.StopTimer()
-		pod := n.startPod(b, rt, "join", podVMHandler, 0, 0)
-		defer n.removePod(b, rt, pod)
-		for i := range b.N {
-			name := "second-" + strconv.Itoa(i)
-			b.StartTimer()
-			id := startContainer(b, rt, pod, containerConfig(name, busyboxRef, benchArgs, nil))
-			b.StopTimer()
-			if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
-				b.Fatalf("remove %s: %v", name, err)
-			}
+		if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+			b.Fatalf("remove %s: %v", name, err)
 		}
-	})
+	}
 }
 
 // podVMBenchHandler is a cocoon handler with the config at path.

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containerd/fifo"
 	"golang.org/x/sys/unix"
@@ -24,14 +25,9 @@ const execFifo = "exec.fifo"
 // runc process of its own: starting one costs a guest 50-90 ms under TCG.
 func (c *Container) startInit(ctx context.Context) error {
 	path := filepath.Join(c.rt.Root, c.ID, execFifo)
-	f, err := openExecFifo(ctx, path, c.init.done)
+	data, err := readExecFifo(ctx, path, c.init.done)
 	if err != nil {
 		return err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(f)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
 	}
 	if len(data) == 0 {
 		return errInitEnded
@@ -44,27 +40,46 @@ func (c *Container) startInit(ctx context.Context) error {
 
 var errInitEnded = errors.New("its init ended before it was started")
 
-// openExecFifo opens the fifo at path to read, which blocks until the init
-// opens it to write. An init that ended, or ends first, never will: then,
-// or when ctx ends, containerd's fifo package releases the open.
-func openExecFifo(ctx context.Context, path string, ended <-chan struct{}) (io.ReadCloser, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-ended:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+// readExecFifo reads the exec fifo at path: its open blocks until the init
+// opens it to write, and the read ends once the init's exec closes it. An
+// init that ends before it took its start never opens it: then a writer
+// of the agent's own, which writes nothing, releases the reader. So what
+// was read says whether the init took its start, not which of the start
+// and the init's end came first (a quick process ends right after it).
+// When ctx ends, containerd's fifo package releases the open.
+func readExecFifo(ctx context.Context, path string, ended <-chan struct{}) ([]byte, error) {
+	read := make(chan struct{})
+	defer close(read)
+	go releaseOnEnd(path, ended, read)
 	f, err := fifo.OpenFifo(ctx, path, unix.O_RDONLY, 0)
 	if err != nil {
+		return nil, fmt.Errorf("open exec fifo: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return data, nil
+}
+
+// releaseOnEnd, once the init has ended, opens the fifo at path to write
+// and closes it, until the reader is done.
+func releaseOnEnd(path string, ended, read <-chan struct{}) {
+	select {
+	case <-ended:
+	case <-read:
+		return
+	}
+	for {
+		// ENXIO until the reader's open has begun.
+		if w, err := os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
+			w.Close()
+		}
 		select {
-		case <-ended:
-			return nil, errInitEnded
-		default:
-			return nil, fmt.Errorf("open exec fifo: %w", err)
+		case <-read:
+			return
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	return f, nil
 }

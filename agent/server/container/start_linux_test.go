@@ -30,19 +30,22 @@ func TestStartTellsRunc(t *testing.T) {
 	}
 }
 
-// TestOpenExecFifo: the open returns once a writer comes, and fails,
-// without hanging, when the init ends first or the caller gives up.
-func TestOpenExecFifo(t *testing.T) {
+// TestReadExecFifo: the read returns the init's byte once a writer comes,
+// even when the init ends right after it; nothing, without hanging, when
+// the init ends without writing; and an error when the caller gives up.
+func TestReadExecFifo(t *testing.T) {
 	tests := []struct {
 		name   string
 		writer bool // a writer opens the fifo and writes its byte
-		ended  bool // the init has ended
+		ended  bool // the init has ended (after its write, with writer)
 		cancel bool // the caller's context ends
-		ok     bool
+		want   string
+		err    bool
 	}{
-		{name: "started", writer: true, ok: true},
-		{name: "init ended", ended: true},
-		{name: "given up", cancel: true},
+		{name: "started", writer: true, want: "0"},
+		{name: "started and ended", writer: true, ended: true, want: "0"},
+		{name: "init ended", ended: true, want: ""},
+		{name: "given up", cancel: true, err: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -50,16 +53,19 @@ func TestOpenExecFifo(t *testing.T) {
 			if err := unix.Mkfifo(path, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if tt.writer {
+			ended := make(chan struct{})
+			switch {
+			case tt.writer:
 				go func() {
 					if w, err := os.OpenFile(path, os.O_WRONLY, 0); err == nil {
 						w.Write([]byte("0"))
 						w.Close()
 					}
+					if tt.ended {
+						close(ended)
+					}
 				}()
-			}
-			ended := make(chan struct{})
-			if tt.ended {
+			case tt.ended:
 				close(ended)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -67,15 +73,12 @@ func TestOpenExecFifo(t *testing.T) {
 			if tt.cancel {
 				go func() { time.Sleep(20 * time.Millisecond); cancel() }()
 			}
-			f, err := openExecFifo(ctx, path, ended)
-			if (err == nil) != tt.ok {
-				t.Fatalf("open: %v, want success %v", err, tt.ok)
-			}
-			if f != nil {
-				f.Close()
+			data, err := readExecFifo(ctx, path, ended)
+			if (err != nil) != tt.err || string(data) != tt.want {
+				t.Fatalf("read %q, %v; want %q, an error: %v", data, err, tt.want, tt.err)
 			}
 			if ctx.Err() == context.DeadlineExceeded {
-				t.Error("the open took until the test's deadline")
+				t.Error("the read took until the test's deadline")
 			}
 		})
 	}

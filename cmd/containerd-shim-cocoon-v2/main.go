@@ -5,8 +5,8 @@
 // binary, cocoon-shim-server next to it, would take four just to start.
 // Its `delete` answers for a task its server deleted cleanly (see
 // launch.DeletedFile). Every other action (delete otherwise, -info, -v) is
-// that server binary's, which this process becomes. Executed as hold.Argv0 it is a pod sandbox's pause
-// process.
+// that server binary's, which this process becomes. Executed as
+// hold.Argv0 it is a pod sandbox's pause process.
 package main
 
 import (

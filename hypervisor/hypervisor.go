@@ -137,6 +137,11 @@ type RestoreRequest struct {
 	// memory in Charge and starts the hypervisor through Start. Nil leaves
 	// both in the caller's cgroup.
 	Cgroup Cgroup
+	// Attached ties the hypervisor to the caller: it gets SIGKILL when the
+	// OS thread that started it ends, the caller's process dying included.
+	// For a VM no task record names (a pooled VM), which nothing would
+	// kill after its owner's crash; a task's VM outlives its shim.
+	Attached bool
 }
 
 // RootfsSerial is the serial of every snapshot's rootfs block slot: the
@@ -255,4 +260,13 @@ type DiskAttacher interface {
 	// DetachDisk leaves slot empty; the hypervisor no longer holds the
 	// image. The guest must have stopped using the disk.
 	DetachDisk(ctx context.Context, slot int) error
+}
+
+// RootfsAttacher is a VM whose rootfs slot (RootfsSerial), restored
+// empty, can be backed by an image while the VM runs: a VM restored before
+// its task's image is known (a pooled VM) gets the image when it is
+// claimed. The guest reads it as RestoreRequest.Disk's (its Init names
+// the image's size, so the guest drops what it read of the empty slot).
+type RootfsAttacher interface {
+	AttachRootfs(ctx context.Context, path string) error
 }

@@ -77,7 +77,7 @@ func apiArgs(sock string) []string {
 func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreRequest, ownNetNS bool) error {
 	sock := filepath.Join(v.RunDir, apiSock)
 	begin := time.Now()
-	spec := vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS, BornIn: req.BornIn()}
+	spec := vmmproc.Spec{Binary: binary, Args: apiArgs(sock), Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS, BornIn: req.BornIn(), Attached: req.Attached}
 	if err := v.Instance.Start(ctx, spec); err != nil {
 		return err
 	}

@@ -131,7 +131,7 @@ func (v *vm) start(ctx context.Context, binary string, req hypervisor.RestoreReq
 		return err
 	}
 	begin := time.Now()
-	spec := vmmproc.Spec{Binary: binary, Args: []string{"--api-sock", sock}, Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS, BornIn: req.BornIn()}
+	spec := vmmproc.Spec{Binary: binary, Args: []string{"--api-sock", sock}, Log: vmmLog, Socket: sock, NetNS: req.NetNS, OwnNetNS: ownNetNS, BornIn: req.BornIn(), Attached: req.Attached}
 	if err := v.Instance.Start(ctx, spec); err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
@@ -322,5 +323,31 @@ func TestRestoreDisk(t *testing.T) {
 	}
 	if without := hostFeatures(t, v2, rootfsID); without != withDisk {
 		t.Errorf("virtio-blk host features with an empty slot %s, with a disk %s: want them equal", without, withDisk)
+	}
+}
+
+// A VM restored with its rootfs slot empty gets its image later
+// (AttachRootfs, a pooled VM's claim): Init, told the image's size, mounts
+// it as the container's root and reads the image, not the zeroes the
+// guest read of the empty slot. A missing image leaves the slot as it was.
+func TestAttachRootfs(t *testing.T) {
+	d := newTestDriver(t)
+	s := newStager(t, t.TempDir(), bakedLink(t, d))
+	v, c := restoreReady(t, d, hypervisor.RestoreRequest{StagedDir: s.stage(), RunDir: s.runDir(), Mode: hypervisor.ModeMmap})
+	ctx := testContext(t, time.Minute)
+	if err := v.AttachRootfs(ctx, filepath.Join(t.TempDir(), "missing.erofs")); err == nil {
+		t.Fatal("attach a missing image: want an error")
+	}
+	// The guest reads the empty slot first, as a pooled VM's warm-up may.
+	run(t, c, "/bin/sh", "-c", `d=$(for b in /sys/block/vd*; do [ "$(cat $b/serial)" = "$1" ] && echo ${b##*/}; done; true); head -c 4096 /dev/$d >/dev/null`, "sh", rootfsSerial)
+	img, text := slotImage(t, 8<<20, true)
+	if err := v.AttachRootfs(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Init(ctx, agent.InitRequest{Rootfs: &agent.Rootfs{FSType: "erofs", Serial: rootfsSerial, Size: 8 << 20}}); err != nil {
+		t.Fatalf("init with the attached rootfs: %v (console %s)", err, readSerial(v))
+	}
+	if got := run(t, c, "/bin/busybox", "cat", "/hello.txt"); got != text {
+		t.Errorf("the container root's hello.txt reads %q, want %q", got, text)
 	}
 }

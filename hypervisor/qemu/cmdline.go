@@ -117,15 +117,16 @@ func (l launch) nicArgs() []string {
 	}
 }
 
-// rootfsArgs is the rootfs slot and its read-only backend. The node is
-// given as JSON, so no path needs QEMU's comma escaping.
+// rootfsArgs is the rootfs slot and its read-only backend: a raw node
+// over the image, or over an empty child that AttachRootfs can swap as
+// AttachDisk swaps a spare slot's. The node is given as JSON, so no path
+// needs QEMU's comma escaping.
 func (l launch) rootfsArgs() []string {
-	node := emptyDisk(rootfsID)
+	file := emptyDisk(childNode(rootfsID, 0))
 	if l.Disk != "" {
-		node = map[string]any{"node-name": rootfsID, "read-only": true, "driver": "raw",
-			"file": map[string]any{"driver": "file", "filename": l.Disk}}
+		file = map[string]any{"driver": "file", "filename": l.Disk}
 	}
-	b, _ := json.Marshal(node)
+	b, _ := json.Marshal(map[string]any{"node-name": rootfsID, "read-only": true, "driver": "raw", "file": file})
 	return []string{
 		"-blockdev", string(b),
 		"-device", "virtio-blk-device,id=" + rootfsID + ",drive=" + rootfsID + ",serial=" + rootfsSerial,
@@ -142,7 +143,7 @@ func diskSlotArgs(slots int) []string {
 	for i := range slots {
 		node := map[string]any{
 			"driver": "raw", "node-name": diskID(i), "read-only": true,
-			"file": emptyDisk(childNode(i, 0)),
+			"file": emptyDisk(childNode(diskID(i), 0)),
 		}
 		b, _ := json.Marshal(node)
 		a = append(a, "-blockdev", string(b),

@@ -82,7 +82,7 @@ func TestLaunchArgs(t *testing.T) {
 					"virtio-net-device,id=net0,mac=02:c0:c0:00:00:01",
 					"virtio-blk-device,id=rootfs,drive=rootfs,serial=cocoon-rootfs"},
 				"-netdev":   nil,
-				"-blockdev": {`{"driver":"null-co","node-name":"rootfs","read-only":true,"read-zeroes":true,"size":1099511627776}`},
+				"-blockdev": {`{"driver":"raw","file":{"driver":"null-co","node-name":"rootfs.0","read-only":true,"read-zeroes":true,"size":1099511627776},"node-name":"rootfs","read-only":true}`},
 				"-chardev":  {"socket,id=qmp,fd=3,server=on,wait=off", "file,id=serial,path=/run/vm/serial.log", tt.wantAgent},
 			}
 			for flag, want := range checks {
@@ -169,7 +169,7 @@ func TestLaunchAttachments(t *testing.T) {
 	const (
 		nic    = "virtio-net-device,id=net0,mac=02:c0:c0:00:00:01"
 		blk    = "virtio-blk-device,id=rootfs,drive=rootfs,serial=cocoon-rootfs"
-		null   = `{"driver":"null-co","node-name":"rootfs","read-only":true,"read-zeroes":true,"size":1099511627776}`
+		null   = `{"driver":"raw","file":{"driver":"null-co","node-name":"rootfs.0","read-only":true,"read-zeroes":true,"size":1099511627776},"node-name":"rootfs","read-only":true}`
 		serial = "virtio-serial-device"
 		port   = "virtserialport,chardev=agent,name=agent"
 	)

@@ -20,7 +20,10 @@ import (
 // VM's own devices take 3; the rest is left for devices to come.
 const MaxDiskSlots = 16
 
-var _ hypervisor.DiskAttacher = (*VM)(nil)
+var (
+	_ hypervisor.DiskAttacher   = (*VM)(nil)
+	_ hypervisor.RootfsAttacher = (*VM)(nil)
+)
 
 // diskID is the node name and device id of spare slot i.
 func diskID(slot int) string { return "disk" + strconv.Itoa(slot) }
@@ -45,16 +48,18 @@ func imageDisk(node, path string) map[string]any {
 	return map[string]any{"driver": "file", "node-name": node, "filename": path, "read-only": true}
 }
 
-// childNode names slot's gen'th backend node; the command line's is gen 0.
-func childNode(slot, gen int) string { return diskID(slot) + "." + strconv.Itoa(gen) }
+// childNode names the gen'th backend node of the raw node slot; the
+// command line's is gen 0.
+func childNode(slot string, gen int) string { return slot + "." + strconv.Itoa(gen) }
 
-// diskSlots is what backs each spare slot now. A slot missing from cur
-// still has the command line's backend, which its raw node owns (QEMU
-// frees it once a swap drops it); any other was added over QMP and must
-// be deleted once replaced, or QEMU keeps its file open.
+// diskSlots is what backs each swappable slot (the spare slots and the
+// rootfs slot) now, by the slot's raw node. A slot missing from cur still
+// has the command line's backend, which its raw node owns (QEMU frees it
+// once a swap drops it); any other was added over QMP and must be deleted
+// once replaced, or QEMU keeps its file open.
 type diskSlots struct {
 	mu  sync.Mutex
-	cur map[int]string
+	cur map[string]string
 	// gen numbers added nodes: a name is never used twice, so a node a
 	// failed cleanup left behind never blocks the next attach.
 	gen int
@@ -74,10 +79,23 @@ func (v *VM) AttachDisk(ctx context.Context, slot int, path string) (string, err
 	if err != nil {
 		return "", err
 	}
-	if err := v.swapDisk(ctx, slot, func(node string) map[string]any { return imageDisk(node, abs) }); err != nil {
+	if err := v.swapDisk(ctx, diskID(slot), func(node string) map[string]any { return imageDisk(node, abs) }); err != nil {
 		return "", fmt.Errorf("attach %s to disk slot %d: %w", abs, slot, err)
 	}
 	return diskSerial(slot), nil
+}
+
+// AttachRootfs backs the rootfs slot, which the VM was restored with
+// empty, with the read-only filesystem image at path.
+func (v *VM) AttachRootfs(ctx context.Context, path string) error {
+	abs, err := hostattach.CheckDisk(path)
+	if err != nil {
+		return err
+	}
+	if err := v.swapDisk(ctx, rootfsID, func(node string) map[string]any { return imageDisk(node, abs) }); err != nil {
+		return fmt.Errorf("attach %s to the rootfs slot: %w", abs, err)
+	}
+	return nil
 }
 
 // DetachDisk leaves spare slot empty (emptyDisk); QEMU closes the image
@@ -86,7 +104,7 @@ func (v *VM) DetachDisk(ctx context.Context, slot int) error {
 	if err := v.checkSlot(slot); err != nil {
 		return err
 	}
-	if err := v.swapDisk(ctx, slot, emptyDisk); err != nil {
+	if err := v.swapDisk(ctx, diskID(slot), emptyDisk); err != nil {
 		return fmt.Errorf("detach disk slot %d: %w", slot, err)
 	}
 	return nil
@@ -100,10 +118,10 @@ func (v *VM) checkSlot(slot int) error {
 	return nil
 }
 
-// swapDisk backs slot with the node newNode makes: it is added, the
-// slot's raw node is reopened over it, and the node it replaces deleted.
-// On error the slot keeps its backend.
-func (v *VM) swapDisk(ctx context.Context, slot int, newNode func(name string) map[string]any) error {
+// swapDisk backs the slot whose raw node is slot with the node newNode
+// makes: it is added, the raw node is reopened over it, and the node it
+// replaces deleted. On error the slot keeps its backend.
+func (v *VM) swapDisk(ctx context.Context, slot string, newNode func(name string) map[string]any) error {
 	ctx, cancel := vmmproc.WithDefaultTimeout(ctx, commandTimeout)
 	defer cancel()
 	d := &v.disks
@@ -115,14 +133,14 @@ func (v *VM) swapDisk(ctx context.Context, slot int, newNode func(name string) m
 		return err
 	}
 	reopen := map[string]any{"options": []map[string]any{{
-		"driver": "raw", "node-name": diskID(slot), "read-only": true, "file": name,
+		"driver": "raw", "node-name": slot, "read-only": true, "file": name,
 	}}}
 	if err := v.qmp.Execute(ctx, "blockdev-reopen", reopen, nil); err != nil {
 		return errors.Join(err, v.deleteNode(ctx, name))
 	}
 	old := d.cur[slot]
 	if d.cur == nil {
-		d.cur = map[int]string{}
+		d.cur = map[string]string{}
 	}
 	d.cur[slot] = name
 	if old == "" {

@@ -25,7 +25,7 @@ func TestDiskSlotArgs(t *testing.T) {
 	if got := argAfter(a, "-device"); !slices.Equal(got, wantDevices) {
 		t.Errorf("-device = %q, want %q", got, wantDevices)
 	}
-	wantBlocks := []string{`{"driver":"null-co","node-name":"rootfs","read-only":true,"read-zeroes":true,"size":1099511627776}`,
+	wantBlocks := []string{`{"driver":"raw","file":{"driver":"null-co","node-name":"rootfs.0","read-only":true,"read-zeroes":true,"size":1099511627776},"node-name":"rootfs","read-only":true}`,
 		`{"driver":"raw","file":{"driver":"null-co","node-name":"disk0.0","read-only":true,"read-zeroes":true,"size":1099511627776},"node-name":"disk0","read-only":true}`,
 		`{"driver":"raw","file":{"driver":"null-co","node-name":"disk1.0","read-only":true,"read-zeroes":true,"size":1099511627776},"node-name":"disk1","read-only":true}`}
 	if got := argAfter(a, "-blockdev"); !slices.Equal(got, wantBlocks) {

@@ -59,7 +59,7 @@ func (d *Driver) restore(ctx context.Context, req hypervisor.RestoreRequest) (*V
 		}
 	}()
 	t := time.Now()
-	v, err := d.spawnVM(ctx, req.RunDir, l, a, true)
+	v, err := d.spawnVM(ctx, req.RunDir, l, a, !req.Attached)
 	if err != nil {
 		return nil, err
 	}

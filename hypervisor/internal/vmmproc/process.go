@@ -16,10 +16,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 )
 
 // MaxSockPath is the longest unix socket path (sun_path less the NUL).
@@ -52,8 +54,9 @@ type Spec struct {
 	// ExtraFiles are inherited as fds 3, 4, ...
 	ExtraFiles []*os.File
 	// Attached ties the VMM to its parent: it gets SIGKILL when the parent
-	// dies (a bake's throwaway VM). Otherwise it runs in a session of its
-	// own and outlives a crashed shim, as a restored VM must.
+	// dies (a bake's throwaway VM, a spare's pooled VM). Otherwise it runs
+	// in a session of its own and outlives a crashed shim, as a task's VM
+	// must.
 	Attached bool
 	// BornIn, if set, forks the VMM in the VM's cgroup: it runs start,
 	// which forks with attr on the calling OS thread (see
@@ -114,10 +117,14 @@ func Spawn(dir string, s Spec) (*Process, error) {
 	if s.BornIn != nil {
 		start = func() error { return s.BornIn(cmd.SysProcAttr, cmd.Start) }
 	}
-	if err := startIn(s.NetNS, start); err != nil {
+	p := &Process{cmd: cmd, name: filepath.Base(s.Binary), log: logf.Name(), done: make(chan struct{})}
+	fork := startIn
+	if s.Attached {
+		fork = func(f *os.File, start func() error) error { return startAttached(f, start, p.done) }
+	}
+	if err := fork(s.NetNS, start); err != nil {
 		return nil, fmt.Errorf("start %s: %w", s.Binary, err)
 	}
-	p := &Process{cmd: cmd, name: filepath.Base(s.Binary), log: logf.Name(), done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -141,6 +148,32 @@ func startIn(f *os.File, start func() error) error {
 		return fmt.Errorf("in network namespace %s: %w", f.Name(), err)
 	}
 	return nil
+}
+
+// startAttached runs start, which forks an attached VMM (its parent-death
+// signal set), on an OS thread of its own, switched into the network
+// namespace f when f is set, that lives until the VMM has exited (done):
+// the signal follows the thread that forked, not the process, and Go ends
+// a thread whose goroutine returns while locked to it, as code locking a
+// thread to change its state does (a spare's start, a namespace not
+// restored). On a shared thread any of those would kill the VMM.
+func startAttached(f *os.File, start func() error, done <-chan struct{}) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		if f != nil {
+			if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+				errc <- fmt.Errorf("enter network namespace %s: %w", f.Name(), err)
+				return
+			}
+		}
+		err := start()
+		errc <- err
+		if err == nil {
+			<-done
+		}
+	}()
+	return <-errc
 }
 
 // waitSocket returns once something accepts connections on path, failing

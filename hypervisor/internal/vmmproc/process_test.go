@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -298,4 +299,60 @@ func TestStartNetNS(t *testing.T) {
 	s := serving(t, t.TempDir())
 	s.NetNS, s.OwnNetNS = n.NS, true
 	startFails(t, context.Background(), t.TempDir(), s, "both")
+	t.Run("attached, given", func(t *testing.T) {
+		dir := t.TempDir()
+		s := serving(t, dir)
+		s.NetNS, s.Attached = n.NS, true
+		p, err := Start(context.Background(), dir, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Stop() })
+		if got := drivertest.NetNSOf(t, p.PID()); got != drivertest.NSInode(t, n.NS) {
+			t.Errorf("attached vmm in network namespace %d, want the given one", got)
+		}
+	})
+}
+
+// TestAttachedOutlivesThreads: an attached VMM (its parent-death signal
+// set) lives on when the thread that asked for it ends, as Go ends a
+// thread whose goroutine returns locked to it, and is gone once stopped.
+// Three starts: Go cannot end its main thread, which may run one of them.
+func TestAttachedOutlivesThreads(t *testing.T) {
+	var ps []*Process
+	for range 3 {
+		dir := t.TempDir()
+		s := serving(t, dir)
+		s.Attached = true
+		started := make(chan *Process, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: this thread ends with the goroutine
+			p, err := Start(context.Background(), dir, s)
+			if err != nil {
+				t.Error(err)
+			}
+			started <- p
+		}()
+		p := <-started
+		if p == nil {
+			t.FailNow()
+		}
+		t.Cleanup(func() { p.Stop() })
+		ps = append(ps, p)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, p := range ps {
+		short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		err := p.Wait(short)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("an attached vmm ended with the thread that started it: %v", err)
+		}
+		if err := p.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if !gone(p.PID()) {
+			t.Errorf("pid %d left after Stop", p.PID())
+		}
+	}
 }

@@ -57,6 +57,11 @@ type Request struct {
 	Disk  string
 	// Guest is what the guest gets with its identity.
 	Guest GuestSetup
+	// Deferred leaves the guest as the snapshot had it, its agent
+	// connected: the VM waits for a task that Claim gives it to. Its
+	// hypervisor is tied to the caller (hypervisor.RestoreRequest.Attached):
+	// no task record names it.
+	Deferred bool
 }
 
 // GuestSetup is what Init gives a restored guest besides its identity: the
@@ -122,6 +127,7 @@ func Run(ctx context.Context, d hypervisor.Driver, r Request) (*Result, error) {
 		NetNS:     r.NetNS,
 		NIC:       r.NIC,
 		Disk:      r.Disk,
+		Attached:  r.Deferred,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("restore %s vm in %s mode: %w", d.Name(), r.Plan.Mode, err)
@@ -162,6 +168,10 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 			return vmExited(actx, err)
 		}
 		go func() {
+			if r.Deferred {
+				inited <- initResult{}
+				return
+			}
 			phases, err := initGuest(ctx, c, r)
 			inited <- initResult{phases, err}
 		}()
@@ -186,8 +196,25 @@ func bringUp(ctx context.Context, vm hypervisor.VM, r Request, rec *recorder) (*
 		}
 		return nil, fmt.Errorf("init guest identity: %w", err)
 	}
-	rec.addWithin(PhaseInit, time.Since(began), res.phases)
+	if !r.Deferred {
+		rec.addWithin(PhaseInit, time.Since(began), res.phases)
+	}
 	return c, nil
+}
+
+// Claim gives the guest of a VM restored with Deferred, running since,
+// its identity and what r.Guest holds, as Run would have; r's plan and
+// agent timeout apply, its staged dir and VM settings are not used. On
+// error the VM is left to the caller, who closes it with c.
+func Claim(ctx context.Context, c *agent.Client, r Request) (Report, error) {
+	start := time.Now()
+	rec := &recorder{}
+	phases, err := initGuest(ctx, c, r)
+	if err != nil {
+		return Report{}, fmt.Errorf("init guest identity: %w", err)
+	}
+	rec.addWithin(PhaseInit, time.Since(start), phases)
+	return Report{Plan: r.Plan, Phases: rec.list(), Total: time.Since(start)}, nil
 }
 
 // initResult is how initGuest went.

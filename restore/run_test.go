@@ -494,3 +494,39 @@ func TestAddWithin(t *testing.T) {
 		})
 	}
 }
+
+// A deferred restore leaves the guest as the snapshot had it (no clock,
+// entropy or hostname set, no init phase); Claim gives it all later, and
+// reports the init phase alone.
+func TestDeferredThenClaim(t *testing.T) {
+	sys := &fakeSystem{}
+	vm := &fakeVM{guest: startAgent(t, sys)}
+	r := testRequest(t)
+	r.Deferred = true
+	res, err := Run(context.Background(), &fakeDriver{vm: vm}, r)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Cleanup(func() { res.Agent.Close(); res.VM.Close() })
+	if want := []string{"spawn", "load", PhaseResume, PhaseAgent, PhaseRelease}; !reflect.DeepEqual(phaseNames(res.Report), want) {
+		t.Fatalf("deferred phases = %v, want %v", phaseNames(res.Report), want)
+	}
+	sys.mu.Lock()
+	if sys.hostname != "" || !sys.time.IsZero() || sys.entropy != nil {
+		t.Errorf("deferred guest was given an identity: %+v", sys)
+	}
+	sys.mu.Unlock()
+	r.Hostname = "claimed"
+	rep, err := Claim(context.Background(), res.Agent, r)
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	if want := []string{PhaseInit, GuestPhasePrefix + api.PhaseIdentity}; !reflect.DeepEqual(phaseNames(rep), want) {
+		t.Errorf("claim phases = %v, want %v", phaseNames(rep), want)
+	}
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	if sys.hostname != "claimed" || sys.time.IsZero() || len(sys.entropy) != entropyBytes {
+		t.Errorf("claimed guest: hostname %q, clock %v, %d bytes of entropy", sys.hostname, sys.time, len(sys.entropy))
+	}
+}

@@ -112,6 +112,13 @@ type Shim struct {
 	// runs, the first container's `runc create` finds runc's path
 	// translated. Under KVM there is nothing to gain: turn it off there.
 	WarmRunc bool `toml:"warm_runc"`
+	// PooledVM has the spare task server, started after a task whose
+	// ordinary image runs on a base snapshot, restore a VM of that base
+	// ahead and warm it at idle priority, for the next such task to
+	// claim: its create then skips the restore and most of what the
+	// guest translates anew after one. The VM waiting costs its memory
+	// (one per containerd at most) and is used by one task only.
+	PooledVM bool `toml:"pooled_vm"`
 	// CopyFiles and CopyBytes bound what one VM's guest holds of copies
 	// of the host's files (bind sources, Kubernetes volumes, each kept in
 	// step while it lives): entries (files, directories, links) and bytes

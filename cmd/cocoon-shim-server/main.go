@@ -31,9 +31,11 @@ func main() {
 	}
 	// A spare waits, then goes on as the task server it was handed; one
 	// that gets no task exits (silently: it has no log before a task).
+	launcher := &vm.Launcher{}
 	if len(os.Args) == 3 && os.Args[1] == spare.Flag {
 		task.WarmCodecs()
-		if err := spare.Wait(os.Args[2]); err != nil {
+		if err := spare.Wait(os.Args[2], launcher.FillPool); err != nil {
+			launcher.ClosePool()
 			os.Exit(1)
 		}
 	}
@@ -45,7 +47,7 @@ func main() {
 	// The pause process is the launcher binary: a few of this one's
 	// start-up and memory for each pod.
 	sandbox := pause.Launcher{Binary: filepath.Join(filepath.Dir(self), launch.LauncherName)}
-	task.Register(refilling{task.PodLauncher{VM: &vm.Launcher{}, Sandbox: sandbox}})
+	task.Register(refilling{Launcher: task.PodLauncher{VM: launcher, Sandbox: sandbox}, vm: launcher})
 	// containerd's sandbox API (a CRI handler's sandboxer = "shim") on the
 	// same connection: the pod's VM, which its containers' tasks join.
 	sandboxapi.Register()
@@ -60,14 +62,23 @@ func main() {
 
 // refilling puts a spare in place for the next task once a task is
 // launched: then, not at the server's start, the spare's own start-up is
-// off this task's path.
-type refilling struct{ task.Launcher }
+// off this task's path. A VM this server restored ahead as a spare is for
+// its first launch only: whatever that launch was, it is closed if left.
+type refilling struct {
+	task.Launcher
+	vm *vm.Launcher
+}
 
 func (l refilling) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
 	sb, err := l.Launcher.Launch(ctx, r)
+	l.vm.ClosePool()
 	if err == nil {
+		env := sb.SpareEnv
+		if env == nil {
+			env = []string{vm.PoolEnv + "="}
+		}
 		go func() {
-			if err := launch.RefillSpare(r.Containerd); err != nil {
+			if err := launch.RefillSpare(r.Containerd, env...); err != nil {
 				log.G(ctx).WithError(err).Warn("start a spare shim server")
 			}
 		}()

@@ -33,6 +33,8 @@ type Snapshot struct {
 	namespace   string
 	snapshotter string
 	key         string
+	// Image is the base image the snapshot is of.
+	Image string
 	// Dir is the staged chain to restore from, Staged that chain as read
 	// when it was checked (the restore uses it rather than read it again).
 	Dir    string
@@ -64,9 +66,9 @@ func (c *Clients) Get(address string) (*containerd.Client, error) {
 }
 
 // Stage prepares a snapshot of image (unpacking it into snapshotter first
-// if needed) for task id and returns where it is staged. On error nothing
-// is left.
-func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotter, image, id string) (_ *Snapshot, retErr error) {
+// if needed) for task id and returns where it is staged; opts are the
+// lease's. On error nothing is left.
+func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotter, image, id string, opts ...leases.Opt) (_ *Snapshot, retErr error) {
 	ctx = namespaces.WithNamespace(ctx, namespace)
 	img, err := client.GetImage(ctx, image)
 	if err != nil {
@@ -77,9 +79,9 @@ func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotte
 		return nil, fmt.Errorf("base image %s layers: %w", image, err)
 	}
 	parent := identity.ChainID(diffIDs).String()
-	b := &Snapshot{client: client, namespace: namespace, snapshotter: snapshotter, key: Key(id)}
+	b := &Snapshot{client: client, namespace: namespace, snapshotter: snapshotter, key: Key(id), Image: image}
 	ls := client.LeasesService()
-	lease, err := ls.Create(ctx, leases.WithID(b.key))
+	lease, err := ls.Create(ctx, append([]leases.Opt{leases.WithID(b.key)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("lease for the base snapshot of %s: %w", id, err)
 	}

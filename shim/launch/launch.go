@@ -176,9 +176,10 @@ func adjustOOMScore(pid int) error {
 
 // RefillSpare puts a spare in place for the next task of the containerd at
 // containerdAddress (package spare), from a task server whose task is
-// under way: the server's binary, environment, and socket dir (the
-// bundle's link, which `start` made, in the working dir).
-func RefillSpare(containerdAddress string) error {
+// under way: the server's binary, environment with set's "KEY=VALUE"
+// entries in place of its own, and socket dir (the bundle's link, which
+// `start` made, in the working dir).
+func RefillSpare(containerdAddress string, set ...string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find shim binary: %w", err)
@@ -187,5 +188,14 @@ func RefillSpare(containerdAddress string) error {
 	if err != nil {
 		socketDir = DefaultSocketDir
 	}
-	return spare.Refill(socketDir, containerdAddress, self, os.Environ())
+	return spare.Refill(socketDir, containerdAddress, self, withEnv(os.Environ(), set))
+}
+
+// withEnv is env with set's entries in place of those of their keys.
+func withEnv(env, set []string) []string {
+	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		key, _, _ := strings.Cut(kv, "=")
+		return slices.ContainsFunc(set, func(s string) bool { return strings.HasPrefix(s, key+"=") })
+	})
+	return append(out, set...)
 }

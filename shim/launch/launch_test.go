@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +28,7 @@ const fakeServerEnv = "COCOON_LAUNCH_TEST_SERVER"
 // on the task socket.
 func TestMain(m *testing.M) {
 	if len(os.Args) == 3 && os.Args[1] == spare.Flag {
-		if err := spare.Wait(os.Args[2]); err != nil {
+		if err := spare.Wait(os.Args[2], nil); err != nil {
 			os.Exit(3)
 		}
 		shimtest.Serve()
@@ -257,4 +258,27 @@ func TestStartReplacesStaleSocket(t *testing.T) {
 		t.Fatalf("Start = %s, want unix://%s", got, path)
 	}
 	serverOf(t, bundle)
+}
+
+// A spare's environment is the server's with the launch's entries in place
+// of those of their keys: an order replaces the one the server was
+// started with, and an empty one clears it.
+func TestWithEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		env, set []string
+		want     []string
+	}{
+		{"added", []string{"A=1"}, []string{"ORDER=x"}, []string{"A=1", "ORDER=x"}},
+		{"replaced", []string{"ORDER=old", "A=1"}, []string{"ORDER=new"}, []string{"A=1", "ORDER=new"}},
+		{"cleared", []string{"ORDER=old"}, []string{"ORDER="}, []string{"ORDER="}},
+		{"a key that prefixes another kept", []string{"ORDERS=1"}, []string{"ORDER=x"}, []string{"ORDERS=1", "ORDER=x"}},
+		{"nothing set", []string{"A=1"}, nil, []string{"A=1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := withEnv(tc.env, tc.set); !slices.Equal(got, tc.want) {
+				t.Errorf("withEnv(%q, %q) = %q, want %q", tc.env, tc.set, got, tc.want)
+			}
+		})
+	}
 }

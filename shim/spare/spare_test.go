@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 		if d, err := time.ParseDuration(os.Getenv(idleEnv)); err == nil {
 			IdleTimeout = d
 		}
-		if err := Wait(os.Args[2]); err != nil {
+		if err := Wait(os.Args[2], nil); err != nil {
 			os.Exit(3)
 		}
 		shimtest.Serve()

@@ -46,8 +46,10 @@ const (
 // returns once the process is set up as that task's server: its arguments,
 // environment and working dir are the ones the launcher gave, and the task
 // socket is at fd 3. Any other outcome ends the spare: the error says why,
-// and the caller exits.
-func Wait(path string) error {
+// and the caller exits. onReady, if set, runs once the spare is up (its
+// start-up done, its threads back under the normal policy), while it
+// waits.
+func Wait(path string, onReady func()) error {
 	var sock unix.Stat_t
 	if err := unix.Stat(path+pendingSuffix, &sock); err != nil {
 		return fmt.Errorf("spare socket: %w", err)
@@ -55,6 +57,9 @@ func Wait(path string) error {
 	watch, err := ready(path, &sock)
 	if err != nil {
 		return errors.Join(err, remove(path, &sock))
+	}
+	if onReady != nil {
+		onReady()
 	}
 	deadline := time.Now().Add(IdleTimeout)
 	defer unix.Close(watch)

@@ -78,6 +78,9 @@ type Launcher struct {
 	mu      sync.Mutex
 	drivers map[string]hypervisor.Driver // by driver config, see driver
 	clients baseimage.Clients
+	// pool is the VM a spare restored ahead (FillPool), for the first
+	// launch; nil when there is none.
+	pool *Pool
 }
 
 var _ task.Launcher = (*Launcher)(nil)
@@ -108,12 +111,26 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	// (config, driver, chain, policy, guest setup, namespace and tap), so
 	// the report's total misses nothing.
 	clock.lap(PhasePlan)
-	sb, restored, err := l.run(ctx, cfg, d, r, p)
+	sb, restored, err := l.claim(ctx, cfg, d, r, &p)
+	if sb == nil && err == nil {
+		sb, restored, err = l.run(ctx, cfg, d, r, p)
+	}
 	if err != nil {
 		return nil, errors.Join(err, p.net.Release(), src.base.Release())
 	}
 	sb.Phases = append(clock.phases, restored...)
+	sb.SpareEnv = []string{spareOrder(cfg, r, &p)}
 	return sb, nil
+}
+
+// spareOrder is the environment entry that has the next spare restore a
+// VM like this launch's ahead (shim.pooled_vm), or that clears an order
+// the server itself was started with.
+func spareOrder(cfg config.Config, r task.LaunchRequest, p *prepared) string {
+	if o, ok := orderOf(r, p); ok && cfg.Shim.PooledVM {
+		return o.Env()
+	}
+	return PoolEnv + "="
 }
 
 // source is what a task restores from: a staged chain, and for an ordinary
@@ -244,6 +261,17 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		p.shares.close(ctx)
 		return nil, nil, err
 	}
+	sb, err := l.sandbox(ctx, cfg, d, r, p, res, spawn)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sb, res.Report.Phases, nil
+}
+
+// sandbox is the task's view of res, the restored VM of r, up and
+// initialised: a pod's VM hosts its containers, a container's copies
+// and shares the host's directories it binds.
+func (l *Launcher) sandbox(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, p prepared, res *restore.Result, spawn task.Spawn) (*task.Sandbox, error) {
 	p.net.forwardPorts(log.WithLogger(context.Background(), log.G(ctx)), res.Agent, cfg.Agent.CallTimeout.D())
 	var host task.Host
 	guest := NewGuest(res.Agent, cfg.Agent.CallTimeout.D())
@@ -251,7 +279,7 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		pod, err := newPod(res.VM, res.Agent, p.budget.Guest, cfg.Agent.CallTimeout.D(), p.copies)
 		if err != nil {
 			p.shares.close(ctx)
-			return nil, nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
+			return nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
 		if ok, err := res.Agent.CanShare(ctx); err == nil && ok {
 			pod.dirs.shares = p.shares
@@ -265,14 +293,14 @@ func (l *Launcher) run(ctx context.Context, cfg config.Config, d hypervisor.Driv
 		VM:            res.VM,
 		Guest:         guest,
 		Hypervisor:    d.Name(),
-		RunDir:        p.runDir,
+		RunDir:        spawn.RunDir,
 		Plan:          spawn.Plan,
 		Memory:        p.budget,
 		Network:       p.net,
 		NetworkRecord: spawn.Network,
 		Base:          p.src.base,
 		BaseRecord:    spawn.Base,
-	}, res.Report.Phases, nil
+	}, nil
 }
 
 func (s source) diskPath() string {

@@ -1,0 +1,130 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
+)
+
+// PhaseClaim is a launch's taking of a pooled VM: the wait for one still
+// restoring, its hypervisor back to the normal scheduling policy, its
+// warm-up ended (the step under way waited for), its image behind the
+// rootfs slot.
+const PhaseClaim = "claim"
+
+// orderOf is the pooled VM a launch of r on p could take, and whether
+// one could: an ordinary image on a base, not a pod's VM, with no
+// directories shared with the guest, and a network of its own making if
+// any (a pooled VM has a tap in a namespace of its own; one the spec
+// names, CNI's, is another's).
+func orderOf(r task.LaunchRequest, p *prepared) (PoolOrder, bool) {
+	if p.src.base == nil || p.src.disk == nil || r.Bare || task.IsPodSandbox(r.Spec) ||
+		p.guest.BeforeInit != nil || (p.net != nil && p.net.path != "") {
+		return PoolOrder{}, false
+	}
+	return PoolOrder{Containerd: r.Containerd, Namespace: r.Namespace, ConfigPath: r.ConfigPath,
+		ConfigBody: r.ConfigBody, Image: p.src.base.Image}, true
+}
+
+// claim runs r in the launcher's pooled VM when it suits r: nil, and no
+// error, when there is none or it does not. Either way the pool is done.
+func (l *Launcher) claim(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, p *prepared) (*task.Sandbox, []restore.Phase, error) {
+	if l.pool == nil {
+		return nil, nil, nil
+	}
+	o, ok := orderOf(r, p)
+	if !ok {
+		l.pool.Close()
+		return nil, nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
+	defer cancel()
+	began := time.Now()
+	pv := l.pool.take(ctx, o, p.plan.Mode, d.Name(), p.staged.Top().ID().String())
+	if pv == nil {
+		return nil, nil, nil
+	}
+	sb, phases, err := l.runPooled(ctx, cfg, d, r, p, pv, began)
+	if err != nil {
+		pv.close(ctx)
+		return nil, nil, fmt.Errorf("claim the pooled VM: %w", err)
+	}
+	log.G(ctx).WithFields(log.Fields{"id": r.ID, "pid": pv.res.VM.PID(), "pool": pv.id}).Info("task runs in the pooled VM")
+	return sb, phases, nil
+}
+
+// runPooled gives the pooled VM pv r's image, network, hooks and guest
+// setup, as a restore would have.
+func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task.LaunchRequest, p *prepared, pv *pooledVM, began time.Time) (*task.Sandbox, []restore.Phase, error) {
+	var phases []restore.Phase
+	add := func(name string, took time.Duration) {
+		phases = append(phases, restore.Phase{Name: name, Duration: config.Duration(took)})
+	}
+	pv.claim(ctx)
+	if err := pv.res.VM.(hypervisor.RootfsAttacher).AttachRootfs(ctx, p.src.disk.ImagePath()); err != nil {
+		return nil, nil, err
+	}
+	add(PhaseClaim, time.Since(began))
+	// The pooled VM's namespace and tap stand for the new one the task's
+	// spec asked for (the same: nothing in it but the tap).
+	if err := p.net.Release(); err != nil {
+		return nil, nil, fmt.Errorf("release the task's own network: %w", err)
+	}
+	p.net, pv.net = pv.net, nil
+	p.guest.Network = p.net.guest
+	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: pv.runDir, Plan: p.plan, Memory: p.budget,
+		Network: p.net.record(), Base: p.src.record()}
+	if err := (loadedDriver{Driver: d, req: r, spawn: spawn, net: p.net}).loaded(ctx, pv.res.VM.PID(), add); err != nil {
+		return nil, nil, errors.Join(err, p.net.Release())
+	}
+	rep, err := restore.Claim(ctx, pv.res.Agent, restore.Request{Plan: p.plan, Hostname: r.Hostname,
+		AgentTimeout: cfg.Agent.ConnectTimeout.D(), Guest: p.guest})
+	if err != nil {
+		return nil, nil, errors.Join(err, p.net.Release())
+	}
+	// The VM maps the chain's memory file, which the task's own base
+	// stages too: the pool's staging is no longer needed.
+	base := pv.base
+	pv.base = nil
+	go func() {
+		if err := base.Release(); err != nil {
+			log.G(ctx).WithError(err).Warn("release the pooled VM's base snapshot")
+		}
+	}()
+	sb, err := l.sandbox(ctx, cfg, d, r, *p, pv.res, spawn)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sb, append(phases, rep.Phases...), nil
+}
+
+// schedPolicy moves every thread of process pid to policy.
+func schedPolicy(pid int, policy uint32) error {
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	if err != nil {
+		return fmt.Errorf("list the threads of %d: %w", pid, err)
+	}
+	var errs []error
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("thread %d: %w", tid, err))
+		}
+	}
+	return errors.Join(errs...)
+}

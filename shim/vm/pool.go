@@ -1,0 +1,309 @@
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/baseimage"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
+)
+
+// PoolEnv carries a PoolOrder (JSON) to the spare a task server starts.
+const PoolEnv = "COCOON_POOLED_VM"
+
+// poolPrefix begins the id of a pooled VM (its run dir, its base
+// snapshot's key); the spare's pid follows.
+const poolPrefix = "pool-"
+
+// poolLease bounds the life of a pooled VM's base snapshot should its
+// spare die without releasing it: containerd's collector removes it then.
+// A spare waits spare.IdleTimeout (10 minutes) at most.
+const poolLease = 15 * time.Minute
+
+// poolWait bounds a launch's wait for the pooled VM still restoring: a
+// fill slower than that is stuck, and the launch restores its own.
+const poolWait = 5 * time.Second
+
+// PoolOrder is what a spare restores ahead: the base snapshot a task on
+// this containerd just restored its VM from, under that task's config.
+type PoolOrder struct {
+	Containerd string `json:"containerd"`
+	Namespace  string `json:"namespace"`
+	ConfigPath string `json:"configPath,omitempty"`
+	ConfigBody string `json:"configBody,omitempty"`
+	Image      string `json:"image"`
+}
+
+// Env is o as the spare's environment entry.
+func (o PoolOrder) Env() string {
+	b, _ := json.Marshal(o)
+	return PoolEnv + "=" + string(b)
+}
+
+// pooledVM is a VM restored from its order's base, running, its agent
+// connected, its guest given no task yet.
+type pooledVM struct {
+	order  PoolOrder
+	id     string
+	mode   hypervisor.Mode
+	driver string
+	top    string // the ID of its chain's top link
+	res    *restore.Result
+	base   *baseimage.Snapshot
+	net    *vmNetwork
+	runDir string
+	// callTimeout bounds each warm-up call.
+	callTimeout time.Duration
+	// warmRootfs: the rootfs slot holds the warm-up's empty image.
+	warmRootfs bool
+	// warming is held by each step of the warm-up; claimed ends it.
+	warming sync.Mutex
+	claimed bool
+}
+
+// Pool holds the VM a spare restored ahead for the first task it serves
+// (shim.pooled_vm): that task claims it, or it is closed. Its methods are
+// safe on a nil Pool, which holds nothing.
+type Pool struct {
+	order PoolOrder
+	ready chan struct{} // closed once the fill has a VM or has failed
+	mu    sync.Mutex
+	vm    *pooledVM
+	taken bool // claimed or closed: a VM the fill ends with is closed
+}
+
+// FillPool starts restoring the VM the order in the environment asks for,
+// if any, for l's first launch to claim; a spare calls it while it waits
+// for its task.
+func (l *Launcher) FillPool() {
+	v := os.Getenv(PoolEnv)
+	if v == "" {
+		return
+	}
+	var o PoolOrder
+	if err := json.Unmarshal([]byte(v), &o); err != nil || o.Image == "" {
+		log.L.WithError(err).Warn("a pooled VM's order in the environment is not one: none restored")
+		return
+	}
+	l.pool = &Pool{order: o, ready: make(chan struct{})}
+	go l.pool.fill(o, l)
+}
+
+// ClosePool closes the VM FillPool restored if no launch took it.
+func (l *Launcher) ClosePool() { l.pool.Close() }
+
+// fill restores the order's VM and offers it at once; it then warms it
+// while no task has claimed it.
+func (p *Pool) fill(o PoolOrder, l *Launcher) {
+	ctx := log.WithLogger(context.Background(), log.L.WithField("pool", o.Image))
+	pv, err := restoreAhead(ctx, o, l)
+	if err != nil {
+		close(p.ready)
+		log.G(ctx).WithError(err).Warn("restore a VM ahead for the next task")
+		return
+	}
+	p.mu.Lock()
+	taken := p.taken
+	if !taken {
+		p.vm = pv
+	}
+	p.mu.Unlock()
+	close(p.ready)
+	if taken { // the task came, did not suit and did not wait
+		pv.close(ctx)
+		return
+	}
+	if err := pv.warm(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("warm the pooled VM: closed")
+		p.mu.Lock()
+		unclaimed := p.vm == pv
+		if unclaimed {
+			p.vm = nil
+		}
+		p.mu.Unlock()
+		if unclaimed {
+			pv.close(ctx)
+		}
+	}
+}
+
+// restoreAhead stages o's base under a lease of its own, restores it with
+// its rootfs slot empty and a NIC in a namespace of its own, and connects
+// the agent without giving the guest a task.
+func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher) (*pooledVM, error) {
+	cfg, err := config.LoadTask(o.ConfigPath, o.ConfigBody)
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	d, err := l.driver(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
+	defer cancel()
+	parent := filepath.Join(cfg.Shim.RunDir, o.Namespace)
+	sweepPools(ctx, parent)
+	client, err := l.clients.Get(o.Containerd)
+	if err != nil {
+		return nil, err
+	}
+	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name()}
+	pv.runDir = filepath.Join(parent, pv.id)
+	if pv.base, err = baseimage.Stage(ctx, client, o.Namespace, cfg.Restore.BaseSnapshotter, o.Image, pv.id, leases.WithExpiration(poolLease)); err != nil {
+		return nil, err
+	}
+	if err := pv.restore(ctx, cfg, d); err != nil {
+		return nil, errors.Join(err, pv.net.Release(), pv.base.Release())
+	}
+	if _, ok := pv.res.VM.(hypervisor.RootfsAttacher); !ok {
+		pv.close(ctx)
+		return nil, fmt.Errorf("%s cannot give a running VM its rootfs, which a pooled VM needs", d.Name())
+	}
+	// Waiting and warming, the VM takes only CPU time nothing else wants;
+	// the claim gives it the normal policy back.
+	if err := schedPolicy(pv.res.VM.PID(), unix.SCHED_IDLE); err != nil {
+		log.G(ctx).WithError(err).Warn("the pooled VM's hypervisor keeps the normal scheduling policy")
+	}
+	pv.callTimeout = cfg.Agent.CallTimeout.D()
+	if err := pv.attachWarmRootfs(ctx); err != nil {
+		log.G(ctx).WithError(err).Info("the pooled VM's warm-up mounts no root")
+	} else {
+		pv.warmRootfs = true
+	}
+	return pv, nil
+}
+
+// restore restores pv's base, deferred, its NIC on a tap in a new
+// namespace (a task whose spec asks for a new one takes both).
+func (pv *pooledVM) restore(ctx context.Context, cfg config.Config, d hypervisor.Driver) error {
+	plan, _, err := restore.PlanFor(ctx, d, cfg.Restore, pv.base.Staged.Top(), pv.base.Staged, nil)
+	if err != nil {
+		return err
+	}
+	pv.mode, pv.top = plan.Mode, pv.base.Staged.Top().ID().String()
+	newNS := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace}}}}
+	if pv.net, err = openNetwork(newNS, pv.id); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(pv.runDir), 0o711); err != nil {
+		return fmt.Errorf("create run dir parent: %w", err)
+	}
+	netns, nic := pv.net.attach()
+	pv.res, err = restore.Run(ctx, d, restore.Request{
+		StagedDir: pv.base.Dir, Staged: pv.base.Staged, RunDir: pv.runDir, Plan: plan,
+		AgentTimeout: cfg.Agent.ConnectTimeout.D(), NetNS: netns, NIC: nic, Deferred: true,
+	})
+	pv.net.closeTap()
+	return err
+}
+
+// take hands the pooled VM to a launch that matches its order, mode,
+// driver and chain; nil when there is none or it does not match. A launch
+// of the order waits for a fill under way (poolWait at most, until ctx
+// ends): its restore began before the launch's own could, so it ends
+// sooner. Either way the
+// pool is done: a VM it does not hand over is closed, now or once its
+// fill ends.
+func (p *Pool) take(ctx context.Context, o PoolOrder, mode hypervisor.Mode, driver string, top string) *pooledVM {
+	if p == nil {
+		return nil
+	}
+	if p.order == o {
+		wait := time.NewTimer(poolWait)
+		select {
+		case <-p.ready:
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		wait.Stop()
+	}
+	p.mu.Lock()
+	pv := p.vm
+	p.vm, p.taken = nil, true
+	p.mu.Unlock()
+	if pv == nil {
+		return nil
+	}
+	if pv.order != o || pv.mode != mode || pv.driver != driver || pv.top != top {
+		log.G(ctx).WithFields(log.Fields{"pooled": pv.order, "mode": pv.mode}).Info("the pooled VM does not suit the task: closed")
+		pv.close(ctx)
+		return nil
+	}
+	return pv
+}
+
+// Close closes a pooled VM no task took.
+func (p *Pool) Close() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	pv := p.vm
+	p.vm, p.taken = nil, true
+	p.mu.Unlock()
+	if pv != nil {
+		pv.close(context.Background())
+	}
+}
+
+// close kills the pooled VM and lets go of its network and base.
+func (pv *pooledVM) close(ctx context.Context) {
+	err := errors.Join(pv.res.Agent.Close(), pv.res.VM.Close(), pv.net.Release(), pv.base.Release())
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("close the pooled VM")
+	}
+}
+
+// sweepPools removes the run dirs under parent of pooled VMs whose spare
+// is gone (killed: its VM died with it), and one of this pid's, which is
+// older than this spare.
+func sweepPools(ctx context.Context, parent string) {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(strings.TrimPrefix(e.Name(), poolPrefix))
+		if !strings.HasPrefix(e.Name(), poolPrefix) || err != nil {
+			continue
+		}
+		if pid != os.Getpid() && spareRuns(pid) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(parent, e.Name())); err != nil {
+			log.G(ctx).WithError(err).Warn("remove the run dir of a dead spare's pooled VM")
+		}
+	}
+}
+
+// spareRuns says whether pid is a spare task server (or one that became a
+// task's), not a zombie: the owner of a pooled VM's run dir.
+func spareRuns(pid int) bool {
+	dir := filepath.Join("/proc", strconv.Itoa(pid))
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return false
+	}
+	if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) == 0 || f[0] == "Z" {
+		return false
+	}
+	cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+	args := strings.Split(string(cmdline), "\x00")
+	return err == nil && len(args) > 1 && args[1] == spare.Flag
+}

@@ -1,0 +1,148 @@
+package vm
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent"
+	"github.com/cocoonstack/containerd-shim-cocoon/chain"
+	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/baseimage"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
+)
+
+// TestOrderOf: only an ordinary image on a base, outside a pod, sharing no
+// directories, with no network or one of the shim's making, can run in a
+// pooled VM, and its order names its containerd, namespace, config and
+// base image.
+func TestOrderOf(t *testing.T) {
+	req := task.LaunchRequest{Containerd: "/c.sock", Namespace: "ns", ConfigPath: "/etc/c.toml"}
+	ordinary := func() prepared {
+		return prepared{src: source{base: &baseimage.Snapshot{Image: "base:1"}, disk: &chain.StagedRootfs{}}}
+	}
+	want := PoolOrder{Containerd: "/c.sock", Namespace: "ns", ConfigPath: "/etc/c.toml", Image: "base:1"}
+	pod := req
+	pod.Spec = &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
+	bare := req
+	bare.Bare = true
+	for _, tc := range []struct {
+		name string
+		r    task.LaunchRequest
+		p    func(*prepared)
+		ok   bool
+	}{
+		{"an ordinary image", req, func(*prepared) {}, true},
+		{"in a namespace of the shim's making", req, func(p *prepared) { p.net = &vmNetwork{} }, true},
+		{"a snapshot image", req, func(p *prepared) { p.src.base, p.src.disk = nil, nil }, false},
+		{"a pod's VM", pod, func(*prepared) {}, false},
+		{"a bare VM", bare, func(*prepared) {}, false},
+		{"shared directories", req, func(p *prepared) {
+			p.guest.BeforeInit = func(context.Context, *agent.Client) error { return nil }
+		}, false},
+		{"a namespace the spec names", req, func(p *prepared) { p.net = &vmNetwork{path: "/run/netns/cni"} }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := ordinary()
+			tc.p(&p)
+			got, ok := orderOf(tc.r, &p)
+			if ok != tc.ok || (ok && got != want) {
+				t.Errorf("orderOf = %+v, %v; want %+v, %v", got, ok, want, tc.ok)
+			}
+		})
+	}
+}
+
+// pooledForTest is a deferred restore by the fake driver, as the pool
+// keeps it.
+func pooledForTest(t *testing.T, o PoolOrder) *pooledVM {
+	t.Helper()
+	d := &fakeDriver{t: t, sys: &nopSystem{}}
+	res, err := restore.Run(context.Background(), d, restore.Request{StagedDir: stageChain(t),
+		RunDir: filepath.Join(t.TempDir(), "vm"), Plan: restore.Plan{Mode: hypervisor.ModeMmap},
+		AgentTimeout: 10 * time.Second, Deferred: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Agent.Close(); res.VM.Close() })
+	return &pooledVM{order: o, mode: hypervisor.ModeMmap, driver: "fake", top: "sha256:top", res: res}
+}
+
+// TestPoolTake: a launch takes the pooled VM only if it matches its order,
+// restore mode, driver and chain; one that does not is closed (its
+// hypervisor killed). Either way the pool is done. A launch of the
+// order waits for a fill under way, until its context ends; one of
+// another order does not wait.
+func TestPoolTake(t *testing.T) {
+	o := PoolOrder{Containerd: "/c.sock", Namespace: "ns", Image: "base:1"}
+	other := o
+	other.Namespace = "other"
+	for _, tc := range []struct {
+		name   string
+		order  PoolOrder
+		mode   hypervisor.Mode
+		driver string
+		top    string
+		taken  bool
+	}{
+		{"match", o, hypervisor.ModeMmap, "fake", "sha256:top", true},
+		{"another order", other, hypervisor.ModeMmap, "fake", "sha256:top", false},
+		{"another mode", o, hypervisor.ModeCopy, "fake", "sha256:top", false},
+		{"another driver", o, hypervisor.ModeMmap, "qemu", "sha256:top", false},
+		{"another chain", o, hypervisor.ModeMmap, "fake", "sha256:other", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pv := pooledForTest(t, o)
+			p := &Pool{order: o, ready: make(chan struct{}), vm: pv}
+			close(p.ready)
+			got := p.take(context.Background(), tc.order, tc.mode, tc.driver, tc.top)
+			if (got != nil) != tc.taken {
+				t.Fatalf("take = %v, want taken %v", got, tc.taken)
+			}
+			if again := p.take(context.Background(), o, hypervisor.ModeMmap, "fake", "sha256:top"); again != nil {
+				t.Error("a second take got the VM")
+			}
+			wait := 5 * time.Second // for a VM to be killed; one taken stays
+			if tc.taken {
+				wait = 100 * time.Millisecond
+			}
+			if killed := pv.res.VM.Wait(ctxWithin(t, wait)) == nil; killed == tc.taken {
+				t.Errorf("hypervisor killed %v, want %v", killed, !tc.taken)
+			}
+		})
+	}
+	var nilPool *Pool
+	if nilPool.take(context.Background(), o, hypervisor.ModeMmap, "fake", "sha256:top") != nil {
+		t.Error("a nil pool gave a VM")
+	}
+	nilPool.Close()
+	unfilled := &Pool{order: o, ready: make(chan struct{})}
+	if unfilled.take(context.Background(), other, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !unfilled.taken {
+		t.Error("a pool not filled yet, for another order: want no VM at once, and the pool done")
+	}
+	filling := &Pool{order: o, ready: make(chan struct{})}
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		filling.mu.Lock()
+		filling.vm = pooledForTest(t, o)
+		filling.mu.Unlock()
+		close(filling.ready)
+	}()
+	if filling.take(context.Background(), o, hypervisor.ModeMmap, "fake", "sha256:top") == nil {
+		t.Error("a pool filling for the launch's order: want its VM, waited for")
+	}
+	stuck := &Pool{order: o, ready: make(chan struct{})}
+	if stuck.take(ctxWithin(t, 50*time.Millisecond), o, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !stuck.taken {
+		t.Error("a fill that does not end: want no VM once the launch's context ends, and the pool done")
+	}
+}
+
+func ctxWithin(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/typeurl/v2"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
 	"github.com/cocoonstack/containerd-shim-cocoon/restore"
@@ -76,6 +78,11 @@ const (
 	WholeOrdinary = "cocoon, busybox on the base snapshot"
 	WholeRunc     = "runc, busybox"
 	WholeGVisor   = "gVisor (runsc, ptrace), busybox"
+	WholePooled   = "cocoon, busybox on the base snapshot, pooled VM"
+	// pooledSet marks the peers measured beside the pooled VM.
+	pooledSet = " (beside the pooled VM)"
+	// WholeClaimed are the pooled VM arm's runs that claimed one.
+	WholeClaimed = WholePooled + ", claimed runs"
 )
 
 // wholeArm is one way to run the whole start: ctr run's flags and image.
@@ -83,6 +90,9 @@ type wholeArm struct {
 	name  string
 	flags []string
 	image string
+	// pooled: the runtime config has shim.pooled_vm, so each run's
+	// create may claim the VM the spare restored after the run before.
+	pooled bool
 }
 
 // WholeRow is one arm's whole start: medians of the total and of each
@@ -96,6 +106,9 @@ type WholeRow struct {
 	// TeardownMs their medians of teardownPhases, none without any.
 	TeardownRuns int       `json:"teardownRuns,omitempty"`
 	TeardownMs   []float64 `json:"teardownMs,omitempty"`
+	// Claimed are the runs of a pooled arm whose create claimed a VM
+	// restored ahead (the others restored one, as without a pool).
+	Claimed int `json:"claimed,omitempty"`
 }
 
 // wholeArms are the arms, each on the image and snapshotter a user would
@@ -113,8 +126,7 @@ func wholeArms(s *shimStack, tmp string) ([]wholeArm, error) {
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		return nil, fmt.Errorf("gVisor arm: %w", err)
 	}
-	cocoon := []string{"--runtime", devstack.Runtime, "--snapshotter", devstack.Snapshotter,
-		"--annotation", restore.AnnotationMode + "=" + string(hypervisor.ModeMmap)}
+	cocoon := cocoonFlags()
 	return []wholeArm{
 		{name: WholeSnapshot, flags: cocoon, image: s.snapshot.Name()},
 		{name: WholeOrdinary, flags: cocoon, image: s.busybox.Name()},
@@ -123,23 +135,70 @@ func wholeArms(s *shimStack, tmp string) ([]wholeArm, error) {
 	}, nil
 }
 
+// pooledArms are the whole start in a pooled VM (shim.pooled_vm, in a
+// runtime config of its own) and runc and gVisor beside it, a set of
+// their own: a spare's pooled VM is ordered by the launch before it, so
+// another cocoon arm between two pooled runs would take it (and close it,
+// its config being another).
+func pooledArms(s *shimStack, tmp string, peers []wholeArm) ([]wholeArm, error) {
+	path := filepath.Join(tmp, "cocoon-pooled.toml")
+	if err := s.stack.WriteConfig(path, func(c *config.Config) { c.Shim.PooledVM = true }); err != nil {
+		return nil, fmt.Errorf("pooled VM arm: %w", err)
+	}
+	arms := []wholeArm{{name: WholePooled, flags: append(cocoonFlags(), "--runtime-config-path", path), image: s.busybox.Name(), pooled: true}}
+	for _, a := range peers {
+		if a.name == WholeRunc || a.name == WholeGVisor {
+			a.name += pooledSet
+			arms = append(arms, a)
+		}
+	}
+	return arms, nil
+}
+
+// cocoonFlags run a container with cocoon, in mmap mode.
+func cocoonFlags() []string {
+	return []string{"--runtime", devstack.Runtime, "--snapshotter", devstack.Snapshotter,
+		"--annotation", restore.AnnotationMode + "=" + string(hypervisor.ModeMmap)}
+}
+
 // measureWhole runs each arm rounds times, the arms taking turns (in
-// reverse every other round), and returns each arm's medians.
+// reverse every other round), and returns each arm's medians; then the
+// pooled VM's set the same way, after a first pooled run that orders the
+// first pooled VM.
 func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, rounds int) ([]WholeRow, error) {
 	arms, err := wholeArms(s, tmp)
 	if err != nil {
 		return nil, err
 	}
+	pooled, err := pooledArms(s, tmp, arms)
+	if err != nil {
+		return nil, err
+	}
 	marks := watchEvents(ctx, s)
 	defer marks.stop()
+	rows, err := measureArms(ctx, out, s, arms, rounds, "whole", marks)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := runWhole(ctx, s, pooled[0], "whole-pool-first", marks); err != nil {
+		return nil, fmt.Errorf("%s: %w", WholePooled, err)
+	}
+	more, err := measureArms(ctx, out, s, pooled, rounds, "whole-pool", marks)
+	return append(rows, more...), err
+}
+
+// measureArms runs each of arms rounds times, taking turns (in reverse
+// every other round), its containers named after prefix.
+func measureArms(ctx context.Context, out io.Writer, s *shimStack, arms []wholeArm, rounds int, prefix string, marks *eventMarks) ([]WholeRow, error) {
 	samples, teardowns := map[string][][]time.Duration{}, map[string][][]time.Duration{}
+	claimed := map[string]int{}
 	for round := range rounds {
 		order := slices.Clone(arms)
 		if round%2 == 1 {
 			slices.Reverse(order)
 		}
 		for i, a := range order {
-			id := fmt.Sprintf("whole-%d-%d", round, i)
+			id := fmt.Sprintf("%s-%d-%d", prefix, round, i)
 			d, td, err := runWhole(ctx, s, a, id, marks)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", a.name, err)
@@ -149,17 +208,25 @@ func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, 
 			if td != nil {
 				teardowns[a.name] = append(teardowns[a.name], td)
 			}
+			if a.pooled && claimedIn(s.stack.Logs(), id) {
+				claimed[a.name]++
+				samples[WholeClaimed] = append(samples[WholeClaimed], d)
+			}
 		}
 	}
 	rows := make([]WholeRow, 0, len(arms))
 	for _, a := range arms {
-		row := WholeRow{Arm: a.name, Runs: len(samples[a.name]), TeardownRuns: len(teardowns[a.name])}
+		row := WholeRow{Arm: a.name, Runs: len(samples[a.name]), TeardownRuns: len(teardowns[a.name]), Claimed: claimed[a.name]}
 		medians := columnMedians(samples[a.name])
 		row.TotalMs, row.PhaseMs = medians[0], medians[1:]
 		if row.TeardownRuns > 0 {
 			row.TeardownMs = columnMedians(teardowns[a.name])
 		}
 		rows = append(rows, row)
+		if c := samples[WholeClaimed]; a.pooled && len(c) > 0 {
+			medians := columnMedians(c)
+			rows = append(rows, WholeRow{Arm: WholeClaimed, Runs: len(c), TotalMs: medians[0], PhaseMs: medians[1:]})
+		}
 	}
 	return rows, nil
 }
@@ -198,6 +265,12 @@ func runWhole(ctx context.Context, s *shimStack, a wholeArm, id string, marks *e
 		}
 	}
 	return d, td, nil
+}
+
+// claimedIn says whether the shim logged, in logs, that container id's
+// task runs in a pooled VM.
+func claimedIn(logs, id string) bool {
+	return strings.Contains(logs, `msg="task runs in the pooled VM" id=`+id+" ")
 }
 
 // columnMedians are the medians, in ms, of each column of samples.
@@ -319,7 +392,11 @@ func (r *results) wholeTable(b *strings.Builder) {
 	b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(wholePhases)) + "\n")
 	byArm := map[string]float64{}
 	for _, w := range r.Whole {
-		fmt.Fprintf(b, "| %s | %d | %.0f |", w.Arm, w.Runs, w.TotalMs)
+		runs := strconv.Itoa(w.Runs)
+		if w.Arm == WholePooled {
+			runs += fmt.Sprintf(" (%d claimed)", w.Claimed)
+		}
+		fmt.Fprintf(b, "| %s | %s | %.0f |", w.Arm, runs, w.TotalMs)
 		for _, p := range w.PhaseMs {
 			fmt.Fprintf(b, " %.0f |", p)
 		}
@@ -327,8 +404,12 @@ func (r *results) wholeTable(b *strings.Builder) {
 		byArm[w.Arm] = w.TotalMs
 	}
 	b.WriteString("\n")
-	for _, q := range [][2]string{{WholeOrdinary, WholeGVisor}, {WholeOrdinary, WholeRunc}, {WholeSnapshot, WholeRunc}, {WholeSnapshot, WholeGVisor}} {
-		fmt.Fprintf(b, "%s ÷ %s: %s. ", q[0], q[1], times(ratio(byArm[q[0]], byArm[q[1]])))
+	for _, q := range [][2]string{{WholeOrdinary, WholeGVisor}, {WholeOrdinary, WholeRunc}, {WholeSnapshot, WholeRunc}, {WholeSnapshot, WholeGVisor},
+		{WholePooled, WholeGVisor + pooledSet}, {WholePooled, WholeRunc + pooledSet},
+		{WholeClaimed, WholeGVisor + pooledSet}, {WholeClaimed, WholeRunc + pooledSet}} {
+		if byArm[q[0]] > 0 && byArm[q[1]] > 0 {
+			fmt.Fprintf(b, "%s ÷ %s: %s. ", q[0], q[1], times(ratio(byArm[q[0]], byArm[q[1]])))
+		}
 	}
 	b.WriteString("\n")
 	r.teardownTable(b)

@@ -293,6 +293,25 @@ func (s *Stack) writeCocoonConfig(c *config.Config) error {
 	return nil
 }
 
+// WriteConfig writes to path the stack's cocoon config as change changes
+// it: a runtime's own config (ctr --runtime-config-path) beside the one
+// the shims read from $COCOON_CONFIG.
+func (s *Stack) WriteConfig(path string, change func(*config.Config)) error {
+	cfg, err := config.Load(s.ConfigPath)
+	if err != nil {
+		return err
+	}
+	change(&cfg)
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("cocoon config: %w", err)
+	}
+	data, err := encodeChanges(cfg)
+	if err != nil {
+		return fmt.Errorf("encode cocoon config: %w", err)
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
 // encodeChanges writes the keys of c that differ from the defaults: what
 // the file needs, and all an older build's strict parser must know (a
 // benchmark's baseline runs one).

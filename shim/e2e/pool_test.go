@@ -77,7 +77,7 @@ func TestPooledVM(t *testing.T) {
 	qemu := processUsing(dir, "qemu")
 	before := cpuTime(qemu)
 	time.Sleep(2 * time.Second)
-	t.Logf("a waiting pooled VM: PSS %s, %d CPU ticks in 2 s", pss(qemu), cpuTime(qemu)-before)
+	t.Logf("a waiting pooled VM: PSS %s, %d CPU ticks in 2 s; its spare: PSS %s", pss(qemu), cpuTime(qemu)-before, pss(spare))
 	if err := syscall.Kill(spare, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

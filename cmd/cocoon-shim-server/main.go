@@ -73,11 +73,11 @@ func (l refilling) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	sb, err := l.Launcher.Launch(ctx, r)
 	l.vm.ClosePool()
 	if err == nil {
-		env := sb.SpareEnv
-		if env == nil {
-			env = []string{vm.PoolEnv + "="}
-		}
 		go func() {
+			env := []string{vm.PoolEnv + "="}
+			if sb.SpareEnv != nil {
+				env = sb.SpareEnv(context.WithoutCancel(ctx))
+			}
 			if err := launch.RefillSpare(r.Containerd, env...); err != nil {
 				log.G(ctx).WithError(err).Warn("start a spare shim server")
 			}

@@ -78,12 +78,22 @@ const (
 	WholeOrdinary = "cocoon, busybox on the base snapshot"
 	WholeRunc     = "runc, busybox"
 	WholeGVisor   = "gVisor (runsc, ptrace), busybox"
-	WholePooled   = "cocoon, busybox on the base snapshot, pooled VM"
-	// pooledSet marks the peers measured beside the pooled VM.
-	pooledSet = " (beside the pooled VM)"
-	// WholeClaimed are the pooled VM arm's runs that claimed one.
-	WholeClaimed = WholePooled + ", claimed runs"
+	// The pooled VM's arms, each measured in a set of its own with runc
+	// and gVisor beside it (named after it: pooledPeer).
+	WholePooled         = "cocoon, busybox on the base snapshot, pooled VM"
+	WholePooledSnapshot = "cocoon mmap, snapshot image, pooled VM"
+	// claimedRuns names a pooled arm's row of its claimed runs.
+	claimedRuns = ", claimed runs"
 )
+
+// pooledPeer names peer, runc or gVisor, measured beside the pooled arm.
+func pooledPeer(peer, pooled string) string {
+	kind := "busybox"
+	if pooled == WholePooledSnapshot {
+		kind = "snapshot image"
+	}
+	return peer + " (beside a pooled " + kind + ")"
+}
 
 // wholeArm is one way to run the whole start: ctr run's flags and image.
 type wholeArm struct {
@@ -135,24 +145,33 @@ func wholeArms(s *shimStack, tmp string) ([]wholeArm, error) {
 	}, nil
 }
 
-// pooledArms are the whole start in a pooled VM (shim.pooled_vm, in a
-// runtime config of its own) and runc and gVisor beside it, a set of
-// their own: a spare's pooled VM is ordered by the launch before it, so
-// another cocoon arm between two pooled runs would take it (and close it,
-// its config being another).
-func pooledArms(s *shimStack, tmp string, peers []wholeArm) ([]wholeArm, error) {
+// pooledSets are the whole start in a pooled VM (shim.pooled_vm, in a
+// runtime config of its own), an ordinary image's and a snapshot
+// image's, each with runc and gVisor beside it, a set of their own: a
+// spare's pooled VM is ordered by the launch before it, so another cocoon
+// arm between two pooled runs would take it (and close it, its config
+// or chain being another).
+func pooledSets(s *shimStack, tmp string, peers []wholeArm) ([][]wholeArm, error) {
 	path := filepath.Join(tmp, "cocoon-pooled.toml")
 	if err := s.stack.WriteConfig(path, func(c *config.Config) { c.Shim.PooledVM = true }); err != nil {
 		return nil, fmt.Errorf("pooled VM arm: %w", err)
 	}
-	arms := []wholeArm{{name: WholePooled, flags: append(cocoonFlags(), "--runtime-config-path", path), image: s.busybox.Name(), pooled: true}}
-	for _, a := range peers {
-		if a.name == WholeRunc || a.name == WholeGVisor {
-			a.name += pooledSet
-			arms = append(arms, a)
+	flags := append(cocoonFlags(), "--runtime-config-path", path)
+	var sets [][]wholeArm
+	for _, a := range []wholeArm{
+		{name: WholePooled, flags: flags, image: s.busybox.Name(), pooled: true},
+		{name: WholePooledSnapshot, flags: flags, image: s.snapshot.Name(), pooled: true},
+	} {
+		set := []wholeArm{a}
+		for _, p := range peers {
+			if p.name == WholeRunc || p.name == WholeGVisor {
+				p.name = pooledPeer(p.name, a.name)
+				set = append(set, p)
+			}
 		}
+		sets = append(sets, set)
 	}
-	return arms, nil
+	return sets, nil
 }
 
 // cocoonFlags run a container with cocoon, in mmap mode.
@@ -162,7 +181,7 @@ func cocoonFlags() []string {
 }
 
 // measureWhole runs each arm rounds times, the arms taking turns (in
-// reverse every other round), and returns each arm's medians; then the
+// reverse every other round), and returns each arm's medians; then each
 // pooled VM's set the same way, after a first pooled run that orders the
 // first pooled VM.
 func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, rounds int) ([]WholeRow, error) {
@@ -170,7 +189,7 @@ func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, 
 	if err != nil {
 		return nil, err
 	}
-	pooled, err := pooledArms(s, tmp, arms)
+	sets, err := pooledSets(s, tmp, arms)
 	if err != nil {
 		return nil, err
 	}
@@ -180,11 +199,18 @@ func measureWhole(ctx context.Context, out io.Writer, s *shimStack, tmp string, 
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := runWhole(ctx, s, pooled[0], "whole-pool-first", marks); err != nil {
-		return nil, fmt.Errorf("%s: %w", WholePooled, err)
+	for i, set := range sets {
+		prefix := fmt.Sprintf("whole-pool%d", i)
+		if _, _, err := runWhole(ctx, s, set[0], prefix+"-first", marks); err != nil {
+			return nil, fmt.Errorf("%s: %w", set[0].name, err)
+		}
+		more, err := measureArms(ctx, out, s, set, rounds, prefix, marks)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, more...)
 	}
-	more, err := measureArms(ctx, out, s, pooled, rounds, "whole-pool", marks)
-	return append(rows, more...), err
+	return rows, nil
 }
 
 // measureArms runs each of arms rounds times, taking turns (in reverse
@@ -210,7 +236,7 @@ func measureArms(ctx context.Context, out io.Writer, s *shimStack, arms []wholeA
 			}
 			if a.pooled && claimedIn(s.stack.Logs(), id) {
 				claimed[a.name]++
-				samples[WholeClaimed] = append(samples[WholeClaimed], d)
+				samples[a.name+claimedRuns] = append(samples[a.name+claimedRuns], d)
 			}
 		}
 	}
@@ -223,9 +249,9 @@ func measureArms(ctx context.Context, out io.Writer, s *shimStack, arms []wholeA
 			row.TeardownMs = columnMedians(teardowns[a.name])
 		}
 		rows = append(rows, row)
-		if c := samples[WholeClaimed]; a.pooled && len(c) > 0 {
+		if c := samples[a.name+claimedRuns]; a.pooled && len(c) > 0 {
 			medians := columnMedians(c)
-			rows = append(rows, WholeRow{Arm: WholeClaimed, Runs: len(c), TotalMs: medians[0], PhaseMs: medians[1:]})
+			rows = append(rows, WholeRow{Arm: a.name + claimedRuns, Runs: len(c), TotalMs: medians[0], PhaseMs: medians[1:]})
 		}
 	}
 	return rows, nil
@@ -393,7 +419,7 @@ func (r *results) wholeTable(b *strings.Builder) {
 	byArm := map[string]float64{}
 	for _, w := range r.Whole {
 		runs := strconv.Itoa(w.Runs)
-		if w.Arm == WholePooled {
+		if w.Arm == WholePooled || w.Arm == WholePooledSnapshot {
 			runs += fmt.Sprintf(" (%d claimed)", w.Claimed)
 		}
 		fmt.Fprintf(b, "| %s | %s | %.0f |", w.Arm, runs, w.TotalMs)
@@ -404,9 +430,13 @@ func (r *results) wholeTable(b *strings.Builder) {
 		byArm[w.Arm] = w.TotalMs
 	}
 	b.WriteString("\n")
-	for _, q := range [][2]string{{WholeOrdinary, WholeGVisor}, {WholeOrdinary, WholeRunc}, {WholeSnapshot, WholeRunc}, {WholeSnapshot, WholeGVisor},
-		{WholePooled, WholeGVisor + pooledSet}, {WholePooled, WholeRunc + pooledSet},
-		{WholeClaimed, WholeGVisor + pooledSet}, {WholeClaimed, WholeRunc + pooledSet}} {
+	pairs := [][2]string{{WholeOrdinary, WholeGVisor}, {WholeOrdinary, WholeRunc}, {WholeSnapshot, WholeRunc}, {WholeSnapshot, WholeGVisor}}
+	for _, p := range []string{WholePooled, WholePooledSnapshot} {
+		for _, a := range []string{p, p + claimedRuns} {
+			pairs = append(pairs, [2]string{a, pooledPeer(WholeGVisor, p)}, [2]string{a, pooledPeer(WholeRunc, p)})
+		}
+	}
+	for _, q := range pairs {
 		if byArm[q[0]] > 0 && byArm[q[1]] > 0 {
 			fmt.Fprintf(b, "%s ÷ %s: %s. ", q[0], q[1], times(ratio(byArm[q[0]], byArm[q[1]])))
 		}

@@ -68,7 +68,7 @@ func (c *Clients) Get(address string) (*containerd.Client, error) {
 // Stage prepares a snapshot of image (unpacking it into snapshotter first
 // if needed) for task id and returns where it is staged; opts are the
 // lease's. On error nothing is left.
-func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotter, image, id string, opts ...leases.Opt) (_ *Snapshot, retErr error) {
+func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotter, image, id string, opts ...leases.Opt) (*Snapshot, error) {
 	ctx = namespaces.WithNamespace(ctx, namespace)
 	img, err := client.GetImage(ctx, image)
 	if err != nil {
@@ -79,9 +79,31 @@ func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotte
 		return nil, fmt.Errorf("base image %s layers: %w", image, err)
 	}
 	parent := identity.ChainID(diffIDs).String()
-	b := &Snapshot{client: client, namespace: namespace, snapshotter: snapshotter, key: Key(id), Image: image}
-	ls := client.LeasesService()
-	lease, err := ls.Create(ctx, append([]leases.Opt{leases.WithID(b.key)}, opts...)...)
+	b, err := stage(ctx, client, namespace, snapshotter, parent, id, opts, func(ctx context.Context, lease, key string) ([]mount.Mount, error) {
+		return prepare(ctx, client, img, snapshotter, lease, key, parent)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("base image %s: %w", image, err)
+	}
+	b.Image = image
+	return b, nil
+}
+
+// StageParent prepares, as Stage does, a snapshot on parent, a snapshot
+// image's top layer already in snapshotter (a running container's).
+func StageParent(ctx context.Context, client *containerd.Client, namespace, snapshotter, parent, id string, opts ...leases.Opt) (*Snapshot, error) {
+	ctx = namespaces.WithNamespace(ctx, namespace)
+	return stage(ctx, client, namespace, snapshotter, parent, id, opts, func(ctx context.Context, lease, key string) ([]mount.Mount, error) {
+		return client.SnapshotService(snapshotter).Prepare(leases.WithLease(ctx, lease), key, parent)
+	})
+}
+
+// stage makes id's lease and has prep prepare its snapshot under it,
+// then reads the staged chain. On error nothing is left.
+func stage(ctx context.Context, client *containerd.Client, namespace, snapshotter, parent, id string, opts []leases.Opt,
+	prep func(ctx context.Context, lease, key string) ([]mount.Mount, error)) (_ *Snapshot, retErr error) {
+	b := &Snapshot{client: client, namespace: namespace, snapshotter: snapshotter, key: Key(id)}
+	lease, err := client.LeasesService().Create(ctx, append([]leases.Opt{leases.WithID(b.key)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("lease for the base snapshot of %s: %w", id, err)
 	}
@@ -90,15 +112,15 @@ func Stage(ctx context.Context, client *containerd.Client, namespace, snapshotte
 			retErr = errors.Join(retErr, b.Release())
 		}
 	}()
-	mounts, err := prepare(ctx, client, img, snapshotter, lease.ID, b.key, parent)
+	mounts, err := prep(ctx, lease.ID, b.key)
 	if err != nil {
-		return nil, fmt.Errorf("stage base image %s in snapshotter %s: %w", image, snapshotter, err)
+		return nil, fmt.Errorf("stage %s in snapshotter %s: %w", parent, snapshotter, err)
 	}
 	if b.Dir, err = bindSource(mounts); err != nil {
-		return nil, fmt.Errorf("base image %s is not a cocoon snapshot image (its layers must be chain links): %w", image, err)
+		return nil, fmt.Errorf("not a cocoon snapshot image (its layers must be chain links): %w", err)
 	}
 	if b.Staged, err = chain.OpenStaged(b.Dir); err != nil {
-		return nil, fmt.Errorf("base image %s is not a cocoon snapshot image (its layers must be chain links): %w: %w", image, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("not a cocoon snapshot image (its layers must be chain links): %w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return b, nil
 }

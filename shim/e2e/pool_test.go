@@ -98,6 +98,36 @@ func TestPooledVM(t *testing.T) {
 	})
 }
 
+// TestPooledVMSnapshotImage: a snapshot image's task orders its own chain
+// (its container's top layer, which containerd names): the next task of
+// the image claims the VM restored from it and runs in its guest's root.
+func TestPooledVMSnapshotImage(t *testing.T) {
+	c := stack(t, "[shim]\npooled_vm = true")
+	if out, err := run(c, []string{"--rm"}, "first", "echo", "first"); err != nil || strings.TrimSpace(out) != "first" {
+		t.Fatalf("first container: %q, %v", out, err)
+	}
+	awaitPooledVM(t, c)
+	if _, err := run(c, []string{"-d"}, "claim", "sleep", "600"); err != nil {
+		t.Fatal(err)
+	}
+	phases := readReport(t, c, "claim").Phases
+	t.Logf("claimed: %s", phaseList(phases))
+	if !hasPhase(phases, vm.PhaseClaim) || hasPhase(phases, "spawn") {
+		t.Errorf("phases %s: want the pooled VM claimed, no restore", phaseList(phases))
+	}
+	out, err := c.Ctr("task", "exec", "--exec-id", "e1", "--fifo-dir", c.FifoDir, "claim", "echo", "in-the-claimed-vm")
+	if err != nil || strings.TrimSpace(out) != "in-the-claimed-vm" {
+		t.Errorf("exec in the claimed VM: %q, %v", out, err)
+	}
+	if _, err := c.Ctr("task", "kill", "--signal", "SIGKILL", "claim"); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, "claim", "STOPPED")
+	if _, err := c.Ctr("task", "delete", "claim"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // checkClaimed checks task id, which claimed the pooled VM whose
 // hypervisor is qemu: its process reads the task's image, and the
 // hypervisor is in the task's cgroup, under the normal scheduling policy.

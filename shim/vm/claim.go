@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
@@ -25,17 +26,42 @@ import (
 const PhaseClaim = "claim"
 
 // orderOf is the pooled VM a launch of r on p could take, and whether
-// one could: an ordinary image on a base, not a pod's VM, with no
-// directories shared with the guest, and a network of its own making if
-// any (a pooled VM has a tap in a namespace of its own; one the spec
-// names, CNI's, is another's).
+// one could: an ordinary image on a base, or a snapshot image; not a
+// pod's VM, with no directories shared with the guest, and a network of
+// its own making if any (a pooled VM has a tap in a namespace of its
+// own; one the spec names, CNI's, is another's). A snapshot image's
+// order has no top layer yet (imageOrder).
 func orderOf(r task.LaunchRequest, p *prepared) (PoolOrder, bool) {
-	if p.src.base == nil || p.src.disk == nil || r.Bare || task.IsPodSandbox(r.Spec) ||
-		p.guest.BeforeInit != nil || (p.net != nil && p.net.path != "") {
+	ordinary := p.src.base != nil && p.src.disk != nil
+	snapshot := p.src.base == nil && p.src.disk == nil && !r.Bare
+	if !ordinary && !snapshot || task.IsPodSandbox(r.Spec) || p.guest.BeforeInit != nil || (p.net != nil && p.net.path != "") {
 		return PoolOrder{}, false
 	}
-	return PoolOrder{Containerd: r.Containerd, Namespace: r.Namespace, ConfigPath: r.ConfigPath,
-		ConfigBody: r.ConfigBody, Image: p.src.base.Image}, true
+	o := PoolOrder{poolKey: poolKey{Containerd: r.Containerd, Namespace: r.Namespace, ConfigPath: r.ConfigPath, ConfigBody: r.ConfigBody}}
+	if ordinary {
+		o.Image = p.src.base.Image
+	}
+	return o, true
+}
+
+// imageOrder completes a snapshot image's order with its container's
+// top layer, which containerd knows: the snapshot's parent.
+func (l *Launcher) imageOrder(ctx context.Context, r task.LaunchRequest, o PoolOrder) (PoolOrder, error) {
+	client, err := l.clients.Get(r.Containerd)
+	if err != nil {
+		return o, err
+	}
+	ctx = namespaces.WithNamespace(ctx, r.Namespace)
+	c, err := client.ContainerService().Get(ctx, r.ID)
+	if err != nil {
+		return o, fmt.Errorf("container %s: %w", r.ID, err)
+	}
+	info, err := client.SnapshotService(c.Snapshotter).Stat(ctx, c.SnapshotKey)
+	if err != nil {
+		return o, fmt.Errorf("snapshot of container %s: %w", r.ID, err)
+	}
+	o.Parent, o.Snapshotter = info.Parent, c.Snapshotter
+	return o, nil
 }
 
 // claim runs r in the launcher's pooled VM when it suits r: nil, and no
@@ -52,7 +78,7 @@ func (l *Launcher) claim(ctx context.Context, cfg config.Config, d hypervisor.Dr
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
 	defer cancel()
 	began := time.Now()
-	pv := l.pool.take(ctx, o, p.plan.Mode, d.Name(), p.staged.Top().ID().String())
+	pv := l.pool.take(ctx, o.poolKey, p.plan.Mode, d.Name(), p.staged.Top().ID().String())
 	if pv == nil {
 		return nil, nil, nil
 	}
@@ -73,8 +99,10 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 		phases = append(phases, restore.Phase{Name: name, Duration: config.Duration(took)})
 	}
 	pv.claim(ctx)
-	if err := pv.res.VM.(hypervisor.RootfsAttacher).AttachRootfs(ctx, p.src.disk.ImagePath()); err != nil {
-		return nil, nil, err
+	if p.src.disk != nil {
+		if err := pv.res.VM.(hypervisor.RootfsAttacher).AttachRootfs(ctx, p.src.disk.ImagePath()); err != nil {
+			return nil, nil, err
+		}
 	}
 	add(PhaseClaim, time.Since(began))
 	// The pooled VM's namespace and tap stand for the new one the task's
@@ -94,8 +122,9 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 	if err != nil {
 		return nil, nil, errors.Join(err, p.net.Release())
 	}
-	// The VM maps the chain's memory file, which the task's own base
-	// stages too: the pool's staging is no longer needed.
+	// The VM maps the chain's memory file, which the task's own staged
+	// chain (its base's, or its image's) links too: the pool's staging is
+	// no longer needed.
 	base := pv.base
 	pv.base = nil
 	go func() {

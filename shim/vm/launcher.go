@@ -119,18 +119,26 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 		return nil, errors.Join(err, p.net.Release(), src.base.Release())
 	}
 	sb.Phases = append(clock.phases, restored...)
-	sb.SpareEnv = []string{spareOrder(cfg, r, &p)}
+	sb.SpareEnv = func(ctx context.Context) []string { return []string{l.spareOrder(ctx, cfg, r, &p)} }
 	return sb, nil
 }
 
 // spareOrder is the environment entry that has the next spare restore a
 // VM like this launch's ahead (shim.pooled_vm), or that clears an order
 // the server itself was started with.
-func spareOrder(cfg config.Config, r task.LaunchRequest, p *prepared) string {
-	if o, ok := orderOf(r, p); ok && cfg.Shim.PooledVM {
-		return o.Env()
+func (l *Launcher) spareOrder(ctx context.Context, cfg config.Config, r task.LaunchRequest, p *prepared) string {
+	o, ok := orderOf(r, p)
+	if !ok || !cfg.Shim.PooledVM {
+		return PoolEnv + "="
 	}
-	return PoolEnv + "="
+	if o.Image == "" {
+		var err error
+		if o, err = l.imageOrder(ctx, r, o); err != nil {
+			log.G(ctx).WithError(err).Warn("no VM restored ahead of the next task")
+			return PoolEnv + "="
+		}
+	}
+	return o.Env()
 }
 
 // source is what a task restores from: a staged chain, and for an ordinary

@@ -40,14 +40,24 @@ const poolLease = 15 * time.Minute
 // fill slower than that is stuck, and the launch restores its own.
 const poolWait = 5 * time.Second
 
-// PoolOrder is what a spare restores ahead: the base snapshot a task on
-// this containerd just restored its VM from, under that task's config.
+// PoolOrder is what a spare restores ahead: the chain a task on this
+// containerd just restored its VM from, under that task's config — the
+// base image of an ordinary image, or a snapshot image's own top layer,
+// in Snapshotter.
 type PoolOrder struct {
+	poolKey
+	Image       string `json:"image,omitempty"`
+	Parent      string `json:"parent,omitempty"`
+	Snapshotter string `json:"snapshotter,omitempty"`
+}
+
+// poolKey is what a launch and a pooled VM must share, besides the chain
+// restored (which a launch knows as its staged top link, not by name).
+type poolKey struct {
 	Containerd string `json:"containerd"`
 	Namespace  string `json:"namespace"`
 	ConfigPath string `json:"configPath,omitempty"`
 	ConfigBody string `json:"configBody,omitempty"`
-	Image      string `json:"image"`
 }
 
 // Env is o as the spare's environment entry.
@@ -56,7 +66,7 @@ func (o PoolOrder) Env() string {
 	return PoolEnv + "=" + string(b)
 }
 
-// pooledVM is a VM restored from its order's base, running, its agent
+// pooledVM is a VM restored from its order's chain, running, its agent
 // connected, its guest given no task yet.
 type pooledVM struct {
 	order  PoolOrder
@@ -97,7 +107,7 @@ func (l *Launcher) FillPool() {
 		return
 	}
 	var o PoolOrder
-	if err := json.Unmarshal([]byte(v), &o); err != nil || o.Image == "" {
+	if err := json.Unmarshal([]byte(v), &o); err != nil || (o.Image == "") == (o.Parent == "") {
 		log.L.WithError(err).Warn("a pooled VM's order in the environment is not one: none restored")
 		return
 	}
@@ -111,7 +121,7 @@ func (l *Launcher) ClosePool() { l.pool.Close() }
 // fill restores the order's VM and offers it at once; it then warms it
 // while no task has claimed it.
 func (p *Pool) fill(o PoolOrder, l *Launcher) {
-	ctx := log.WithLogger(context.Background(), log.L.WithField("pool", o.Image))
+	ctx := log.WithLogger(context.Background(), log.L.WithField("pool", o.Image+o.Parent))
 	pv, err := restoreAhead(ctx, o, l)
 	if err != nil {
 		close(p.ready)
@@ -143,9 +153,9 @@ func (p *Pool) fill(o PoolOrder, l *Launcher) {
 	}
 }
 
-// restoreAhead stages o's base under a lease of its own, restores it with
-// its rootfs slot empty and a NIC in a namespace of its own, and connects
-// the agent without giving the guest a task.
+// restoreAhead stages o's chain under a lease of its own, restores it
+// with its rootfs slot empty and a NIC in a namespace of its own, and
+// connects the agent without giving the guest a task.
 func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher) (*pooledVM, error) {
 	cfg, err := config.LoadTask(o.ConfigPath, o.ConfigBody)
 	if err != nil {
@@ -165,15 +175,21 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher) (*pooledVM, err
 	}
 	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name()}
 	pv.runDir = filepath.Join(parent, pv.id)
-	if pv.base, err = baseimage.Stage(ctx, client, o.Namespace, cfg.Restore.BaseSnapshotter, o.Image, pv.id, leases.WithExpiration(poolLease)); err != nil {
+	expiring := leases.WithExpiration(poolLease)
+	if o.Image != "" {
+		pv.base, err = baseimage.Stage(ctx, client, o.Namespace, cfg.Restore.BaseSnapshotter, o.Image, pv.id, expiring)
+	} else {
+		pv.base, err = baseimage.StageParent(ctx, client, o.Namespace, o.Snapshotter, o.Parent, pv.id, expiring)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := pv.restore(ctx, cfg, d); err != nil {
 		return nil, errors.Join(err, pv.net.Release(), pv.base.Release())
 	}
-	if _, ok := pv.res.VM.(hypervisor.RootfsAttacher); !ok {
+	if _, ok := pv.res.VM.(hypervisor.RootfsAttacher); !ok && o.Image != "" {
 		pv.close(ctx)
-		return nil, fmt.Errorf("%s cannot give a running VM its rootfs, which a pooled VM needs", d.Name())
+		return nil, fmt.Errorf("%s cannot give a running VM its rootfs, which a pooled VM of a base needs", d.Name())
 	}
 	// Waiting and warming, the VM takes only CPU time nothing else wants;
 	// the claim gives it the normal policy back.
@@ -181,6 +197,9 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher) (*pooledVM, err
 		log.G(ctx).WithError(err).Warn("the pooled VM's hypervisor keeps the normal scheduling policy")
 	}
 	pv.callTimeout = cfg.Agent.CallTimeout.D()
+	if o.Image == "" {
+		return pv, nil // a snapshot image's root is its guest's
+	}
 	if err := pv.attachWarmRootfs(ctx); err != nil {
 		log.G(ctx).WithError(err).Info("the pooled VM's warm-up mounts no root")
 	} else {
@@ -189,7 +208,7 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher) (*pooledVM, err
 	return pv, nil
 }
 
-// restore restores pv's base, deferred, its NIC on a tap in a new
+// restore restores pv's chain, deferred, its NIC on a tap in a new
 // namespace (a task whose spec asks for a new one takes both).
 func (pv *pooledVM) restore(ctx context.Context, cfg config.Config, d hypervisor.Driver) error {
 	plan, _, err := restore.PlanFor(ctx, d, cfg.Restore, pv.base.Staged.Top(), pv.base.Staged, nil)
@@ -217,14 +236,13 @@ func (pv *pooledVM) restore(ctx context.Context, cfg config.Config, d hypervisor
 // driver and chain; nil when there is none or it does not match. A launch
 // of the order waits for a fill under way (poolWait at most, until ctx
 // ends): its restore began before the launch's own could, so it ends
-// sooner. Either way the
-// pool is done: a VM it does not hand over is closed, now or once its
-// fill ends.
-func (p *Pool) take(ctx context.Context, o PoolOrder, mode hypervisor.Mode, driver string, top string) *pooledVM {
+// sooner. Either way the pool is done: a VM it does not hand over is
+// closed, now or once its fill ends.
+func (p *Pool) take(ctx context.Context, o poolKey, mode hypervisor.Mode, driver string, top string) *pooledVM {
 	if p == nil {
 		return nil
 	}
-	if p.order == o {
+	if p.order.poolKey == o {
 		wait := time.NewTimer(poolWait)
 		select {
 		case <-p.ready:
@@ -240,7 +258,7 @@ func (p *Pool) take(ctx context.Context, o PoolOrder, mode hypervisor.Mode, driv
 	if pv == nil {
 		return nil
 	}
-	if pv.order != o || pv.mode != mode || pv.driver != driver || pv.top != top {
+	if pv.order.poolKey != o || pv.mode != mode || pv.driver != driver || pv.top != top {
 		log.G(ctx).WithFields(log.Fields{"pooled": pv.order, "mode": pv.mode}).Info("the pooled VM does not suit the task: closed")
 		pv.close(ctx)
 		return nil

@@ -25,33 +25,36 @@ func TestOrderOf(t *testing.T) {
 	ordinary := func() prepared {
 		return prepared{src: source{base: &baseimage.Snapshot{Image: "base:1"}, disk: &chain.StagedRootfs{}}}
 	}
-	want := PoolOrder{Containerd: "/c.sock", Namespace: "ns", ConfigPath: "/etc/c.toml", Image: "base:1"}
+	key := poolKey{Containerd: "/c.sock", Namespace: "ns", ConfigPath: "/etc/c.toml"}
+	ordinaryOrder, imageOrder := PoolOrder{poolKey: key, Image: "base:1"}, PoolOrder{poolKey: key}
 	pod := req
 	pod.Spec = &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
 	bare := req
 	bare.Bare = true
+	snapshot := func(p *prepared) { p.src.base, p.src.disk = nil, nil }
 	for _, tc := range []struct {
 		name string
 		r    task.LaunchRequest
 		p    func(*prepared)
-		ok   bool
+		want *PoolOrder
 	}{
-		{"an ordinary image", req, func(*prepared) {}, true},
-		{"in a namespace of the shim's making", req, func(p *prepared) { p.net = &vmNetwork{} }, true},
-		{"a snapshot image", req, func(p *prepared) { p.src.base, p.src.disk = nil, nil }, false},
-		{"a pod's VM", pod, func(*prepared) {}, false},
-		{"a bare VM", bare, func(*prepared) {}, false},
+		{"an ordinary image", req, func(*prepared) {}, &ordinaryOrder},
+		{"in a namespace of the shim's making", req, func(p *prepared) { p.net = &vmNetwork{} }, &ordinaryOrder},
+		{"a snapshot image (its top layer asked later)", req, snapshot, &imageOrder},
+		{"a bare pod VM", bare, snapshot, nil},
+		{"a pod's VM", pod, func(*prepared) {}, nil},
+		{"a bare VM on a base", bare, func(p *prepared) { p.src.disk = nil }, nil},
 		{"shared directories", req, func(p *prepared) {
 			p.guest.BeforeInit = func(context.Context, *agent.Client) error { return nil }
-		}, false},
-		{"a namespace the spec names", req, func(p *prepared) { p.net = &vmNetwork{path: "/run/netns/cni"} }, false},
+		}, nil},
+		{"a namespace the spec names", req, func(p *prepared) { p.net = &vmNetwork{path: "/run/netns/cni"} }, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := ordinary()
 			tc.p(&p)
 			got, ok := orderOf(tc.r, &p)
-			if ok != tc.ok || (ok && got != want) {
-				t.Errorf("orderOf = %+v, %v; want %+v, %v", got, ok, want, tc.ok)
+			if ok != (tc.want != nil) || (ok && got != *tc.want) {
+				t.Errorf("orderOf = %+v, %v; want %+v", got, ok, tc.want)
 			}
 		})
 	}
@@ -78,7 +81,7 @@ func pooledForTest(t *testing.T, o PoolOrder) *pooledVM {
 // order waits for a fill under way, until its context ends; one of
 // another order does not wait.
 func TestPoolTake(t *testing.T) {
-	o := PoolOrder{Containerd: "/c.sock", Namespace: "ns", Image: "base:1"}
+	o := PoolOrder{poolKey: poolKey{Containerd: "/c.sock", Namespace: "ns"}, Image: "base:1"}
 	other := o
 	other.Namespace = "other"
 	for _, tc := range []struct {
@@ -99,11 +102,11 @@ func TestPoolTake(t *testing.T) {
 			pv := pooledForTest(t, o)
 			p := &Pool{order: o, ready: make(chan struct{}), vm: pv}
 			close(p.ready)
-			got := p.take(context.Background(), tc.order, tc.mode, tc.driver, tc.top)
+			got := p.take(context.Background(), tc.order.poolKey, tc.mode, tc.driver, tc.top)
 			if (got != nil) != tc.taken {
 				t.Fatalf("take = %v, want taken %v", got, tc.taken)
 			}
-			if again := p.take(context.Background(), o, hypervisor.ModeMmap, "fake", "sha256:top"); again != nil {
+			if again := p.take(context.Background(), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top"); again != nil {
 				t.Error("a second take got the VM")
 			}
 			wait := 5 * time.Second // for a VM to be killed; one taken stays
@@ -116,12 +119,12 @@ func TestPoolTake(t *testing.T) {
 		})
 	}
 	var nilPool *Pool
-	if nilPool.take(context.Background(), o, hypervisor.ModeMmap, "fake", "sha256:top") != nil {
+	if nilPool.take(context.Background(), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") != nil {
 		t.Error("a nil pool gave a VM")
 	}
 	nilPool.Close()
 	unfilled := &Pool{order: o, ready: make(chan struct{})}
-	if unfilled.take(context.Background(), other, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !unfilled.taken {
+	if unfilled.take(context.Background(), other.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !unfilled.taken {
 		t.Error("a pool not filled yet, for another order: want no VM at once, and the pool done")
 	}
 	filling := &Pool{order: o, ready: make(chan struct{})}
@@ -132,11 +135,11 @@ func TestPoolTake(t *testing.T) {
 		filling.mu.Unlock()
 		close(filling.ready)
 	}()
-	if filling.take(context.Background(), o, hypervisor.ModeMmap, "fake", "sha256:top") == nil {
+	if filling.take(context.Background(), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") == nil {
 		t.Error("a pool filling for the launch's order: want its VM, waited for")
 	}
 	stuck := &Pool{order: o, ready: make(chan struct{})}
-	if stuck.take(ctxWithin(t, 50*time.Millisecond), o, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !stuck.taken {
+	if stuck.take(ctxWithin(t, 50*time.Millisecond), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !stuck.taken {
 		t.Error("a fill that does not end: want no VM once the launch's context ends, and the pool done")
 	}
 }

@@ -92,7 +92,11 @@ type pooledVM struct {
 // safe on a nil Pool, which holds nothing.
 type Pool struct {
 	order PoolOrder
-	ready chan struct{} // closed once the fill has a VM or has failed
+	// restoring is closed once the fill has staged the chain and begun
+	// the restore, ready once it has a VM or has failed; cancel ends it.
+	restoring, ready chan struct{}
+	cancel           context.CancelFunc
+
 	mu    sync.Mutex
 	vm    *pooledVM
 	taken bool // claimed or closed: a VM the fill ends with is closed
@@ -111,8 +115,9 @@ func (l *Launcher) FillPool() {
 		log.L.WithError(err).Warn("a pooled VM's order in the environment is not one: none restored")
 		return
 	}
-	l.pool = &Pool{order: o, ready: make(chan struct{})}
-	go l.pool.fill(o, l)
+	ctx, cancel := context.WithCancel(log.WithLogger(context.Background(), log.L.WithField("pool", o.Image+o.Parent)))
+	l.pool = &Pool{order: o, restoring: make(chan struct{}), ready: make(chan struct{}), cancel: cancel}
+	go l.pool.fill(ctx, o, l)
 }
 
 // ClosePool closes the VM FillPool restored if no launch took it.
@@ -120,12 +125,14 @@ func (l *Launcher) ClosePool() { l.pool.Close() }
 
 // fill restores the order's VM and offers it at once; it then warms it
 // while no task has claimed it.
-func (p *Pool) fill(o PoolOrder, l *Launcher) {
-	ctx := log.WithLogger(context.Background(), log.L.WithField("pool", o.Image+o.Parent))
-	pv, err := restoreAhead(ctx, o, l)
+func (p *Pool) fill(ctx context.Context, o PoolOrder, l *Launcher) {
+	defer p.cancel()
+	pv, err := restoreAhead(ctx, o, l, sync.OnceFunc(func() { close(p.restoring) }))
 	if err != nil {
 		close(p.ready)
-		log.G(ctx).WithError(err).Warn("restore a VM ahead for the next task")
+		if ctx.Err() == nil { // else a launch came first and cancelled it
+			log.G(ctx).WithError(err).Warn("restore a VM ahead for the next task")
+		}
 		return
 	}
 	p.mu.Lock()
@@ -154,9 +161,10 @@ func (p *Pool) fill(o PoolOrder, l *Launcher) {
 }
 
 // restoreAhead stages o's chain under a lease of its own, restores it
-// with its rootfs slot empty and a NIC in a namespace of its own, and
-// connects the agent without giving the guest a task.
-func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher) (*pooledVM, error) {
+// with its rootfs slot empty and a NIC in a namespace of its own (telling
+// restoring as it begins), and connects the agent without giving the
+// guest a task.
+func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func()) (*pooledVM, error) {
 	cfg, err := config.LoadTask(o.ConfigPath, o.ConfigBody)
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
@@ -184,6 +192,7 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher) (*pooledVM, err
 	if err != nil {
 		return nil, err
 	}
+	restoring()
 	if err := pv.restore(ctx, cfg, d); err != nil {
 		return nil, errors.Join(err, pv.net.Release(), pv.base.Release())
 	}
@@ -234,15 +243,16 @@ func (pv *pooledVM) restore(ctx context.Context, cfg config.Config, d hypervisor
 
 // take hands the pooled VM to a launch that matches its order, mode,
 // driver and chain; nil when there is none or it does not match. A launch
-// of the order waits for a fill under way (poolWait at most, until ctx
-// ends): its restore began before the launch's own could, so it ends
-// sooner. Either way the pool is done: a VM it does not hand over is
-// closed, now or once its fill ends.
+// of the order waits for a fill that is restoring (poolWait at most, until
+// ctx ends): it is further on than a restore begun now. Any other fill (of
+// another order, or not restoring yet: the spare was still starting, or
+// staging) is cancelled, so it takes no CPU from the launch's own restore. Either way the pool is
+// done: a VM it does not hand over is closed, now or once its fill ends.
 func (p *Pool) take(ctx context.Context, o poolKey, mode hypervisor.Mode, driver string, top string) *pooledVM {
 	if p == nil {
 		return nil
 	}
-	if p.order.poolKey == o {
+	if p.order.poolKey == o && p.isRestoring() {
 		wait := time.NewTimer(poolWait)
 		select {
 		case <-p.ready:
@@ -250,6 +260,8 @@ func (p *Pool) take(ctx context.Context, o poolKey, mode hypervisor.Mode, driver
 		case <-ctx.Done():
 		}
 		wait.Stop()
+	} else {
+		p.cancel()
 	}
 	p.mu.Lock()
 	pv := p.vm
@@ -264,6 +276,15 @@ func (p *Pool) take(ctx context.Context, o poolKey, mode hypervisor.Mode, driver
 		return nil
 	}
 	return pv
+}
+
+func (p *Pool) isRestoring() bool {
+	select {
+	case <-p.restoring:
+		return true
+	default:
+		return false
+	}
 }
 
 // Close closes a pooled VM no task took.

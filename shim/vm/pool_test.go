@@ -78,8 +78,8 @@ func pooledForTest(t *testing.T, o PoolOrder) *pooledVM {
 // TestPoolTake: a launch takes the pooled VM only if it matches its order,
 // restore mode, driver and chain; one that does not is closed (its
 // hypervisor killed). Either way the pool is done. A launch of the
-// order waits for a fill under way, until its context ends; one of
-// another order does not wait.
+// order waits for a fill that is restoring, until its context ends; a
+// fill of another order, or not restoring yet, is cancelled.
 func TestPoolTake(t *testing.T) {
 	o := PoolOrder{poolKey: poolKey{Containerd: "/c.sock", Namespace: "ns"}, Image: "base:1"}
 	other := o
@@ -100,7 +100,9 @@ func TestPoolTake(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pv := pooledForTest(t, o)
-			p := &Pool{order: o, ready: make(chan struct{}), vm: pv}
+			p := newTestPool(o)
+			p.vm = pv
+			close(p.restoring)
 			close(p.ready)
 			got := p.take(context.Background(), tc.order.poolKey, tc.mode, tc.driver, tc.top)
 			if (got != nil) != tc.taken {
@@ -123,11 +125,13 @@ func TestPoolTake(t *testing.T) {
 		t.Error("a nil pool gave a VM")
 	}
 	nilPool.Close()
-	unfilled := &Pool{order: o, ready: make(chan struct{})}
-	if unfilled.take(context.Background(), other.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !unfilled.taken {
-		t.Error("a pool not filled yet, for another order: want no VM at once, and the pool done")
+	for name, p := range map[string]*testPool{"another order's": newTestPool(other), "not restoring yet": newTestPool(o)} {
+		if p.take(context.Background(), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !p.taken || p.fillCtx.Err() == nil {
+			t.Errorf("a pool filling, %s: want no VM at once, the fill cancelled and the pool done", name)
+		}
 	}
-	filling := &Pool{order: o, ready: make(chan struct{})}
+	filling := newTestPool(o)
+	close(filling.restoring)
 	go func() {
 		time.Sleep(50 * time.Millisecond)
 		filling.mu.Lock()
@@ -138,10 +142,23 @@ func TestPoolTake(t *testing.T) {
 	if filling.take(context.Background(), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") == nil {
 		t.Error("a pool filling for the launch's order: want its VM, waited for")
 	}
-	stuck := &Pool{order: o, ready: make(chan struct{})}
+	stuck := newTestPool(o)
+	close(stuck.restoring)
 	if stuck.take(ctxWithin(t, 50*time.Millisecond), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !stuck.taken {
 		t.Error("a fill that does not end: want no VM once the launch's context ends, and the pool done")
 	}
+}
+
+// newTestPool is a pool of order o whose fill has begun; fillCtx is the
+// context its cancel ends.
+func newTestPool(o PoolOrder) *testPool {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &testPool{Pool: &Pool{order: o, restoring: make(chan struct{}), ready: make(chan struct{}), cancel: cancel}, fillCtx: ctx}
+}
+
+type testPool struct {
+	*Pool
+	fillCtx context.Context
 }
 
 func ctxWithin(t *testing.T, d time.Duration) context.Context {

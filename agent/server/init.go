@@ -55,7 +55,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 		{"hostname", api.PhaseIdentity, true, func() error { return s.setHostname(r) }},
 		{"sysctls", api.PhaseSysctls, len(plan.sysctls) > 0, func() error { return s.setSysctls(plan.sysctls) }},
 		{"files", api.PhaseFiles, len(plan.files) > 0, func() error { return s.writeFiles(plan.files) }},
-		{"network", api.PhaseNetwork, plan.network != nil, func() error { return s.configureNetwork(plan.network) }},
+		{"network", api.PhaseNetwork, s.networkWork(plan.network), func() error { return s.configureNetwork(plan.network) }},
 		{"rootfs", "", true, func() error { return s.setupRootfs(ctx, plan.rootfs, clk) }},
 		{"process", api.PhaseProcess, r.Process != nil, func() error { return s.prepare(r.Process) }},
 	} {
@@ -167,6 +167,13 @@ func (s *Service) writeFiles(files []*api.File) error {
 		}
 	}
 	return guestfile.Write(files)
+}
+
+// networkWork says whether configureNetwork(cfg) has work: a network to
+// give, or a NIC to take down that may not be down (a process ran since),
+// which the network phase then times too.
+func (s *Service) networkWork(cfg *NetConfig) bool {
+	return cfg != nil || (s.net != nil && !s.nicDown.Load())
 }
 
 // configureNetwork gives the NIC cfg; nil takes the NIC down, which an

@@ -58,22 +58,27 @@ func TestInitOrder(t *testing.T) {
 }
 
 // TestInitPhases: Init times the steps it had work for, in order, and
-// leaves out the others; a confined root adds its confine step.
+// leaves out the others; a confined root adds its confine step, and a NIC
+// that may not be down (no fresh boot, or a process ran) the network step
+// that takes it down.
 func TestInitPhases(t *testing.T) {
 	dir := t.TempDir()
 	confined := fullInit(dir)
 	confined.Rootfs.MaskedPaths = []string{"/proc/kcore"}
+	fresh := []Option{WithFreshBoot()}
 	for _, tc := range []struct {
 		name string
+		opts []Option
 		r    *api.InitRequest
 		want []string
 	}{
-		{"identity only", &api.InitRequest{Hostname: "clone-1"}, []string{api.PhaseIdentity}},
-		{"everything", fullInit(dir), []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseDisk, api.PhaseRootfs}},
-		{"a confined root", confined, []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseDisk, api.PhaseRootfs, api.PhaseConfine}},
+		{"identity only", fresh, &api.InitRequest{Hostname: "clone-1"}, []string{api.PhaseIdentity}},
+		{"the NIC taken down", nil, &api.InitRequest{Hostname: "clone-1"}, []string{api.PhaseIdentity, api.PhaseNetwork}},
+		{"everything", fresh, fullInit(dir), []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseDisk, api.PhaseRootfs}},
+		{"a confined root", fresh, confined, []string{api.PhaseIdentity, api.PhaseSysctls, api.PhaseFiles, api.PhaseNetwork, api.PhaseDisk, api.PhaseRootfs, api.PhaseConfine}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := newFakeGuest(t)
+			g := newFakeGuest(t, tc.opts...)
 			resp, err := g.svc.Init(context.Background(), tc.r)
 			if err != nil {
 				t.Fatal(err)

@@ -23,9 +23,10 @@ import (
 // runs in it (its create claims the VM: no restore phases), reads its own
 // image, and the spare's VM is the task's only hypervisor, in the task's
 // cgroup, under the normal scheduling policy. Containers started back to
-// back, before the pooled VM is up or while it warms, run as well. A spare killed
-// while it holds a pooled VM takes the VM with it, and the next spare's
-// fill removes the run dir it left.
+// back, before the pooled VM is up or while it warms, run as well. A
+// spare killed while it holds a pooled VM takes the VM with it, and the
+// next spare's fill removes the run dir it left. A pooled VM that died
+// waiting is passed over: the container restores its own.
 func TestPooledVM(t *testing.T) {
 	c, img := ordinaryStack(t, imageRef, "[shim]\npooled_vm = true")
 	want := strings.TrimSpace(img.RandomContent)
@@ -89,6 +90,15 @@ func TestPooledVM(t *testing.T) {
 	})
 	if out, err := runOrdinary(c, []string{"--rm"}, "after-kill", "cat", testimage.RandomFile); err != nil || strings.TrimSpace(out) != want {
 		t.Fatalf("container after a killed spare: %q, %v", out, err)
+	}
+	// A pooled VM whose hypervisor died while it waited is not claimed:
+	// the next container restores its own.
+	dir2, _ := awaitPooledVM(t, c)
+	if err := syscall.Kill(processUsing(dir2, "qemu"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runOrdinary(c, []string{"--rm"}, "after-vm-kill", "cat", testimage.RandomFile); err != nil || strings.TrimSpace(out) != want {
+		t.Fatalf("container after its pooled VM died: %q, %v", out, err)
 	}
 	testenv.Eventually(t, time.Minute, "the killed spare's run dir swept", func() error {
 		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {

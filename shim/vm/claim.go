@@ -25,6 +25,30 @@ import (
 // rootfs slot.
 const PhaseClaim = "claim"
 
+// errUnusable marks a pooled VM found unusable before its claim changed
+// anything (the task's record, cgroup, network, hooks): the launch
+// restores a VM of its own, as it would have without a pool.
+var errUnusable = errors.New("the pooled VM is not usable")
+
+// usableWithin bounds the look at whether the pooled VM's hypervisor
+// still runs: one that exited is seen at once.
+const usableWithin = time.Millisecond
+
+// usable fails if the pooled VM's hypervisor has exited while it waited
+// (killed, crashed).
+func (pv *pooledVM) usable(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, usableWithin)
+	defer cancel()
+	switch err := pv.res.VM.Wait(ctx); {
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil
+	case err == nil:
+		return errors.New("its hypervisor exited")
+	default:
+		return fmt.Errorf("its hypervisor exited: %w", err)
+	}
+}
+
 // orderOf is the pooled VM a launch of r on p could take, and whether
 // one could: an ordinary image on a base, or a snapshot image; not a
 // pod's VM, with no directories shared with the guest, and a network of
@@ -85,6 +109,10 @@ func (l *Launcher) claim(ctx context.Context, cfg config.Config, d hypervisor.Dr
 	sb, phases, err := l.runPooled(ctx, cfg, d, r, p, pv, began)
 	if err != nil {
 		pv.close(ctx)
+		if errors.Is(err, errUnusable) {
+			log.G(ctx).WithError(err).Warn("restoring a VM for the task instead")
+			return nil, nil, nil
+		}
 		return nil, nil, fmt.Errorf("claim the pooled VM: %w", err)
 	}
 	log.G(ctx).WithFields(log.Fields{"id": r.ID, "pid": pv.res.VM.PID(), "pool": pv.id}).Info("task runs in the pooled VM")
@@ -99,9 +127,12 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 		phases = append(phases, restore.Phase{Name: name, Duration: config.Duration(took)})
 	}
 	pv.claim(ctx)
+	if err := pv.usable(ctx); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", errUnusable, err)
+	}
 	if p.src.disk != nil {
 		if err := pv.res.VM.(hypervisor.RootfsAttacher).AttachRootfs(ctx, p.src.disk.ImagePath()); err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("%w: %w", errUnusable, err)
 		}
 	}
 	add(PhaseClaim, time.Since(began))

@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,6 +147,24 @@ func TestPoolTake(t *testing.T) {
 	close(stuck.restoring)
 	if stuck.take(ctxWithin(t, 50*time.Millisecond), o.poolKey, hypervisor.ModeMmap, "fake", "sha256:top") != nil || !stuck.taken {
 		t.Error("a fill that does not end: want no VM once the launch's context ends, and the pool done")
+	}
+}
+
+// TestPooledVMUsable: a pooled VM whose hypervisor still runs is usable;
+// one that exited while it waited is not, and says so.
+func TestPooledVMUsable(t *testing.T) {
+	pv := pooledForTest(t, PoolOrder{})
+	if err := pv.usable(context.Background()); err != nil {
+		t.Fatalf("a running pooled VM: %v", err)
+	}
+	if err := pv.res.VM.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pv.res.VM.Wait(ctxWithin(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pv.usable(context.Background()); err == nil || !strings.Contains(err.Error(), "exited") {
+		t.Errorf("a pooled VM whose hypervisor was killed: %v, want it unusable", err)
 	}
 }
 

@@ -129,22 +129,28 @@ func collect() {
 // normalPolicy puts every thread of the process back under SCHED_OTHER
 // (the spare started under SCHED_IDLE); threads the runtime starts later
 // inherit it from these.
-func normalPolicy() error {
-	des, err := os.ReadDir("/proc/self/task")
+func normalPolicy() error { return SetPolicy(os.Getpid(), unix.SCHED_NORMAL) }
+
+// SetPolicy puts every thread of process pid under the scheduling policy
+// policy (a pooled VM's hypervisor waits under SCHED_IDLE); a thread
+// that ends meanwhile is skipped.
+func SetPolicy(pid int, policy uint32) error {
+	des, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
 	if err != nil {
-		return fmt.Errorf("list threads: %w", err)
+		return fmt.Errorf("list threads of %d: %w", pid, err)
 	}
-	attr := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}
+	attr := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}
+	var errs []error
 	for _, de := range des {
 		tid, err := strconv.Atoi(de.Name())
 		if err != nil {
 			continue
 		}
 		if err := unix.SchedSetAttr(tid, attr, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("scheduling policy of thread %d: %w", tid, err)
+			errs = append(errs, fmt.Errorf("scheduling policy of thread %d: %w", tid, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // watchContainerd connects to containerd's ttrpc socket; containerd sends

@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -168,23 +164,4 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 		return nil, nil, err
 	}
 	return sb, append(phases, rep.Phases...), nil
-}
-
-// schedPolicy moves every thread of process pid to policy.
-func schedPolicy(pid int, policy uint32) error {
-	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
-	if err != nil {
-		return fmt.Errorf("list the threads of %d: %w", pid, err)
-	}
-	var errs []error
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
-		if err := unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: policy}, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("thread %d: %w", tid, err))
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -202,7 +202,7 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func(
 	}
 	// Waiting and warming, the VM takes only CPU time nothing else wants;
 	// the claim gives it the normal policy back.
-	if err := schedPolicy(pv.res.VM.PID(), unix.SCHED_IDLE); err != nil {
+	if err := spare.SetPolicy(pv.res.VM.PID(), unix.SCHED_IDLE); err != nil {
 		log.G(ctx).WithError(err).Warn("the pooled VM's hypervisor keeps the normal scheduling policy")
 	}
 	pv.callTimeout = cfg.Agent.CallTimeout.D()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
 // warmID names the warm-up's processes in the guest.
@@ -127,7 +128,7 @@ func (pv *pooledVM) warmStep(ctx context.Context, step func(context.Context) err
 // claim ends the warm-up, waiting for its step under way, once the
 // hypervisor runs under the normal policy again (the step may need it).
 func (pv *pooledVM) claim(ctx context.Context) {
-	if err := schedPolicy(pv.res.VM.PID(), unix.SCHED_NORMAL); err != nil {
+	if err := spare.SetPolicy(pv.res.VM.PID(), unix.SCHED_NORMAL); err != nil {
 		log.G(ctx).WithError(err).Warn("the pooled VM's hypervisor keeps the idle scheduling policy")
 	}
 	pv.warming.Lock()

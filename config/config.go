@@ -117,8 +117,12 @@ type Shim struct {
 	// ahead and warm it at idle priority, for the next such task to
 	// claim: its create then skips the restore and most of what the
 	// guest translates anew after one. The VM waiting costs its memory
-	// (one per containerd at most) and is used by one task only.
+	// (one per spare) and is used by one task only.
 	PooledVM bool `toml:"pooled_vm"`
+	// Spares is how many spare task servers wait per containerd, for a
+	// burst of task starts to find one each (spare.MaxSpares at most); with
+	// PooledVM each holds a VM.
+	Spares int `toml:"spares"`
 	// CopyFiles and CopyBytes bound what one VM's guest holds of copies
 	// of the host's files (bind sources, Kubernetes volumes, each kept in
 	// step while it lives): entries (files, directories, links) and bytes
@@ -185,6 +189,7 @@ func Default() Config {
 			HookTimeout:    Duration(time.Minute),
 			PodVM:          PodVMPod,
 			WarmRunc:       true,
+			Spares:         1,
 			CopyFiles:      2048,
 			CopyBytes:      Size(32 << 20),
 		},

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
 // maxHookTimeout is the bound shim/hooks puts on a hook's own timeout.
@@ -66,6 +67,9 @@ func (c Config) Validate() error {
 	}
 	if c.Shim.PodVM != PodVMPod && c.Shim.PodVM != PodVMContainer {
 		return fmt.Errorf("shim.pod_vm = %q: want %q or %q", c.Shim.PodVM, PodVMPod, PodVMContainer)
+	}
+	if c.Shim.Spares < 1 || c.Shim.Spares > spare.MaxSpares {
+		return fmt.Errorf("shim.spares = %d: want 1 to %d", c.Shim.Spares, spare.MaxSpares)
 	}
 	if c.Shim.CopyFiles <= 0 || c.Shim.CopyBytes <= 0 {
 		return fmt.Errorf("shim.copy_files = %d, shim.copy_bytes = %d: want both positive", c.Shim.CopyFiles, c.Shim.CopyBytes)

@@ -60,8 +60,8 @@ func main() {
 	})
 }
 
-// refilling puts a spare in place for the next task once a task is
-// launched: then, not at the server's start, the spare's own start-up is
+// refilling tops up the spares for the next tasks once a task is
+// launched: then, not at the server's start, the spares' own start-up is
 // off this task's path. A VM this server restored ahead as a spare is for
 // its first launch only: whatever that launch was, it is closed if left.
 type refilling struct {
@@ -78,7 +78,7 @@ func (l refilling) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 			if sb.SpareEnv != nil {
 				env = sb.SpareEnv(context.WithoutCancel(ctx))
 			}
-			if err := launch.RefillSpare(r.Containerd, env...); err != nil {
+			if err := launch.RefillSpare(r.Containerd, max(sb.Spares, 1), env...); err != nil {
 				log.G(ctx).WithError(err).Warn("start a spare shim server")
 			}
 		}()

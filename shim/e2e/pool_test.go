@@ -138,6 +138,51 @@ func TestPooledVMSnapshotImage(t *testing.T) {
 	}
 }
 
+// TestPooledVMBurst: with shim.spares = 3, a task's server tops up three
+// spares, each with a pooled VM; three containers started at once claim
+// one each (each a hypervisor of its own, none restored).
+func TestPooledVMBurst(t *testing.T) {
+	c := stack(t, "[shim]\npooled_vm = true\nspares = 3")
+	if out, err := run(c, []string{"--rm"}, "first", "echo", "first"); err != nil || strings.TrimSpace(out) != "first" {
+		t.Fatalf("first container: %q, %v", out, err)
+	}
+	awaitPooledVMs(t, c, 3)
+	ids := []string{"burst0", "burst1", "burst2"}
+	errs := make(chan error, len(ids))
+	for _, id := range ids {
+		go func() {
+			_, err := run(c, []string{"-d"}, id, "sleep", "600")
+			errs <- err
+		}()
+	}
+	for range ids {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	vmms := map[int]string{}
+	for _, id := range ids {
+		phases := readReport(t, c, id).Phases
+		if !hasPhase(phases, vm.PhaseClaim) || hasPhase(phases, "spawn") {
+			t.Errorf("%s's phases %s: want a pooled VM claimed, no restore", id, phaseList(phases))
+		}
+		pid, _ := taskPID(t, c, id)
+		if other, ok := vmms[pid]; ok {
+			t.Errorf("%s and %s both run in hypervisor %d", id, other, pid)
+		}
+		vmms[pid] = id
+	}
+	for _, id := range ids {
+		if _, err := c.Ctr("task", "kill", "--signal", "SIGKILL", id); err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, c, id, "STOPPED")
+		if _, err := c.Ctr("task", "delete", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // checkClaimed checks task id, which claimed the pooled VM whose
 // hypervisor is qemu: its process reads the task's image, and the
 // hypervisor is in the task's cgroup, under the normal scheduling policy.
@@ -163,32 +208,53 @@ func checkClaimed(t *testing.T, c *ctrdtest.Containerd, id string, qemu int, wan
 // spare's pid.
 func awaitPooledVM(t *testing.T, c *ctrdtest.Containerd) (string, int) {
 	t.Helper()
-	var dir string
-	var spare, qemu int
-	testenv.Eventually(t, 2*time.Minute, "a pooled VM up and idle", func() error {
-		dirs, _ := filepath.Glob(filepath.Join(c.RunDir, ctrdtest.Namespace, "pool-*"))
-		if len(dirs) != 1 {
-			return fmt.Errorf("pooled VM run dirs %v", dirs)
+	dirs, spares := awaitPooledVMs(t, c, 1)
+	return dirs[0], spares[0]
+}
+
+// awaitPooledVMs waits for n spares' pooled VMs to be up and warm, and
+// returns their run dirs and the spares' pids.
+func awaitPooledVMs(t *testing.T, c *ctrdtest.Containerd, n int) ([]string, []int) {
+	t.Helper()
+	var dirs []string
+	var spares []int
+	testenv.Eventually(t, 2*time.Minute, fmt.Sprintf("%d pooled VMs up and idle", n), func() error {
+		dirs, _ = filepath.Glob(filepath.Join(c.RunDir, ctrdtest.Namespace, "pool-*"))
+		if len(dirs) != n {
+			return fmt.Errorf("pooled VM run dirs %v, want %d", dirs, n)
 		}
-		dir = dirs[0]
-		var err error
-		if spare, err = strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), "pool-")); err != nil {
-			return err
-		}
-		if qemu = processUsing(dir, "qemu"); qemu == 0 {
-			return fmt.Errorf("no hypervisor in %s", dir)
-		}
-		if policy := statField(qemu, 41); policy != "5" {
-			return fmt.Errorf("pooled hypervisor %d's scheduling policy %s, want 5 (SCHED_IDLE)", qemu, policy)
-		}
-		before := cpuTime(qemu)
-		time.Sleep(500 * time.Millisecond)
-		if after := cpuTime(qemu); after-before > 5 {
-			return fmt.Errorf("hypervisor %d busy (%d ticks in 500 ms)", qemu, after-before)
+		spares = spares[:0]
+		for _, dir := range dirs {
+			spare, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), "pool-"))
+			if err != nil {
+				return err
+			}
+			if err := pooledIdle(dir); err != nil {
+				return err
+			}
+			spares = append(spares, spare)
 		}
 		return nil
 	})
-	return dir, spare
+	return dirs, spares
+}
+
+// pooledIdle says why the pooled VM in run dir dir is not waiting warm:
+// its hypervisor is not under SCHED_IDLE, or busy.
+func pooledIdle(dir string) error {
+	qemu := processUsing(dir, "qemu")
+	if qemu == 0 {
+		return fmt.Errorf("no hypervisor in %s", dir)
+	}
+	if policy := statField(qemu, 41); policy != "5" {
+		return fmt.Errorf("pooled hypervisor %d's scheduling policy %s, want 5 (SCHED_IDLE)", qemu, policy)
+	}
+	before := cpuTime(qemu)
+	time.Sleep(500 * time.Millisecond)
+	if after := cpuTime(qemu); after-before > 5 {
+		return fmt.Errorf("hypervisor %d busy (%d ticks in 500 ms)", qemu, after-before)
+	}
+	return nil
 }
 
 // processUsing is the pid of a process whose executable's name holds name

@@ -1,5 +1,5 @@
 // Package launch is the shim's `start`: it puts a task in its group's shim
-// socket and starts the long-running task server behind it — the waiting
+// socket and starts the long-running task server behind it — a waiting
 // spare when there is one (package spare), else a new process — and
 // returns the socket's address for containerd. Task servers refill the
 // spare (RefillSpare).
@@ -105,15 +105,12 @@ func startServer(r Request, sock *os.File) (int, error) {
 	}
 	args := serverArgs(r)
 	env := serverEnviron()
-	if slot, ok := spare.Take(r.SocketDir, r.Containerd, r.Server); ok {
-		pid, err := slot.Claim(spare.Request{Args: args, Env: env, Dir: dir, Exe: r.Server}, sock)
-		slot.Release()
-		if err != nil {
-			warn(r.ID, "spare shim server failed; starting a new one", err)
-		}
-		if pid != 0 {
-			return pid, nil
-		}
+	pid, err := spare.Claim(r.SocketDir, r.Containerd, r.Server, spare.Request{Args: args, Env: env, Dir: dir, Exe: r.Server}, sock)
+	if err != nil {
+		warn(r.ID, "a spare shim server failed", err)
+	}
+	if pid != 0 {
+		return pid, nil
 	}
 	return spawn(r.Server, args, env, dir, sock)
 }
@@ -174,12 +171,12 @@ func adjustOOMScore(pid int) error {
 	return nil
 }
 
-// RefillSpare puts a spare in place for the next task of the containerd at
-// containerdAddress (package spare), from a task server whose task is
-// under way: the server's binary, environment with set's "KEY=VALUE"
-// entries in place of its own, and socket dir (the bundle's link, which
-// `start` made, in the working dir).
-func RefillSpare(containerdAddress string, set ...string) error {
+// RefillSpare puts spares in place for the next tasks of the containerd
+// at containerdAddress (package spare: count of them), from a task server
+// whose task is under way: the server's binary, environment with set's
+// "KEY=VALUE" entries in place of its own, and socket dir (the bundle's
+// link, which `start` made, in the working dir).
+func RefillSpare(containerdAddress string, count int, set ...string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find shim binary: %w", err)
@@ -188,7 +185,7 @@ func RefillSpare(containerdAddress string, set ...string) error {
 	if err != nil {
 		socketDir = DefaultSocketDir
 	}
-	return spare.Refill(socketDir, containerdAddress, self, withEnv(os.Environ(), set))
+	return spare.Refill(socketDir, containerdAddress, self, count, withEnv(os.Environ(), set))
 }
 
 // withEnv is env with set's entries in place of those of their keys.

@@ -212,10 +212,10 @@ func TestStartClaimsSpare(t *testing.T) {
 	e := newEnv(t)
 	addr1, bundle1 := e.start(t, "t1", nil)
 	cold, _ := serverOf(t, bundle1)
-	if err := spare.Refill(e.socketDir, e.containerd, os.Args[0], os.Environ()); err != nil {
+	if err := spare.Refill(e.socketDir, e.containerd, os.Args[0], 1, os.Environ()); err != nil {
 		t.Fatal(err)
 	}
-	path := spare.Path(e.socketDir, e.containerd, os.Args[0])
+	path := spare.Path(e.socketDir, e.containerd, os.Args[0], 0)
 	// A spare starts under SCHED_IDLE, slowly on a busy machine.
 	testenv.Eventually(t, time.Minute, "a spare at "+path, func() error {
 		_, err := os.Stat(path)

@@ -23,39 +23,43 @@ const replyTimeout = 2 * time.Second
 // goAhead tells a spare that answered to go on as the task's server.
 var goAhead = []byte{'g'}
 
-// Slot is a launcher's or server's hold on the spare of one containerd and
-// server binary, while it claims or refills it.
-type Slot struct {
-	path   string
-	server string
-	unlock func()
-}
+// MaxSpares bounds the spares of one containerd and server binary: a
+// launcher looks for one in this many slots.
+const MaxSpares = 16
 
-// Take locks the spare's socket dir. It returns false when another
-// launcher or server holds it (a burst of starts): a launcher then starts
-// its task's server itself.
-func Take(socketDir, containerdAddress, server string) (*Slot, bool) {
-	unlock, err := lockDir(socketDir, false)
-	if err != nil {
-		return nil, false
+// Claim hands req and the task's listening socket to a waiting spare of
+// the containerd at containerdAddress running server, and returns its pid
+// once it goes on as the task's server. A launcher starts at a slot of
+// its own (its pid's), so the launchers of a burst spread over the
+// spares; one that finds a spare gone to another launcher tries the next.
+// It returns 0 when no spare took the task, with the errors of those that
+// failed or declined; either way the caller starts the server itself.
+func Claim(socketDir, containerdAddress, server string, req Request, taskSocket *os.File) (int, error) {
+	var errs []error
+	first := os.Getpid() % MaxSpares
+	for i := range MaxSpares {
+		path := Path(socketDir, containerdAddress, server, (first+i)%MaxSpares)
+		pid, err := claimAt(path, req, taskSocket)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if pid != 0 {
+			return pid, errors.Join(errs...)
+		}
 	}
-	return &Slot{path: Path(socketDir, containerdAddress, server), server: server, unlock: unlock}, true
+	return 0, errors.Join(errs...)
 }
 
-// Release lets other launchers at the slot.
-func (s *Slot) Release() { s.unlock() }
-
-// Claim hands req and the task's listening socket to the waiting spare and
-// returns its pid once it goes on as the task's server. It returns 0 and no
-// error when no spare waits, and 0 with an error when the spare failed or
-// declined; either way the caller starts the server itself.
-func (s *Slot) Claim(req Request, taskSocket *os.File) (int, error) {
+// claimAt hands the task to the spare at path. It returns 0 and no error
+// when no spare waits there, or when the one there went to another
+// launcher first (it closed its socket before answering).
+func claimAt(path string, req Request, taskSocket *os.File) (int, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("spare socket: %w", err)
 	}
 	defer unix.Close(fd)
-	if err := ignoreEINTR(func() error { return unix.Connect(fd, &unix.SockaddrUnix{Name: s.path}) }); err != nil {
+	if err := ignoreEINTR(func() error { return unix.Connect(fd, &unix.SockaddrUnix{Name: path}) }); err != nil {
 		return 0, nil
 	}
 	data, err := encode(req)
@@ -63,7 +67,7 @@ func (s *Slot) Claim(req Request, taskSocket *os.File) (int, error) {
 		return 0, err
 	}
 	if err := unix.Sendmsg(fd, data, unix.UnixRights(int(taskSocket.Fd())), nil, 0); err != nil {
-		return 0, fmt.Errorf("hand task to spare: %w", err)
+		return 0, nil // gone meanwhile
 	}
 	tv := unix.NsecToTimeval(replyTimeout.Nanoseconds())
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
@@ -72,7 +76,10 @@ func (s *Slot) Claim(req Request, taskSocket *os.File) (int, error) {
 	buf := make([]byte, 512)
 	var n int
 	err = ignoreEINTR(func() (err error) { n, err = unix.Read(fd, buf); return err })
-	if err != nil || n <= 0 {
+	if n == 0 || errors.Is(err, unix.ECONNRESET) {
+		return 0, nil
+	}
+	if err != nil {
 		return 0, fmt.Errorf("spare reply: %w", errors.Join(err, errDeclined))
 	}
 	var r reply
@@ -88,28 +95,38 @@ func (s *Slot) Claim(req Request, taskSocket *os.File) (int, error) {
 	return r.PID, nil
 }
 
-// Refill puts a spare of the server binary, with env, in the slot of the
-// containerd at containerdAddress, unless one waits there or is starting.
-// A task server calls it once its task is under way, so the spare's
-// start-up stays off that task's path; where a launcher holds the slot, it
-// leaves it to the next server. A spare listens at the slot's pending path
-// until its start-up is done and then moves to the slot's path, so a
-// launcher never waits for a spare still starting.
-func Refill(socketDir, containerdAddress, server string, env []string) error {
+// Refill puts spares of the server binary, with env, in the first count
+// slots (MaxSpares at most) of the containerd at containerdAddress that
+// have none waiting or starting. A task server calls it once its task is
+// under way, so the spares' start-up stays off that task's path. A spare
+// listens at its slot's pending path until its start-up is done and then
+// moves to the slot's path, so a launcher never waits for a spare still
+// starting.
+func Refill(socketDir, containerdAddress, server string, count int, env []string) error {
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, ttrpcAddressEnv+"=") }) {
 		// A spare could not tell when containerd stops.
 		return nil
 	}
-	s, ok := Take(socketDir, containerdAddress, server)
-	if !ok {
+	unlock, err := lockDir(socketDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var errs []error
+	for slot := range min(count, MaxSpares) {
+		errs = append(errs, refillSlot(Path(socketDir, containerdAddress, server, slot), server, env))
+	}
+	return errors.Join(errs...)
+}
+
+// refillSlot starts a spare at path unless one waits there or is starting;
+// the caller holds the socket dir's lock.
+func refillSlot(path, server string, env []string) error {
+	pending := path + pendingSuffix
+	if accepts(path) || accepts(pending) {
 		return nil
 	}
-	defer s.Release()
-	pending := s.path + pendingSuffix
-	if accepts(s.path) || accepts(pending) {
-		return nil
-	}
-	for _, p := range []string{s.path, pending} {
+	for _, p := range []string{path, pending} {
 		if err := removeIfExists(p); err != nil {
 			return fmt.Errorf("remove stale spare socket: %w", err)
 		}
@@ -125,7 +142,7 @@ func Refill(socketDir, containerdAddress, server string, env []string) error {
 	}
 	defer null.Close()
 	// The spare's fd 3 holds a place for the task socket it gets later.
-	err = startIdle(s.server, []string{s.server, Flag, s.path}, &os.ProcAttr{
+	err = startIdle(server, []string{server, Flag, path}, &os.ProcAttr{
 		Dir:   "/",
 		Env:   env,
 		Files: []*os.File{null, null, null, null, l},

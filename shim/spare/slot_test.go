@@ -37,12 +37,7 @@ func taskSocket(t *testing.T, dir string) (string, *os.File) {
 
 func claim(t *testing.T, dir, containerd string, req Request, sock *os.File) (int, error) {
 	t.Helper()
-	s, ok := Take(dir, containerd, os.Args[0])
-	if !ok {
-		t.Fatal("slot taken")
-	}
-	defer s.Release()
-	return s.Claim(req, sock)
+	return Claim(dir, containerd, os.Args[0], req, sock)
 }
 
 // TestClaim hands a task to a spare: it goes on with the launcher's
@@ -77,6 +72,49 @@ func TestClaim(t *testing.T) {
 	c.Close()
 	if pid, err := claim(t, dir, ctrd.Addr, Request{Args: args, Env: env, Dir: bundle, Exe: os.Args[0]}, sock); pid != 0 || err != nil {
 		t.Fatalf("second Claim = %d, %v; want no spare", pid, err)
+	}
+}
+
+// TestBurstClaimsSpares: the launchers of a burst take one spare each,
+// whichever slot they try first (here all the same: one process), and
+// the one left without finds none and no error.
+func TestBurstClaimsSpares(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	paths, spares := refillSlots(t, dir, ctrd.Addr, 3)
+	if _, err := os.Stat(Path(dir, ctrd.Addr, os.Args[0], 3)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a spare beyond the count's 3 slots (stat: %v)", err)
+	}
+	type result struct {
+		pid    int
+		err    error
+		bundle string
+	}
+	results := make(chan result, len(spares)+1)
+	for i := range len(spares) + 1 {
+		bundle := t.TempDir()
+		_, sock := taskSocket(t, t.TempDir())
+		args := []string{os.Args[0], "-id", "t" + strconv.Itoa(i)}
+		go func() {
+			pid, err := Claim(dir, ctrd.Addr, os.Args[0], Request{Args: args, Dir: bundle, Exe: os.Args[0]}, sock)
+			results <- result{pid, err, bundle}
+		}()
+	}
+	var got []int
+	for range len(spares) + 1 {
+		r := <-results
+		if r.err != nil {
+			t.Errorf("Claim: %v", r.err)
+		}
+		if r.pid != 0 {
+			got = append(got, r.pid)
+			awaitServing(t, r.bundle)
+		}
+	}
+	slices.Sort(got)
+	want := slices.Sorted(slices.Values(spares))
+	if !slices.Equal(got, want) {
+		t.Fatalf("the burst's claims went to %v, want each of the spares %v (at %v) once", got, want, paths)
 	}
 }
 
@@ -138,7 +176,7 @@ func TestRefillKeepsOneSpare(t *testing.T) {
 	ctrd := newFakeContainerd(t, dir)
 	path, _ := refill(t, dir, ctrd.Addr)
 	for range 3 {
-		if err := Refill(dir, ctrd.Addr, os.Args[0], os.Environ()); err != nil {
+		if err := Refill(dir, ctrd.Addr, os.Args[0], 1, os.Environ()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -178,7 +216,7 @@ func TestSpareEnds(t *testing.T) {
 func TestRefillNeedsContainerd(t *testing.T) {
 	dir := socketDir(t)
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, ttrpcAddressEnv+"=") })
-	if err := Refill(dir, "/run/c.sock", os.Args[0], env); err != nil {
+	if err := Refill(dir, "/run/c.sock", os.Args[0], 1, env); err != nil {
 		t.Fatal(err)
 	}
 	if des, _ := os.ReadDir(dir); len(des) > 0 {

@@ -1,11 +1,12 @@
-// Package spare keeps one task server started ahead of need, per containerd
-// and server binary. Starting the full server binary costs ~4 ms of Go
-// start-up here (page faults of a 30 MB binary, package init), on the path
-// of every task start; a spare has paid it already. The launcher that
-// starts a task hands the spare what a freshly spawned server would get —
-// its arguments, environment, bundle dir and listening task socket — and
-// the spare goes on as that server. The launcher then puts a new spare in
-// its place, off the next task's path.
+// Package spare keeps task servers started ahead of need, per containerd
+// and server binary: one by default, as many as a burst of starts should
+// find (Refill's count, shim.spares). Starting the full server binary
+// costs ~4 ms of Go start-up here (page faults of a 30 MB binary, package
+// init), on the path of every task start; a spare has paid it already. The
+// launcher that starts a task hands a spare what a freshly spawned server
+// would get — its arguments, environment, bundle dir and listening task
+// socket — and the spare goes on as that server. The server then puts new
+// spares in place, off the next task's path.
 //
 // A spare starts under SCHED_IDLE, off the CPUs the task just started needs,
 // and waits on a SOCK_SEQPACKET unix socket in containerd's shim socket dir. It exits when containerd's ttrpc socket closes (containerd stopped),
@@ -23,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -77,26 +79,26 @@ func IsWaiting(args []string, cwd string) bool {
 	return len(args) == 3 && args[1] == Flag && cwd == "/"
 }
 
-// Path is the socket of the spare for the containerd at containerdAddress
-// running server, in socketDir.
-func Path(socketDir, containerdAddress, server string) string {
+// Path is the socket of the spare in slot for the containerd at
+// containerdAddress running server, in socketDir.
+func Path(socketDir, containerdAddress, server string, slot int) string {
 	d := sha256.Sum256([]byte("cocoon-spare\x00" + containerdAddress + "\x00" + server))
-	return filepath.Join(socketDir, SocketPrefix+hex.EncodeToString(d[:12]))
+	name := SocketPrefix + hex.EncodeToString(d[:12])
+	if slot > 0 {
+		name += "-" + strconv.Itoa(slot)
+	}
+	return filepath.Join(socketDir, name)
 }
 
-// lockDir takes an exclusive flock on dir, serializing the launchers' and
-// spares' changes to the spare socket there. With block false it fails at
-// once when another holder has it.
-func lockDir(dir string, block bool) (unlock func(), err error) {
+// lockDir takes an exclusive flock on dir, serializing the changes to
+// the spare sockets there (a refill's, a spare's publishing or removing
+// its own); launchers claim spares without it.
+func lockDir(dir string) (unlock func(), err error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
-	how := unix.LOCK_EX
-	if !block {
-		how |= unix.LOCK_NB
-	}
-	if err := unix.Flock(fd, how); err != nil {
+	if err := ignoreEINTR(func() error { return unix.Flock(fd, unix.LOCK_EX) }); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}

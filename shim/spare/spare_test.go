@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,7 +50,7 @@ func socketDir(t *testing.T) string {
 	return dir
 }
 
-// processesNaming lists the pids whose command line names s.
+// processesNaming lists the pids with s as an argument.
 func processesNaming(s string) []int {
 	des, _ := os.ReadDir("/proc")
 	var pids []int
@@ -61,7 +62,7 @@ func processesNaming(s string) []int {
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", de.Name(), "cmdline"))
 		stat, _ := os.ReadFile(filepath.Join("/proc", de.Name(), "stat"))
 		zombie := strings.Contains(string(stat), ") Z ")
-		if strings.Contains(string(cmdline), s) && !zombie {
+		if slices.Contains(strings.Split(string(cmdline), "\x00"), s) && !zombie {
 			pids = append(pids, pid)
 		}
 	}
@@ -72,24 +73,36 @@ func processesNaming(s string) []int {
 // ready at path; it returns its pid, killed at cleanup.
 func refill(t *testing.T, dir, containerd string) (path string, pid int) {
 	t.Helper()
-	if err := Refill(dir, containerd, os.Args[0], os.Environ()); err != nil {
+	paths, pids := refillSlots(t, dir, containerd, 1)
+	return paths[0], pids[0]
+}
+
+// refillSlots puts spares of the test binary in count slots and waits
+// until each is ready; it returns their sockets and pids, killed at
+// cleanup.
+func refillSlots(t *testing.T, dir, containerd string, count int) (paths []string, pids []int) {
+	t.Helper()
+	if err := Refill(dir, containerd, os.Args[0], count, os.Environ()); err != nil {
 		t.Fatal(err)
 	}
-	path = Path(dir, containerd, os.Args[0])
-	// A spare starts under SCHED_IDLE: on a machine busy with other tests it
-	// gets little CPU until it is up.
-	testenv.Eventually(t, time.Minute, "the spare at "+path, func() error {
-		if !accepts(path) {
-			return errors.New("not ready")
+	for slot := range count {
+		path := Path(dir, containerd, os.Args[0], slot)
+		// A spare starts under SCHED_IDLE: on a machine busy with other
+		// tests it gets little CPU until it is up.
+		testenv.Eventually(t, time.Minute, "the spare at "+path, func() error {
+			if !accepts(path) {
+				return errors.New("not ready")
+			}
+			return nil
+		})
+		found := processesNaming(path)
+		if len(found) != 1 {
+			t.Fatalf("%d spares at %s, want 1", len(found), path)
 		}
-		return nil
-	})
-	pids := processesNaming(path)
-	if len(pids) != 1 {
-		t.Fatalf("%d spares at %s, want 1", len(pids), path)
+		shimtest.KillAtCleanup(t, found[0])
+		paths, pids = append(paths, path), append(pids, found[0])
 	}
-	shimtest.KillAtCleanup(t, pids[0])
-	return path, pids[0]
+	return paths, pids
 }
 
 func awaitGone(t *testing.T, path string) {

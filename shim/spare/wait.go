@@ -99,7 +99,7 @@ func ready(path string, sock *unix.Stat_t) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	unlock, err := lockDir(filepath.Dir(path), true)
+	unlock, err := lockDir(filepath.Dir(path))
 	if err == nil {
 		defer unlock()
 		if !sameFile(path+pendingSuffix, sock) {
@@ -345,10 +345,10 @@ func send(c int, r reply) error {
 }
 
 // remove deletes the spare's socket, at the slot's path or still at the
-// pending one, if it is still this spare's (sock), under the dir lock the
-// launchers take to replace it.
+// pending one, if it is still this spare's (sock), under the dir lock a
+// refill takes to replace it.
 func remove(path string, sock *unix.Stat_t) error {
-	unlock, err := lockDir(filepath.Dir(path), true)
+	unlock, err := lockDir(filepath.Dir(path))
 	if err != nil {
 		return err
 	}

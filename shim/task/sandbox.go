@@ -102,11 +102,14 @@ type Sandbox struct {
 	// pod's VM: VM and Guest are that container's, and its cgroup is
 	// the guest's, not the host's.
 	Container Container
-	// SpareEnv, when set, is what the spare started after this launch
-	// gets in its environment ("KEY=VALUE", replacing the server's): the
+	// SpareEnv, when set, is what the spares started after this launch
+	// get in their environment ("KEY=VALUE", replacing the server's): the
 	// order of a VM to restore ahead for the next task, or its clearing.
 	// It is asked off the task's path (it may ask containerd).
 	SpareEnv func(context.Context) []string
+	// Spares is how many spares should wait for the next tasks
+	// (shim.spares); one when unset.
+	Spares int
 }
 
 // Host is a running VM that containers of its pod join.

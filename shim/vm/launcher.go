@@ -120,6 +120,7 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	}
 	sb.Phases = append(clock.phases, restored...)
 	sb.SpareEnv = func(ctx context.Context) []string { return []string{l.spareOrder(ctx, cfg, r, &p)} }
+	sb.Spares = cfg.Shim.Spares
 	return sb, nil
 }
 

@@ -161,9 +161,9 @@ func (p *Pool) fill(ctx context.Context, o PoolOrder, l *Launcher) {
 }
 
 // restoreAhead stages o's chain under a lease of its own, restores it
-// with its rootfs slot empty and a NIC in a namespace of its own (telling
-// restoring as it begins), and connects the agent without giving the
-// guest a task.
+// (one fill at a time: lockFills) with its rootfs slot empty and a NIC in
+// a namespace of its own (telling restoring as it begins), and connects
+// the agent without giving the guest a task.
 func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func()) (*pooledVM, error) {
 	cfg, err := config.LoadTask(o.ConfigPath, o.ConfigBody)
 	if err != nil {
@@ -173,27 +173,25 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func(
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
-	defer cancel()
 	parent := filepath.Join(cfg.Shim.RunDir, o.Namespace)
+	if err := os.MkdirAll(parent, 0o711); err != nil {
+		return nil, fmt.Errorf("create run dir parent: %w", err)
+	}
 	sweepPools(ctx, parent)
-	client, err := l.clients.Get(o.Containerd)
+	pv, err := stageAhead(ctx, o, l, cfg, d, parent)
 	if err != nil {
 		return nil, err
 	}
-	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name()}
-	pv.runDir = filepath.Join(parent, pv.id)
-	expiring := leases.WithExpiration(poolLease)
-	if o.Image != "" {
-		pv.base, err = baseimage.Stage(ctx, client, o.Namespace, cfg.Restore.BaseSnapshotter, o.Image, pv.id, expiring)
-	} else {
-		pv.base, err = baseimage.StageParent(ctx, client, o.Namespace, o.Snapshotter, o.Parent, pv.id, expiring)
-	}
+	unlock, err := lockFills(ctx, parent)
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, pv.base.Release())
 	}
 	restoring()
-	if err := pv.restore(ctx, cfg, d); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
+	defer cancel()
+	err = pv.restore(ctx, cfg, d)
+	unlock()
+	if err != nil {
 		return nil, errors.Join(err, pv.net.Release(), pv.base.Release())
 	}
 	if _, ok := pv.res.VM.(hypervisor.RootfsAttacher); !ok && o.Image != "" {
@@ -217,6 +215,29 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func(
 	return pv, nil
 }
 
+// stageAhead stages o's chain for a pooled VM run in parent, under a
+// lease that expires should the spare die holding it.
+func stageAhead(ctx context.Context, o PoolOrder, l *Launcher, cfg config.Config, d hypervisor.Driver, parent string) (*pooledVM, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
+	defer cancel()
+	client, err := l.clients.Get(o.Containerd)
+	if err != nil {
+		return nil, err
+	}
+	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name()}
+	pv.runDir = filepath.Join(parent, pv.id)
+	expiring := leases.WithExpiration(poolLease)
+	if o.Image != "" {
+		pv.base, err = baseimage.Stage(ctx, client, o.Namespace, cfg.Restore.BaseSnapshotter, o.Image, pv.id, expiring)
+	} else {
+		pv.base, err = baseimage.StageParent(ctx, client, o.Namespace, o.Snapshotter, o.Parent, pv.id, expiring)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return pv, nil
+}
+
 // restore restores pv's chain, deferred, its NIC on a tap in a new
 // namespace (a task whose spec asks for a new one takes both).
 func (pv *pooledVM) restore(ctx context.Context, cfg config.Config, d hypervisor.Driver) error {
@@ -228,9 +249,6 @@ func (pv *pooledVM) restore(ctx context.Context, cfg config.Config, d hypervisor
 	newNS := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace}}}}
 	if pv.net, err = openNetwork(newNS, pv.id); err != nil {
 		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(pv.runDir), 0o711); err != nil {
-		return fmt.Errorf("create run dir parent: %w", err)
 	}
 	netns, nic := pv.net.attach()
 	pv.res, err = restore.Run(ctx, d, restore.Request{
@@ -276,6 +294,38 @@ func (p *Pool) take(ctx context.Context, o poolKey, mode hypervisor.Mode, driver
 		return nil
 	}
 	return pv
+}
+
+// fillPoll is how often a fill waiting for another's restore to end
+// tries again.
+const fillPoll = 20 * time.Millisecond
+
+// lockFills waits, until ctx ends, for the fills of dir's pooled VMs to
+// restore one at a time (a flock on dir), and returns the unlock: spares
+// refilled after a burst restore in turn, not all at once against the
+// next burst's tasks, which cancel the fills not restoring yet (Pool.take)
+// and restore their own. The warm-ups, at idle priority, overlap.
+func lockFills(ctx context.Context, dir string) (func(), error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Close(fd) }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			unix.Close(fd)
+			return nil, fmt.Errorf("lock %s: %w", dir, err)
+		}
+		select {
+		case <-ctx.Done():
+			unix.Close(fd)
+			return nil, ctx.Err()
+		case <-time.After(fillPoll):
+		}
+	}
 }
 
 func (p *Pool) isRestoring() bool {

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -184,4 +185,37 @@ func ctxWithin(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TestLockFills: one fill restores at a time; the next waits for its
+// unlock, or gives up when its context ends (a launch cancelled it).
+func TestLockFills(t *testing.T) {
+	dir := t.TempDir()
+	unlock, err := lockFills(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*fillPoll)
+	defer cancel()
+	if _, err := lockFills(ctx, dir); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second fill while the first restores: %v, want it to wait until its context ends", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		unlock2, err := lockFills(t.Context(), dir)
+		if err == nil {
+			unlock2()
+		}
+		got <- err
+	}()
+	time.Sleep(3 * fillPoll)
+	unlock()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting fill did not get the lock once the first let go")
+	}
 }

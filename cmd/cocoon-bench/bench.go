@@ -24,6 +24,7 @@ func benchFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 	paths := fs.String("paths", strings.Join(bench.Paths, ","), "comma-separated `paths`: direct (restore.Run, no containerd), shim (containerd + the cocoon shim), runc (containerd + runc, a busybox image), cold (a cold boot of the guest)")
 	network := fs.String("network", "1,8", "comma-separated `counts` at which shim mmap also runs with a network namespace per container; empty: off")
 	ordinary := fs.String("ordinary", "1,8", "comma-separated `counts` at which shim mmap also runs an ordinary busybox image; empty: off")
+	pooled := fs.String("pooled", "1,8,16", "comma-separated `counts` at which shim mmap also starts in pooled VMs (shim.pooled_vm, 16 spares), runc beside it, a set of its own; empty: off")
 	convert := fs.String("convert", "0,16M,64M,256M", "comma-separated `sizes` of random data added to a busybox image whose first use (erofs build) is measured; empty: off")
 	baselineNs := fs.String("baseline-n", "1,8", "comma-separated `counts` at which the baseline's shim path runs")
 	fs.StringVar(&o.Baseline, "baseline", "", "`dir`ectory of another build's tree (make build guest there) whose shim path also runs, side by side, in every mode; empty: off")
@@ -42,6 +43,9 @@ func benchFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 			return err
 		}
 		if o.OrdinaryNs, err = parseCounts("ordinary", *ordinary, true); err != nil {
+			return err
+		}
+		if o.PooledNs, err = parseCounts("pooled", *pooled, true); err != nil {
 			return err
 		}
 		if o.Baseline != "" {

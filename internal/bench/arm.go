@@ -60,6 +60,9 @@ type armAt struct {
 	id  armID
 	arm arm
 	ns  []int
+	// own: the arm runs in a set of its own (measurePooled), not among
+	// the others.
+	own bool
 }
 
 func (a armAt) runsAt(n int) bool { return a.ns == nil || slices.Contains(a.ns, n) }

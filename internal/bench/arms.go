@@ -31,7 +31,8 @@ type stager struct {
 }
 
 // openArms sets up the arms o asks for, in the order they take turns: per
-// mode direct then shim, then runc, the cold boot, and the shim variants.
+// mode direct then shim, then runc, the cold boot, and the shim variants;
+// then the pooled set, which takes turns on its own.
 // On error the set holds what was set up, for close.
 func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.SnapshotImage, tmp string, guestKiB int64) (*armSet, error) {
 	set := &armSet{}
@@ -43,7 +44,7 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 		}
 		set.stagers = append(set.stagers, stager{name: PathDirect, stage: set.direct.stage})
 	}
-	if has(PathShim) || has(PathRunc) || len(o.NetworkNs)+len(o.OrdinaryNs)+len(o.ConvertPads)+o.WholeRounds > 0 {
+	if has(PathShim) || has(PathRunc) || len(o.NetworkNs)+len(o.OrdinaryNs)+len(o.ConvertPads)+len(o.PooledNs)+o.WholeRounds > 0 {
 		if err := set.openShim(ctx, o, img, guestKiB); err != nil {
 			return set, err
 		}
@@ -79,6 +80,11 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 	if len(o.OrdinaryNs) > 0 {
 		set.add(armID{Path: PathShim, Mode: mmap, Variant: VariantOrdinary}, shimArm{s: set.shim, mode: hypervisor.ModeMmap, image: set.shim.busybox}, o.OrdinaryNs)
 	}
+	if len(o.PooledNs) > 0 {
+		if err := set.addPooledArms(tmp, o.PooledNs); err != nil {
+			return set, err
+		}
+	}
 	fmt.Fprintf(out, "%d arms: %v\n", len(set.arms), set.labels())
 	return set, nil
 }
@@ -87,7 +93,7 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 // runc or ordinary arms run it.
 func (set *armSet) openShim(ctx context.Context, o Options, img stackrun.SnapshotImage, guestKiB int64) error {
 	var snapshotters []string
-	if slices.Contains(o.Paths, PathRunc) || o.WholeRounds > 0 {
+	if slices.Contains(o.Paths, PathRunc) || len(o.PooledNs) > 0 || o.WholeRounds > 0 {
 		if err := checkRunc(o.BinDir); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/chain"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
 // Paths are the ways to start a container Options.Paths chooses from.
@@ -54,12 +56,15 @@ type Options struct {
 	// PullRounds is how many times each arm of the empty node (pull, then
 	// the first run) runs; 0 turns it off.
 	PullRounds int
-	Guest      string
-	Cache      string // the snapshot image cache
-	Memory     string // the snapshot's guest memory, e.g. 512M
-	BinDir     string // make build's binaries
-	Out        string // results dir
-	Readme     string // also write the table and chart here, if set
+	// PooledNs are the counts at which shim mmap also starts in pooled
+	// VMs (measurePooled), runc beside it; none turns that set off.
+	PooledNs []int
+	Guest    string
+	Cache    string // the snapshot image cache
+	Memory   string // the snapshot's guest memory, e.g. 512M
+	BinDir   string // make build's binaries
+	Out      string // results dir
+	Readme   string // also write the table and chart here, if set
 }
 
 func (o Options) validate() error {
@@ -71,10 +76,13 @@ func (o Options) validate() error {
 			return fmt.Errorf("path %q: want one of %v", p, Paths)
 		}
 	}
-	for _, n := range slices.Concat(o.NetworkNs, o.OrdinaryNs, o.BaselineNs) {
+	for _, n := range slices.Concat(o.NetworkNs, o.OrdinaryNs, o.BaselineNs, o.PooledNs) {
 		if !slices.Contains(o.Ns, n) {
-			return fmt.Errorf("network, ordinary or baseline arm at n=%d: not among the counts %v", n, o.Ns)
+			return fmt.Errorf("network, ordinary, pooled or baseline arm at n=%d: not among the counts %v", n, o.Ns)
 		}
+	}
+	if len(o.PooledNs) > 0 && pooledSpares(o.PooledNs) > spare.MaxSpares {
+		return fmt.Errorf("pooled arm at n=%d: a burst in pooled VMs has at most %d (shim.spares)", pooledSpares(o.PooledNs), spare.MaxSpares)
 	}
 	if o.Baseline == "" {
 		return nil
@@ -145,8 +153,16 @@ func run(ctx context.Context, out io.Writer, o Options) (res *results, err error
 	if err != nil {
 		return nil, err
 	}
+	pooled, costs, err := measurePooled(ctx, out, set.shim, set.arms, o.PooledNs, o.Rounds)
+	if err != nil {
+		return nil, err
+	}
+	maps.Copy(runs, pooled)
 	res.Load.End = loadAvg()
 	res.fill(o.Ns, set.arms, runs)
+	if len(o.PooledNs) > 0 {
+		res.PooledSpares, res.PoolCosts = pooledSpares(o.PooledNs), costs
+	}
 	if err := writeResults(res, o.Out, o.Readme); err != nil {
 		return nil, err
 	}
@@ -167,7 +183,7 @@ func runCells(ctx context.Context, out io.Writer, o Options, arms []armAt) (map[
 		}
 		for _, n := range o.Ns {
 			for _, a := range order {
-				if !a.runsAt(n) {
+				if a.own || !a.runsAt(n) {
 					continue
 				}
 				run, err := runCell(ctx, a, n, round)

@@ -35,14 +35,15 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	res, err := run(t.Context(), io.Discard, Options{
 		Ns: []int{2}, Modes: []hypervisor.Mode{hypervisor.ModeMmap}, Paths: Paths,
-		NetworkNs: []int{2}, OrdinaryNs: []int{2}, ConvertPads: []int64{1 << 20}, Rounds: 1, WholeRounds: 1, PullRounds: 1,
+		NetworkNs: []int{2}, OrdinaryNs: []int{2}, PooledNs: []int{2}, ConvertPads: []int64{1 << 20}, Rounds: 1, WholeRounds: 1, PullRounds: 1,
 		Guest: guest, Cache: filepath.Join(testenv.RepoRoot(), "build", "snapshots"), Memory: "512M",
 		BinDir: bin, Out: out, Readme: readme,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"direct mmap", "shim mmap", "runc", "cold", "shim mmap network", "shim mmap ordinary"}
+	want := []string{"direct mmap", "shim mmap", "runc", "cold", "shim mmap network", "shim mmap ordinary",
+		"shim mmap pooled", "shim mmap pooled right after", "runc beside pooled"}
 	if len(res.Cells) != len(want) {
 		t.Fatalf("got %d cells, want %d (%v): %+v", len(res.Cells), len(want), want, res.Cells)
 	}
@@ -70,6 +71,15 @@ func checkRatios(t *testing.T, res *results) {
 	}
 	if len(res.Ordinary) != 1 || res.Ordinary[0].P50OverBase <= 0 {
 		t.Errorf("ordinary rows %+v: want one with a ratio", res.Ordinary)
+	}
+	if len(res.Pooled) != 1 || res.Pooled[0].PooledOverRunc <= 0 {
+		t.Errorf("pooled rows %+v: want one with a ratio", res.Pooled)
+	}
+	if len(res.PoolCosts) != 1 || res.PoolCosts[0].VMs < 2 || res.PoolCosts[0].VMPSSMiB <= 0 || res.PoolCosts[0].SparePSSMiB <= 0 {
+		t.Errorf("pool costs %+v: want the 2 waiting VMs' and spares' memory", res.PoolCosts)
+	}
+	if c := cells(res.Cells).find(armID{Path: PathShim, Mode: mmap, Variant: VariantPooled}, 2); c == nil || c.Claimed != 2 {
+		t.Errorf("pooled cell %+v: want both clones' creates to claim a pooled VM", c)
 	}
 	if p := res.Pull; p == nil || p.Bytes <= 0 || len(p.Rows) != 2 || p.Rows[0].PullMs <= 0 || p.Rows[0].RunMs <= 0 || p.Rows[1].PullMs <= 0 || p.Rows[1].RunMs != 0 {
 		t.Errorf("empty node %+v: want the image's bytes, the snapshot image's pull and first run, and the ordinary pull alone", p)
@@ -204,6 +214,9 @@ func TestOptionsValidate(t *testing.T) {
 		{"unknown path", func(o *Options) { o.Paths = []string{"kata"} }, false},
 		{"network at a count not run", func(o *Options) { o.NetworkNs = []int{4} }, false},
 		{"ordinary at a count not run", func(o *Options) { o.OrdinaryNs = []int{16} }, false},
+		{"pooled", func(o *Options) { o.PooledNs = []int{1, 8} }, true},
+		{"pooled at a count not run", func(o *Options) { o.PooledNs = []int{16} }, false},
+		{"pooled burst beyond the spares", func(o *Options) { o.Ns, o.PooledNs = []int{1, 17}, []int{17} }, false},
 		{"baseline", func(o *Options) { o.Baseline, o.BaselineNs = baselineTree(t), []int{1} }, true},
 		{"baseline without a build", func(o *Options) { o.Baseline, o.BaselineNs = t.TempDir(), []int{1} }, false},
 		{"baseline at a count not run", func(o *Options) { o.Baseline, o.BaselineNs = baselineTree(t), []int{4} }, false},

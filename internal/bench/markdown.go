@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -25,6 +26,7 @@ func (r *results) markdown(chart string) string {
 		"shim mmap", "with network", r.Network)
 	r.variantTable(&b, "An ordinary OCI image (busybox) on the snapshot image as base, its layers as an erofs disk, against the snapshot image itself",
 		"chain image", "ordinary image", r.Ordinary)
+	r.pooledTable(&b)
 	r.conversionTable(&b)
 	if len(r.FirstRestore) > 0 {
 		b.WriteString("\nFirst restore of a new chain (staging flattens it once per node):")
@@ -121,6 +123,32 @@ func (r *results) variantTable(b *strings.Builder, title, base, variant string, 
 	for _, x := range rows {
 		fmt.Fprintf(b, "| %d | %.0f | %.0f | %s | %s / %s | %.0f / %.0f |\n", x.N, x.BaseP50Ms, x.P50Ms, times(x.P50OverBase),
 			optional(x.BasePhaseP50Ms), optional(x.PhaseP50Ms), x.BaseGuestP50Ms, x.GuestP50Ms)
+	}
+}
+
+// pooledTable puts the bursts in pooled VMs beside runc's.
+func (r *results) pooledTable(b *strings.Builder) {
+	if len(r.Pooled) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\nIn pooled VMs (`pooled_vm`, `spares = %d`; a set of its own, each round: the burst once the spares' VMs wait warm and the machine is quiet, "+
+		"the same right after it while the spares refill, then runc): claimed is how many clones' creates claimed a VM; "+
+		"before each burst, what the waiting VMs and their spares cost (PSS, and a VM's CPU time over a second; medians over rounds).\n\n", r.PooledSpares)
+	b.WriteString("| N | runc p50/p95 ms | pooled p50/p95 ms (claimed) | right after p50/p95 ms (claimed) | pooled ÷ runc | right after ÷ runc | pooled ÷ shim mmap | waiting VMs | PSS MiB per VM / per spare | CPU per waiting VM |\n" +
+		"|---|---|---|---|---|---|---|---|---|---|\n")
+	cs := cells(r.Cells)
+	for _, x := range r.Pooled {
+		p := cs.find(armID{Path: PathShim, Mode: mmap, Variant: VariantPooled}, x.N)
+		after := cs.find(armID{Path: PathShim, Mode: mmap, Variant: VariantRefilling}, x.N)
+		runc := cs.find(armID{Path: PathRunc, Variant: VariantBesidePooled}, x.N)
+		var cost poolCost
+		if i := slices.IndexFunc(r.PoolCosts, func(c poolCost) bool { return c.N == x.N }); i >= 0 {
+			cost = r.PoolCosts[i]
+		}
+		fmt.Fprintf(b, "| %d | %s | %s (%d of %d) | %s (%d of %d) | %s | %s | %s | %d | %.1f / %.1f | %.1f%% |\n", x.N, p50p95(runc),
+			p50p95(p), p.Claimed, p.Samples, p50p95(after), after.Claimed, after.Samples,
+			times(x.PooledOverRunc), times(x.RefillingOverRunc), times(x.PooledOverShim),
+			cost.VMs, cost.VMPSSMiB, cost.SparePSSMiB, cost.VMCPU)
 	}
 }
 

@@ -114,6 +114,9 @@ func (r *results) fillRatios() {
 		if v, ok := cs.variant(VariantOrdinary, n); ok {
 			r.Ordinary = append(r.Ordinary, v)
 		}
+		if p, ok := cs.pooled(n); ok {
+			r.Pooled = append(r.Pooled, p)
+		}
 	}
 	r.Baselines = cs.baselines()
 }
@@ -152,6 +155,30 @@ func (cs cells) variant(variant string, n int) (variantRatio, bool) {
 		Phase: ph, BasePhaseP50Ms: base.phase(ph), PhaseP50Ms: v.phase(ph),
 		BaseGuestP50Ms: base.GuestP50Ms, GuestP50Ms: v.GuestP50Ms,
 	}, true
+}
+
+// pooledRatio puts the bursts in pooled VMs beside runc's in the same
+// rounds at one N, and beside plain shim mmap (0 where it did not run).
+type pooledRatio struct {
+	N                 int     `json:"n"`
+	PooledOverRunc    float64 `json:"p50PooledOverRunc"`
+	RefillingOverRunc float64 `json:"p50RightAfterOverRunc"`
+	PooledOverShim    float64 `json:"p50PooledOverShimMmap"`
+}
+
+// pooled is the pooled set's row at N, if it ran.
+func (cs cells) pooled(n int) (pooledRatio, bool) {
+	p := cs.find(armID{Path: PathShim, Mode: mmap, Variant: VariantPooled}, n)
+	runc := cs.find(armID{Path: PathRunc, Variant: VariantBesidePooled}, n)
+	after := cs.find(armID{Path: PathShim, Mode: mmap, Variant: VariantRefilling}, n)
+	if p == nil || runc == nil || after == nil {
+		return pooledRatio{}, false
+	}
+	r := pooledRatio{N: n, PooledOverRunc: ratio(p.P50Ms, runc.P50Ms), RefillingOverRunc: ratio(after.P50Ms, runc.P50Ms)}
+	if shim := cs.find(armID{Path: PathShim, Mode: mmap}, n); shim != nil {
+		r.PooledOverShim = ratio(p.P50Ms, shim.P50Ms)
+	}
+	return r, true
 }
 
 // ratio is a ÷ b to two decimals, 0 when either is missing.

@@ -69,12 +69,14 @@ func (s *shimStack) close() error { return s.stack.Close() }
 
 // shimArm runs containers through containerd and the cocoon shim in one
 // mode: the snapshot image, or with image set an ordinary image on the
-// snapshot image as base; opts add to each container's spec.
+// snapshot image as base; opts add to each container's spec, and
+// runtime, when set, are the runtime's options (a config of its own).
 type shimArm struct {
-	s     *shimStack
-	mode  hypervisor.Mode
-	image client.Image
-	opts  func(id string) []oci.SpecOpts
+	s       *shimStack
+	mode    hypervisor.Mode
+	image   client.Image
+	opts    func(id string) []oci.SpecOpts
+	runtime any
 }
 
 func (a shimArm) start(ctx context.Context, id string) (*clone, error) {
@@ -87,8 +89,10 @@ func (a shimArm) start(ctx context.Context, id string) (*clone, error) {
 	if a.opts != nil {
 		opts = append(opts, a.opts(id)...)
 	}
+	spec := stackrun.Cocoon(id, image, a.mode, benchArgs, opts...)
+	spec.RuntimeOptions = a.runtime
 	start := time.Now()
-	rc, err := stackrun.Run(ctx, a.s.cl, stackrun.Cocoon(id, image, a.mode, benchArgs, opts...))
+	rc, err := stackrun.Run(ctx, a.s.cl, spec)
 	if err != nil {
 		return nil, err
 	}

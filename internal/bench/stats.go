@@ -25,6 +25,9 @@ type results struct {
 	Alternatives []alternative  `json:"alternatives,omitempty"`
 	Network      []variantRatio `json:"network,omitempty"`
 	Ordinary     []variantRatio `json:"ordinary,omitempty"`
+	Pooled       []pooledRatio  `json:"pooled,omitempty"`
+	PooledSpares int            `json:"pooledSpares,omitempty"` // shim.spares of the pooled set
+	PoolCosts    []poolCost     `json:"poolCosts,omitempty"`
 	Whole        []WholeRow     `json:"whole,omitempty"`
 	Pull         *PullResult    `json:"pull,omitempty"`
 	// Baseline names the build the baseline arms ran (Options.Baseline);
@@ -80,6 +83,8 @@ type cellResult struct {
 	// shim path starting the shim and the task RPCs through containerd.
 	OutsideP50Ms float64     `json:"outsideP50Ms"`
 	Phases       []phaseStat `json:"phases"` // median per clone
+	// Claimed counts the clones whose create claimed a pooled VM.
+	Claimed int `json:"claimed,omitempty"`
 }
 
 type phaseStat struct {
@@ -109,7 +114,9 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 	phases := map[string][]time.Duration{}
 	var order []string
 	var failed []error
+	claims := 0
 	for _, r := range runs {
+		claims += claimed(r)
 		failed = append(failed, r.failed...)
 		ready = append(ready, r.ready...)
 		walls = append(walls, r.wall)
@@ -131,7 +138,7 @@ func summarize(k cellKey, runs []cellRun) cellResult {
 		P50Ms: ms(percentile(ready, 0.5)), P95Ms: ms(percentile(ready, 0.95)),
 		WallMs: ms(percentile(walls, 0.5)), VMMP50Ms: ms(percentile(vmm, 0.5)), OutsideP50Ms: ms(percentile(outside, 0.5)),
 		PSSMiB: round1(medianFloat(pss)), HeldMiB: round1(medianFloat(held)), GuestMiB: round1(medianFloat(guest)),
-		Failed: len(failed), Errors: distinctErrors(failed),
+		Failed: len(failed), Errors: distinctErrors(failed), Claimed: claims,
 	}
 	for _, name := range order {
 		p := phaseStat{Name: name, P50Ms: ms(percentile(phases[name], 0.5))}

@@ -24,8 +24,11 @@ type Container struct {
 	Image       client.Image
 	Snapshotter string
 	Runtime     string
-	Spec        []oci.SpecOpts
-	IO          cio.Creator // cio.NullIO when nil
+	// RuntimeOptions, when set, go to the runtime (a cocoon config file:
+	// *runtimeoptions.Options).
+	RuntimeOptions any
+	Spec           []oci.SpecOpts
+	IO             cio.Creator // cio.NullIO when nil
 }
 
 // Cocoon is container id from image on the cocoon snapshotter and runtime,
@@ -55,7 +58,7 @@ func Run(ctx context.Context, cl *client.Client, c Container) (*Running, error) 
 		client.WithImage(c.Image),
 		client.WithSnapshotter(c.Snapshotter),
 		client.WithNewSnapshot(c.ID, c.Image),
-		client.WithRuntime(c.Runtime, nil),
+		client.WithRuntime(c.Runtime, c.RuntimeOptions),
 		client.WithNewSpec(c.Spec...),
 	)
 	if err != nil {

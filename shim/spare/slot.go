@@ -1,6 +1,7 @@
 package spare
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,16 +30,15 @@ const MaxSpares = 16
 
 // Claim hands req and the task's listening socket to a waiting spare of
 // the containerd at containerdAddress running server, and returns its pid
-// once it goes on as the task's server. A launcher starts at a slot of
-// its own (its pid's), so the launchers of a burst spread over the
-// spares; one that finds a spare gone to another launcher tries the next.
-// It returns 0 when no spare took the task, with the errors of those that
-// failed or declined; either way the caller starts the server itself.
+// once it goes on as the task's server. It tries the spare that has waited
+// longest first (waiting: its pooled VM is the likeliest to be warm); a
+// launcher that finds a spare gone to another launcher of a burst tries
+// the next. It returns 0 when no spare took the task, with the errors of
+// those that failed or declined; either way the caller starts the server
+// itself.
 func Claim(socketDir, containerdAddress, server string, req Request, taskSocket *os.File) (int, error) {
 	var errs []error
-	first := os.Getpid() % MaxSpares
-	for i := range MaxSpares {
-		path := Path(socketDir, containerdAddress, server, (first+i)%MaxSpares)
+	for _, path := range waiting(socketDir, containerdAddress, server) {
 		pid, err := claimAt(path, req, taskSocket)
 		if err != nil {
 			errs = append(errs, err)
@@ -48,6 +48,30 @@ func Claim(socketDir, containerdAddress, server string, req Request, taskSocket 
 		}
 	}
 	return 0, errors.Join(errs...)
+}
+
+// waiting lists the sockets in the slots, the longest published first (a
+// spare renames its socket into the slot when it is up, which sets the
+// socket's ctime).
+func waiting(socketDir, containerdAddress, server string) []string {
+	type slot struct {
+		path  string
+		since int64
+	}
+	var found []slot
+	for i := range MaxSpares {
+		path := Path(socketDir, containerdAddress, server, i)
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil {
+			found = append(found, slot{path, st.Ctim.Nano()})
+		}
+	}
+	slices.SortFunc(found, func(a, b slot) int { return cmp.Compare(a.since, b.since) })
+	paths := make([]string, len(found))
+	for i, s := range found {
+		paths[i] = s.path
+	}
+	return paths
 }
 
 // claimAt hands the task to the spare at path. It returns 0 and no error

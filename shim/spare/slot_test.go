@@ -118,6 +118,30 @@ func TestBurstClaimsSpares(t *testing.T) {
 	}
 }
 
+// TestClaimTakesLongestWaiting: of two spares, a launch takes the one
+// that has waited longer (the likelier to have its pooled VM warm),
+// whichever slot it is in.
+func TestClaimTakesLongestWaiting(t *testing.T) {
+	dir := socketDir(t)
+	ctrd := newFakeContainerd(t, dir)
+	paths, spares := refillSlots(t, dir, ctrd.Addr, 2)
+	// Slot 1's spare published last; make slot 0's the newer one.
+	time.Sleep(10 * time.Millisecond)
+	if err := os.Rename(paths[0], paths[0]+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(paths[0]+".moved", paths[0]); err != nil {
+		t.Fatal(err)
+	}
+	_, sock := taskSocket(t, dir)
+	bundle := t.TempDir()
+	pid, err := claim(t, dir, ctrd.Addr, Request{Args: []string{os.Args[0]}, Dir: bundle, Exe: os.Args[0]}, sock)
+	if err != nil || pid != spares[1] {
+		t.Fatalf("Claim = %d, %v; want slot 1's spare %d, waiting longer than slot 0's %d", pid, err, spares[1], spares[0])
+	}
+	awaitServing(t, bundle)
+}
+
 // TestClaimWithoutSpare: no spare, no error; the launcher starts a server.
 func TestClaimWithoutSpare(t *testing.T) {
 	dir := socketDir(t)

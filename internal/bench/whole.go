@@ -145,6 +145,11 @@ func wholeArms(s *shimStack, tmp string) ([]wholeArm, error) {
 	}, nil
 }
 
+// wholeSpares is the pooled sets' shim.spares: with two, a run that
+// follows another at once finds the VM restored during the run before
+// that one, not only the one its predecessor's server just ordered.
+const wholeSpares = 2
+
 // pooledSets are the whole start in a pooled VM (shim.pooled_vm, in a
 // runtime config of its own), an ordinary image's and a snapshot
 // image's, each with runc and gVisor beside it, a set of their own: a
@@ -153,7 +158,8 @@ func wholeArms(s *shimStack, tmp string) ([]wholeArm, error) {
 // or chain being another).
 func pooledSets(s *shimStack, tmp string, peers []wholeArm) ([][]wholeArm, error) {
 	path := filepath.Join(tmp, "cocoon-pooled.toml")
-	if err := s.stack.WriteConfig(path, func(c *config.Config) { c.Shim.PooledVM = true }); err != nil {
+	err := s.stack.WriteConfig(path, func(c *config.Config) { c.Shim.PooledVM, c.Shim.Spares = true, wholeSpares })
+	if err != nil {
 		return nil, fmt.Errorf("pooled VM arm: %w", err)
 	}
 	flags := append(cocoonFlags(), "--runtime-config-path", path)

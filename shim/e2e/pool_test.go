@@ -26,7 +26,8 @@ import (
 // back, before the pooled VM is up or while it warms, run as well. A
 // spare killed while it holds a pooled VM takes the VM with it, and the
 // next spare's fill removes the run dir it left. A pooled VM that died
-// waiting is passed over: the container restores its own.
+// waiting is passed over: the container restores its own. The killed
+// spare's base snapshot lease is swept by the next fill.
 func TestPooledVM(t *testing.T) {
 	c, img := ordinaryStack(t, imageRef, "[shim]\npooled_vm = true")
 	want := strings.TrimSpace(img.RandomContent)
@@ -94,6 +95,10 @@ func TestPooledVM(t *testing.T) {
 	// A pooled VM whose hypervisor died while it waited is not claimed:
 	// the next container restores its own.
 	dir2, _ := awaitPooledVM(t, c)
+	// The new fill swept the lease of the killed spare's base snapshot.
+	if out, err := c.Ctr("leases", "ls"); err != nil || strings.Contains(out, "cocoon-base-pool-"+strconv.Itoa(spare)) {
+		t.Errorf("leases after the killed spare's were swept: %q, %v; want none of pool-%d", out, err, spare)
+	}
 	if err := syscall.Kill(processUsing(dir2, "qemu"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

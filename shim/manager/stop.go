@@ -107,8 +107,11 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 			errs = append(errs, err)
 		}
 	}
-	if t.Base != nil {
-		if err := releaseBase(ctx, t.Base); err != nil {
+	for _, b := range []*state.Base{t.Base, t.PoolBase} {
+		if b == nil {
+			continue
+		}
+		if err := releaseBase(ctx, b); err != nil {
 			errs = append(errs, err)
 		}
 	}

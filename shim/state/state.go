@@ -49,7 +49,11 @@ type Task struct {
 	Network *Network `json:"network,omitempty"`
 	// Base is the base snapshot staged for an ordinary image, if any.
 	Base *Base `json:"base,omitempty"`
-	Plan Plan  `json:"plan"`
+	// PoolBase is the base snapshot a pooled VM the task claimed was
+	// restored from, which the server releases once the task runs:
+	// named for a crash that comes first.
+	PoolBase *Base `json:"poolBase,omitempty"`
+	Plan     Plan  `json:"plan"`
 	// Exit is the init process's exit, once known.
 	Exit *Exit `json:"exit,omitempty"`
 }

@@ -144,6 +144,7 @@ type Spawn struct {
 	Memory     MemoryBudget
 	Network    *state.Network
 	Base       *state.Base
+	PoolBase   *state.Base
 }
 
 func spawnOf(sb *Sandbox) Spawn {

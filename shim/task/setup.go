@@ -168,6 +168,7 @@ func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
 		StagedDir:  req.StagedDir,
 		Network:    sp.Network,
 		Base:       sp.Base,
+		PoolBase:   sp.PoolBase,
 		Plan:       sp.Plan,
 	}, nil
 }

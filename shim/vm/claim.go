@@ -140,7 +140,7 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 	p.net, pv.net = pv.net, nil
 	p.guest.Network = p.net.guest
 	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: pv.runDir, Plan: p.plan, Memory: p.budget,
-		Network: p.net.record(), Base: p.src.record()}
+		Network: p.net.record(), Base: p.src.record(), PoolBase: pv.base.Record()}
 	if err := (loadedDriver{Driver: d, req: r, spawn: spawn, net: p.net}).loaded(ctx, pv.res.VM.PID(), add); err != nil {
 		return nil, nil, errors.Join(err, p.net.Release())
 	}

@@ -126,8 +126,13 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 
 // spareOrder is the environment entry that has the next spare restore a
 // VM like this launch's ahead (shim.pooled_vm), or that clears an order
-// the server itself was started with.
+// the server itself was started with. With pooled VMs on, it first sweeps
+// the leases dead spares left (a launch that clears the order starts no
+// fill, which would).
 func (l *Launcher) spareOrder(ctx context.Context, cfg config.Config, r task.LaunchRequest, p *prepared) string {
+	if client, err := l.clients.Get(r.Containerd); err == nil && cfg.Shim.PooledVM {
+		sweepPoolLeases(ctx, client, r.Namespace)
+	}
 	o, ok := orderOf(r, p)
 	if !ok || !cfg.Shim.PooledVM {
 		return PoolEnv + "="

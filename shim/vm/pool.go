@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -147,14 +146,16 @@ func (p *Pool) fill(ctx context.Context, o PoolOrder, l *Launcher) {
 		return
 	}
 	if err := pv.warm(ctx); err != nil {
-		log.G(ctx).WithError(err).Warn("warm the pooled VM: closed")
 		p.mu.Lock()
 		unclaimed := p.vm == pv
 		if unclaimed {
 			p.vm = nil
 		}
 		p.mu.Unlock()
+		// A VM a launch took and closed (not its kind) ends its warm-up
+		// with an error that is no news.
 		if unclaimed {
+			log.G(ctx).WithError(err).Warn("warm the pooled VM: closed")
 			pv.close(ctx)
 		}
 	}
@@ -224,6 +225,7 @@ func stageAhead(ctx context.Context, o PoolOrder, l *Launcher, cfg config.Config
 	if err != nil {
 		return nil, err
 	}
+	sweepPoolLeases(ctx, client, o.Namespace)
 	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name()}
 	pv.runDir = filepath.Join(parent, pv.id)
 	expiring := leases.WithExpiration(poolLease)
@@ -357,42 +359,4 @@ func (pv *pooledVM) close(ctx context.Context) {
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("close the pooled VM")
 	}
-}
-
-// sweepPools removes the run dirs under parent of pooled VMs whose spare
-// is gone (killed: its VM died with it), and one of this pid's, which is
-// older than this spare.
-func sweepPools(ctx context.Context, parent string) {
-	entries, err := os.ReadDir(parent)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(strings.TrimPrefix(e.Name(), poolPrefix))
-		if !strings.HasPrefix(e.Name(), poolPrefix) || err != nil {
-			continue
-		}
-		if pid != os.Getpid() && spareRuns(pid) {
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(parent, e.Name())); err != nil {
-			log.G(ctx).WithError(err).Warn("remove the run dir of a dead spare's pooled VM")
-		}
-	}
-}
-
-// spareRuns says whether pid is a spare task server (or one that became a
-// task's), not a zombie: the owner of a pooled VM's run dir.
-func spareRuns(pid int) bool {
-	dir := filepath.Join("/proc", strconv.Itoa(pid))
-	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
-	if err != nil {
-		return false
-	}
-	if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) == 0 || f[0] == "Z" {
-		return false
-	}
-	cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
-	args := strings.Split(string(cmdline), "\x00")
-	return err == nil && len(args) > 1 && args[1] == spare.Flag
 }

@@ -21,6 +21,7 @@ func soakFlags(fs *flag.FlagSet) func(ctx context.Context) error {
 	fs.Float64Var(&o.OrdinaryShare, "ordinary", 0.25, "`share` of restores of an ordinary busybox image on the base snapshot (0: none)")
 	fs.IntVar(&o.Pods, "pods", 50, "`pods` among the restores: a sandbox restoring the pod's VM and containers joining it, one killed and replaced (0: none)")
 	fs.Float64Var(&o.HostileShare, "hostile", 0.05, "`share` of restores given a hostile input to refuse or take without harm (FIFO or nfs mounts, a FIFO as the network namespace, links out of a bind, an empty dir)")
+	fs.IntVar(&o.Spares, "pooled", 0, "`spares` that wait, each with a VM restored ahead for the next task to claim (shim.pooled_vm; 0: off)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "`seed` of the plan (0: random)")
 	fs.DurationVar(&o.SettleTimeout, "settle", 0, "how long the counts may take to come back after the last restore (default 2m)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "`level` of containerd, the snapshotter and the shims")

@@ -61,6 +61,9 @@ type Options struct {
 	// PodImage is the pods' base snapshot, baked with disk slots for
 	// their containers; needed when Pods > 0.
 	PodImage Image
+	// Spares, when positive, has that many spare task servers wait, each
+	// restoring a VM ahead (shim.pooled_vm) for the next task to claim.
+	Spares int
 	// HostileShare is the share of restores given a hostile input (a
 	// FIFO or an nfs mount to refuse, links out of a bind, ...); those
 	// needing mounts go to ordinary-image restores only.
@@ -186,6 +189,9 @@ func stackConfig(o Options) *config.Config {
 	cfg.Agent.ConnectTimeout = config.Duration(2 * time.Minute)
 	cfg.Agent.CallTimeout = config.Duration(time.Minute)
 	cfg.Shim.RestoreTimeout = config.Duration(3 * time.Minute)
+	if o.Spares > 0 {
+		cfg.Shim.PooledVM, cfg.Shim.Spares = true, o.Spares
+	}
 	return &cfg
 }
 
@@ -205,6 +211,9 @@ func (s *soak) run(ctx context.Context, runID string, plans []Plan) (*Result, er
 			return nil, fmt.Errorf("warm-up restore %s: %w", p, o.Err)
 		}
 	}
+	if err := s.drainPools(ctx, runID, "before"); err != nil {
+		return nil, err
+	}
 	before, err := s.settle(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -212,6 +221,9 @@ func (s *soak) run(ctx context.Context, runID string, plans []Plan) (*Result, er
 	res := &Result{Options: s.opts, Before: before, Started: time.Now()}
 	res.Outcomes = s.restoreAll(ctx, plans)
 	res.Wall = time.Since(res.Started)
+	if err := s.drainPools(ctx, runID, "after"); err != nil {
+		return nil, err
+	}
 	if res.After, err = s.settle(ctx, before); err != nil {
 		return nil, err
 	}
@@ -236,6 +248,21 @@ func (s *soak) warmups(runID string) []Plan {
 		out = append(out, Plan{Index: -1, ID: runID + "-warm-pod", Mode: hypervisor.ModeMmap, Image: ImageOrdinary, Net: NetNew, Pod: true})
 	}
 	return out
+}
+
+// drainPools runs, with pooled VMs on, one restore after another that
+// no pooled VM suits (its network a namespace the soak made), as many as
+// spares wait: each takes the longest-waiting spare, closing its VM, and
+// its server puts a spare with no order in its place. The counts are
+// then taken with no VM waiting, before and after.
+func (s *soak) drainPools(ctx context.Context, runID, when string) error {
+	for i := range s.opts.Spares {
+		p := Plan{Index: -1, ID: fmt.Sprintf("%s-drain-%s-%d", runID, when, i), Mode: hypervisor.ModeMmap, Image: ImageChain, Net: NetPair}
+		if o := s.restore(ctx, p); o.Err != nil {
+			return fmt.Errorf("drain the pooled VMs: restore %s: %w", p, o.Err)
+		}
+	}
+	return nil
 }
 
 // restoreAll runs plans, Parallel at a time, each under RestoreTimeout.

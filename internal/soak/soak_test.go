@@ -18,14 +18,16 @@ import (
 const (
 	shortRestores = 50
 	shortPods     = 2
+	shortSpares   = 2
 )
 
 // TestSoak is the short soak: 50 restores through containerd, mixed copy
 // and mmap, 8 at a time, a tenth of them killed (task, shim or QEMU), a
 // quarter of them of an ordinary image, and two pods (a sandbox and two
-// containers in one VM, one container killed and replaced). It fails on a
-// restore that failed other than by its kill, and on any count that did
-// not come back.
+// containers in one VM, one container killed and replaced), with two
+// spares holding pooled VMs (the tasks that suit claim them; the others
+// close them). It fails on a restore that failed other than by its kill,
+// and on any count that did not come back.
 func TestSoak(t *testing.T) {
 	testenv.QEMU(t)
 	bin := filepath.Dir(testenv.Bin(t, "containerd"))
@@ -38,7 +40,7 @@ func TestSoak(t *testing.T) {
 	logs := filepath.Join(t.TempDir(), "daemons.log")
 	res, err := Run(ctx, Options{
 		BinDir: bin, Image: img, Restores: shortRestores, Parallel: 8, KillRate: 0.1, OrdinaryShare: 0.25, HostileShare: 0.1,
-		Pods: shortPods, PodImage: podImg, Progress: testWriter{t}, Logs: logs,
+		Pods: shortPods, PodImage: podImg, Spares: shortSpares, Progress: testWriter{t}, Logs: logs,
 	})
 	if err != nil {
 		t.Fatal(err)

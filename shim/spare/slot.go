@@ -17,8 +17,9 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/unixsock"
 )
 
-// replyTimeout bounds the wait for a spare's answer; a launcher that gives
-// up closes the connection, and the spare, seeing no go-ahead, exits.
+// replyTimeout bounds the wait for the spares' answers, all of those a
+// launcher tries together; a launcher that gives up on one closes the
+// connection, and the spare, seeing no go-ahead, exits.
 const replyTimeout = 2 * time.Second
 
 // goAhead tells a spare that answered to go on as the task's server.
@@ -38,8 +39,12 @@ const MaxSpares = 16
 // itself.
 func Claim(socketDir, containerdAddress, server string, req Request, taskSocket *os.File) (int, error) {
 	var errs []error
+	deadline := time.Now().Add(replyTimeout)
 	for _, path := range waiting(socketDir, containerdAddress, server) {
-		pid, err := claimAt(path, req, taskSocket)
+		if time.Until(deadline) <= 0 {
+			break
+		}
+		pid, err := claimAt(path, req, taskSocket, deadline)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -74,10 +79,11 @@ func waiting(socketDir, containerdAddress, server string) []string {
 	return paths
 }
 
-// claimAt hands the task to the spare at path. It returns 0 and no error
-// when no spare waits there, or when the one there went to another
-// launcher first (it closed its socket before answering).
-func claimAt(path string, req Request, taskSocket *os.File) (int, error) {
+// claimAt hands the task to the spare at path, waiting for its answer
+// until deadline. It returns 0 and no error when no spare waits there, or
+// when the one there went to another launcher first (it closed its socket
+// before answering).
+func claimAt(path string, req Request, taskSocket *os.File, deadline time.Time) (int, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("spare socket: %w", err)
@@ -93,7 +99,7 @@ func claimAt(path string, req Request, taskSocket *os.File) (int, error) {
 	if err := unix.Sendmsg(fd, data, unix.UnixRights(int(taskSocket.Fd())), nil, 0); err != nil {
 		return 0, nil // gone meanwhile
 	}
-	tv := unix.NsecToTimeval(replyTimeout.Nanoseconds())
+	tv := unix.NsecToTimeval(max(time.Until(deadline), time.Millisecond).Nanoseconds())
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return 0, fmt.Errorf("spare reply timeout: %w", err)
 	}

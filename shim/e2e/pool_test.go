@@ -145,7 +145,8 @@ func TestPooledVMSnapshotImage(t *testing.T) {
 
 // TestPooledVMBurst: with shim.spares = 3, a task's server tops up three
 // spares, each with a pooled VM; three containers started at once claim
-// one each (each a hypervisor of its own, none restored).
+// one each (each a hypervisor of its own, none restored), and their three
+// servers, refilling at once, put back three spares, not more.
 func TestPooledVMBurst(t *testing.T) {
 	c := stack(t, "[shim]\npooled_vm = true\nspares = 3")
 	if out, err := run(c, []string{"--rm"}, "first", "echo", "first"); err != nil || strings.TrimSpace(out) != "first" {
@@ -186,6 +187,7 @@ func TestPooledVMBurst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	awaitPooledVMs(t, c, 3)
 }
 
 // checkClaimed checks task id, which claimed the pooled VM whose

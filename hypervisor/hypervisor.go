@@ -206,7 +206,9 @@ type VM interface {
 	Shutdown(ctx context.Context) error
 	// Kill sends SIGKILL to the hypervisor process.
 	Kill() error
-	// Wait blocks until the hypervisor process has exited.
+	// Wait blocks until the hypervisor process has exited, or ctx ends;
+	// an exit already seen wins over an ended ctx, so an ended ctx asks
+	// whether it has exited without waiting.
 	Wait(ctx context.Context) error
 	// DialAgent opens a byte stream to the guest agent.
 	DialAgent(ctx context.Context) (net.Conn, error)

@@ -26,17 +26,14 @@ const PhaseClaim = "claim"
 // restores a VM of its own, as it would have without a pool.
 var errUnusable = errors.New("the pooled VM is not usable")
 
-// usableWithin bounds the look at whether the pooled VM's hypervisor
-// still runs: one that exited is seen at once.
-const usableWithin = time.Millisecond
-
 // usable fails if the pooled VM's hypervisor has exited while it waited
-// (killed, crashed).
+// (killed, crashed). It does not wait: the Wait of an ended context
+// reports an exit already reaped, or the context's end.
 func (pv *pooledVM) usable(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, usableWithin)
-	defer cancel()
+	ctx, cancel := context.WithCancel(ctx)
+	cancel()
 	switch err := pv.res.VM.Wait(ctx); {
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.Canceled):
 		return nil
 	case err == nil:
 		return errors.New("its hypervisor exited")

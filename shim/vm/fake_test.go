@@ -92,6 +92,11 @@ func (v *fakeVM) Wait(ctx context.Context) error {
 	select {
 	case <-v.done:
 		return nil
+	default:
+	}
+	select {
+	case <-v.done:
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}

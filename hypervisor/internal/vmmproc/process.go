@@ -276,8 +276,15 @@ func (p *Process) Wait(ctx context.Context) error {
 }
 
 // Reaped blocks until the process has been reaped, whatever its exit
-// status, or ctx ends: for a shutdown, where the exit is what counts.
+// status, or ctx ends: for a shutdown, where the exit is what counts. An
+// exit already reaped wins over an ended ctx, so an ended ctx asks
+// whether the process has exited without waiting.
 func (p *Process) Reaped(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
 	select {
 	case <-p.done:
 		return nil

@@ -155,6 +155,14 @@ func TestWaitExitStatus(t *testing.T) {
 					t.Fatalf("reaped: %v", err)
 				}
 			}
+			// An ended context asks without waiting: the exit wins.
+			ended, end := context.WithCancel(ctx)
+			end()
+			for range 20 {
+				if err := p.Reaped(ended); err != nil {
+					t.Fatalf("reaped with an ended context after the exit: %v, want nil", err)
+				}
+			}
 		})
 	}
 }

@@ -21,7 +21,10 @@ type armSet struct {
 	direct   *directPath
 	shim     *shimStack // nil unless an arm runs through containerd
 	baseline *shimStack // the baseline build's, nil without one
-	cold     *coldArm
+	// pooled is the pooled set's containerd, of its own: every spare in
+	// it is of the pooled config, none left by another arm's tasks.
+	pooled *shimStack
+	cold   *coldArm
 }
 
 // stager stages the snapshot chain for one clone and removes it again.
@@ -44,7 +47,7 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 		}
 		set.stagers = append(set.stagers, stager{name: PathDirect, stage: set.direct.stage})
 	}
-	if has(PathShim) || has(PathRunc) || len(o.NetworkNs)+len(o.OrdinaryNs)+len(o.ConvertPads)+len(o.PooledNs)+o.WholeRounds > 0 {
+	if has(PathShim) || has(PathRunc) || len(o.NetworkNs)+len(o.OrdinaryNs)+len(o.ConvertPads)+o.WholeRounds > 0 {
 		if err := set.openShim(ctx, o, img, guestKiB); err != nil {
 			return set, err
 		}
@@ -81,7 +84,7 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 		set.add(armID{Path: PathShim, Mode: mmap, Variant: VariantOrdinary}, shimArm{s: set.shim, mode: hypervisor.ModeMmap, image: set.shim.busybox}, o.OrdinaryNs)
 	}
 	if len(o.PooledNs) > 0 {
-		if err := set.addPooledArms(tmp, o.PooledNs); err != nil {
+		if err := set.addPooledArms(ctx, o, img, guestKiB, tmp); err != nil {
 			return set, err
 		}
 	}
@@ -93,27 +96,41 @@ func openArms(ctx context.Context, out io.Writer, o Options, img stackrun.Snapsh
 // runc or ordinary arms run it.
 func (set *armSet) openShim(ctx context.Context, o Options, img stackrun.SnapshotImage, guestKiB int64) error {
 	var snapshotters []string
-	if slices.Contains(o.Paths, PathRunc) || len(o.PooledNs) > 0 || o.WholeRounds > 0 {
-		if err := checkRunc(o.BinDir); err != nil {
-			return err
-		}
+	if slices.Contains(o.Paths, PathRunc) || o.WholeRounds > 0 {
 		snapshotters = append(snapshotters, runcSnapshotter)
 	}
 	if len(o.OrdinaryNs) > 0 || o.WholeRounds > 0 {
 		snapshotters = append(snapshotters, devstack.Snapshotter)
 	}
-	s, err := newShimStack(ctx, o.BinDir, img, guestKiB)
+	s, err := openStack(ctx, o, img, guestKiB, snapshotters)
 	if err != nil {
-		return fmt.Errorf("set up containerd: %w", err)
+		return err
 	}
 	set.shim = s
 	if slices.Contains(o.Paths, PathShim) {
 		set.stagers = append(set.stagers, stager{name: PathShim, stage: s.stage})
 	}
-	if len(snapshotters) > 0 {
-		return s.addBusybox(ctx, snapshotters)
-	}
 	return nil
+}
+
+// openStack starts a private containerd with the snapshot image, and the
+// busybox image in snapshotters (runc's needs runc).
+func openStack(ctx context.Context, o Options, img stackrun.SnapshotImage, guestKiB int64, snapshotters []string) (*shimStack, error) {
+	if slices.Contains(snapshotters, runcSnapshotter) {
+		if err := checkRunc(o.BinDir); err != nil {
+			return nil, err
+		}
+	}
+	s, err := newShimStack(ctx, o.BinDir, img, guestKiB)
+	if err != nil {
+		return nil, fmt.Errorf("set up containerd: %w", err)
+	}
+	if len(snapshotters) > 0 {
+		if err := s.addBusybox(ctx, snapshotters); err != nil {
+			return nil, errors.Join(err, s.close())
+		}
+	}
+	return s, nil
 }
 
 func (set *armSet) add(id armID, a arm, ns []int) {
@@ -135,6 +152,9 @@ func (set *armSet) close() error {
 	}
 	if set.baseline != nil {
 		errs = append(errs, set.baseline.close())
+	}
+	if set.pooled != nil {
+		errs = append(errs, set.pooled.close())
 	}
 	if set.direct != nil {
 		errs = append(errs, set.direct.close())

@@ -153,7 +153,7 @@ func run(ctx context.Context, out io.Writer, o Options) (res *results, err error
 	if err != nil {
 		return nil, err
 	}
-	pooled, costs, err := measurePooled(ctx, out, set.shim, set.arms, o.PooledNs, o.Rounds)
+	pooled, costs, err := measurePooled(ctx, out, set.pooled, set.arms, o.PooledNs, o.Rounds)
 	if err != nil {
 		return nil, err
 	}

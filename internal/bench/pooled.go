@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
 )
 
@@ -33,8 +34,12 @@ const (
 	VariantBesidePooled = "beside pooled"
 )
 
-// pooledQuietWait bounds the wait for the spares' VMs before a burst.
-const pooledQuietWait = 3 * time.Minute
+// Before a burst, pooledFillWait bounds the wait for the spares' VMs,
+// and pooledQuietWait the wait that follows, for a quiet machine.
+const (
+	pooledFillWait  = 3 * time.Minute
+	pooledQuietWait = 30 * time.Second
+)
 
 // quietBusy is the share of the machine's CPU time below which it counts
 // as quiet: the spares' fills done (waiting VMs take ~1% each).
@@ -44,20 +49,25 @@ const quietBusy = 0.3
 // for each clone of its largest burst.
 func pooledSpares(ns []int) int { return slices.Max(ns) }
 
-// addPooledArms adds the pooled set's arms at counts ns, with a runtime
-// config of their own in tmp.
-func (set *armSet) addPooledArms(tmp string, ns []int) error {
+// addPooledArms adds the pooled set's arms at counts o.PooledNs, in a
+// containerd of their own with a runtime config of their own in tmp.
+func (set *armSet) addPooledArms(ctx context.Context, o Options, img stackrun.SnapshotImage, guestKiB int64, tmp string) error {
+	s, err := openStack(ctx, o, img, guestKiB, []string{runcSnapshotter})
+	if err != nil {
+		return fmt.Errorf("pooled VM arms: %w", err)
+	}
+	set.pooled = s
 	path := filepath.Join(tmp, "cocoon-pooled-burst.toml")
-	err := set.shim.stack.WriteConfig(path, func(c *config.Config) {
-		c.Shim.PooledVM, c.Shim.Spares = true, pooledSpares(ns)
+	err = s.stack.WriteConfig(path, func(c *config.Config) {
+		c.Shim.PooledVM, c.Shim.Spares = true, pooledSpares(o.PooledNs)
 	})
 	if err != nil {
 		return fmt.Errorf("pooled VM arms: %w", err)
 	}
-	pooled := shimArm{s: set.shim, mode: hypervisor.ModeMmap, runtime: &runtimeoptions.Options{ConfigPath: path}}
-	set.addOwn(armID{Path: PathShim, Mode: mmap, Variant: VariantPooled}, pooled, ns)
-	set.addOwn(armID{Path: PathShim, Mode: mmap, Variant: VariantRefilling}, pooled, ns)
-	set.addOwn(armID{Path: PathRunc, Variant: VariantBesidePooled}, runcArm{s: set.shim}, ns)
+	pooled := shimArm{s: s, mode: hypervisor.ModeMmap, runtime: &runtimeoptions.Options{ConfigPath: path}}
+	set.addOwn(armID{Path: PathShim, Mode: mmap, Variant: VariantPooled}, pooled, o.PooledNs)
+	set.addOwn(armID{Path: PathShim, Mode: mmap, Variant: VariantRefilling}, pooled, o.PooledNs)
+	set.addOwn(armID{Path: PathRunc, Variant: VariantBesidePooled}, runcArm{s: s}, o.PooledNs)
 	return nil
 }
 
@@ -239,23 +249,23 @@ func claimed(run cellRun) int {
 }
 
 // awaitPool waits until the stack's spares hold at least n pooled VMs
-// and the machine is quiet (their fills done), and says how long it took.
-// A machine that stays busy (other work on it) ends the wait at
-// pooledQuietWait; too few pooled VMs then is an error.
+// (pooledFillWait at most; fewer then is an error) and then until the
+// machine is quiet, their fills and warm-ups done (pooledQuietWait at
+// most: other work may keep it busy), and says how long it took.
 func awaitPool(ctx context.Context, s *shimStack, n int) (time.Duration, error) {
 	start := time.Now()
 	dir := filepath.Join(s.stack.RunDir, s.stack.Namespace)
+	var pooled time.Time // when n were there
 	for {
-		have := pooledVMs(dir)
-		quiet := cpuBusy(500*time.Millisecond) < quietBusy
-		if have >= n && quiet {
-			return time.Since(start), nil
+		if pooled.IsZero() && pooledVMs(dir) >= n {
+			pooled = time.Now()
 		}
-		if time.Since(start) > pooledQuietWait {
-			if have >= n {
-				return time.Since(start), nil
-			}
-			return 0, fmt.Errorf("%d pooled VMs after %v, want %d", have, pooledQuietWait, n)
+		quiet := cpuBusy(500*time.Millisecond) < quietBusy
+		switch {
+		case !pooled.IsZero() && (quiet || time.Since(pooled) > pooledQuietWait):
+			return time.Since(start), nil
+		case pooled.IsZero() && time.Since(start) > pooledFillWait:
+			return 0, fmt.Errorf("%d pooled VMs after %v, want %d", pooledVMs(dir), pooledFillWait, n)
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err

@@ -119,7 +119,9 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 	add := func(name string, took time.Duration) {
 		phases = append(phases, restore.Phase{Name: name, Duration: config.Duration(took)})
 	}
-	pv.claim(ctx)
+	if err := pv.claim(ctx); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", errUnusable, err)
+	}
 	if err := pv.usable(ctx); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", errUnusable, err)
 	}

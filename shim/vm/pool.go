@@ -77,13 +77,16 @@ type pooledVM struct {
 	base   *baseimage.Snapshot
 	net    *vmNetwork
 	runDir string
-	// callTimeout bounds each warm-up call.
+	// callTimeout bounds the warm-up's step under way once a claim comes.
 	callTimeout time.Duration
 	// warmRootfs: the rootfs slot holds the warm-up's empty image.
 	warmRootfs bool
-	// warming is held by each step of the warm-up; claimed ends it.
-	warming sync.Mutex
-	claimed bool
+	// warming is held by each step of the warm-up; claimed ends it, and
+	// cut says the claim's deadline ended the step under way.
+	warming      sync.Mutex
+	claimed, cut bool
+	// claiming is closed as a claim begins.
+	claiming chan struct{}
 }
 
 // Pool holds the VM a spare restored ahead for the first task it serves
@@ -99,6 +102,9 @@ type Pool struct {
 	mu    sync.Mutex
 	vm    *pooledVM
 	taken bool // claimed or closed: a VM the fill ends with is closed
+	// failed is why the fill ended with no VM: a spare logs nothing
+	// before its task, whose log then tells it.
+	failed error
 }
 
 // FillPool starts restoring the VM the order in the environment asks for,
@@ -128,10 +134,10 @@ func (p *Pool) fill(ctx context.Context, o PoolOrder, l *Launcher) {
 	defer p.cancel()
 	pv, err := restoreAhead(ctx, o, l, sync.OnceFunc(func() { close(p.restoring) }))
 	if err != nil {
-		close(p.ready)
 		if ctx.Err() == nil { // else a launch came first and cancelled it
-			log.G(ctx).WithError(err).Warn("restore a VM ahead for the next task")
+			p.fail(fmt.Errorf("restore a VM ahead for the next task: %w", err))
 		}
+		close(p.ready)
 		return
 	}
 	p.mu.Lock()
@@ -155,10 +161,17 @@ func (p *Pool) fill(ctx context.Context, o PoolOrder, l *Launcher) {
 		// A VM a launch took and closed (not its kind) ends its warm-up
 		// with an error that is no news.
 		if unclaimed {
-			log.G(ctx).WithError(err).Warn("warm the pooled VM: closed")
+			p.fail(fmt.Errorf("warm the pooled VM: closed: %w", err))
 			pv.close(ctx)
 		}
 	}
+}
+
+// fail records why the fill has no VM, for the task's log.
+func (p *Pool) fail(err error) {
+	p.mu.Lock()
+	p.failed = err
+	p.mu.Unlock()
 }
 
 // restoreAhead stages o's chain under a lease of its own, restores it
@@ -226,7 +239,7 @@ func stageAhead(ctx context.Context, o PoolOrder, l *Launcher, cfg config.Config
 		return nil, err
 	}
 	sweepPoolLeases(ctx, client, o.Namespace)
-	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name()}
+	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name(), claiming: make(chan struct{})}
 	pv.runDir = filepath.Join(parent, pv.id)
 	expiring := leases.WithExpiration(poolLease)
 	if o.Image != "" {
@@ -284,9 +297,12 @@ func (p *Pool) take(ctx context.Context, o poolKey, mode hypervisor.Mode, driver
 		p.cancel()
 	}
 	p.mu.Lock()
-	pv := p.vm
+	pv, failed := p.vm, p.failed
 	p.vm, p.taken = nil, true
 	p.mu.Unlock()
+	if failed != nil {
+		log.G(ctx).WithError(failed).Warn("the spare has no pooled VM")
+	}
 	if pv == nil {
 		return nil
 	}

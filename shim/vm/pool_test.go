@@ -74,7 +74,8 @@ func pooledForTest(t *testing.T, o PoolOrder) *pooledVM {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { res.Agent.Close(); res.VM.Close() })
-	return &pooledVM{order: o, mode: hypervisor.ModeMmap, driver: "fake", top: "sha256:top", res: res}
+	return &pooledVM{order: o, mode: hypervisor.ModeMmap, driver: "fake", top: "sha256:top", res: res,
+		callTimeout: 10 * time.Second, claiming: make(chan struct{})}
 }
 
 // TestPoolTake: a launch takes the pooled VM only if it matches its order,
@@ -166,6 +167,55 @@ func TestPooledVMUsable(t *testing.T) {
 	}
 	if err := pv.usable(context.Background()); err == nil || !strings.Contains(err.Error(), "exited") {
 		t.Errorf("a pooled VM whose hypervisor was killed: %v, want it unusable", err)
+	}
+}
+
+// TestWarmStepUnderClaim: a warm-up step of a VM nobody claimed has no
+// deadline (at idle priority on a busy machine it may wait long); once a
+// claim begins, the step has callTimeout to end. One that ends in time
+// leaves the VM to the claim; one cut short leaves it unusable.
+func TestWarmStepUnderClaim(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		endsIn  time.Duration // after the claim begins
+		wantErr bool
+	}{
+		{"ends in time", 10 * time.Millisecond, false},
+		{"cut short", time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pv := pooledForTest(t, PoolOrder{})
+			pv.callTimeout = 200 * time.Millisecond
+			running := make(chan struct{})
+			stepErr := make(chan error, 1)
+			go func() {
+				_, err := pv.warmStep(context.Background(), func(ctx context.Context) error {
+					close(running)
+					<-pv.claiming
+					select {
+					case <-time.After(tc.endsIn):
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				})
+				stepErr <- err
+			}()
+			<-running
+			time.Sleep(3 * pv.callTimeout) // unclaimed: no deadline
+			select {
+			case err := <-stepErr:
+				t.Fatalf("a step nobody claimed ended after 3 call timeouts: %v", err)
+			default:
+			}
+			err := pv.claim(context.Background())
+			if (err != nil) != tc.wantErr || (err != nil && !errors.Is(err, errWarmCut)) {
+				t.Errorf("claim = %v, want an error %v", err, tc.wantErr)
+			}
+			if done, err := pv.warmStep(context.Background(), func(context.Context) error { return errors.New("ran") }); !done || err != nil {
+				t.Errorf("a step after the claim: done %v, %v; want done and not run", done, err)
+			}
+		})
 	}
 }
 

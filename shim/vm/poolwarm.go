@@ -2,10 +2,12 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -113,27 +115,59 @@ func exited(st agent.ExitStatus, err error) error {
 	return nil
 }
 
-// warmStep runs step unless the VM is claimed (done).
+// warmStep runs step unless the VM is claimed (done). The VM runs at
+// idle priority, so a busy machine may hold a step up for as long as it
+// stays busy: that is no failure, and the step has no deadline of its
+// own. A claim gives the VM its CPU back, and the step callTimeout then.
 func (pv *pooledVM) warmStep(ctx context.Context, step func(context.Context) error) (done bool, err error) {
 	pv.warming.Lock()
 	defer pv.warming.Unlock()
 	if pv.claimed {
 		return true, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, pv.callTimeout)
-	defer cancel()
-	return false, step(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go pv.boundOnClaim(ctx, cancel)
+	err = step(ctx)
+	pv.cut = errors.Is(context.Cause(ctx), errWarmCut)
+	return false, err
 }
 
-// claim ends the warm-up, waiting for its step under way, once the
-// hypervisor runs under the normal policy again (the step may need it).
-func (pv *pooledVM) claim(ctx context.Context) {
+// errWarmCut ends a warm-up step the claim waited callTimeout for.
+var errWarmCut = errors.New("the warm-up step under way did not end in time for the claim")
+
+// boundOnClaim cancels the step's ctx callTimeout after a claim begins.
+func (pv *pooledVM) boundOnClaim(ctx context.Context, cancel context.CancelCauseFunc) {
+	select {
+	case <-pv.claiming:
+	case <-ctx.Done():
+		return
+	}
+	t := time.NewTimer(pv.callTimeout)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		cancel(errWarmCut)
+	case <-ctx.Done():
+	}
+}
+
+// claim ends the warm-up once the hypervisor runs under the normal policy
+// again, waiting for the step under way (callTimeout at most); a step
+// that did not end leaves the guest halfway through it, and the VM
+// unusable.
+func (pv *pooledVM) claim(ctx context.Context) error {
 	if err := spare.SetPolicy(pv.res.VM.PID(), unix.SCHED_NORMAL); err != nil {
 		log.G(ctx).WithError(err).Warn("the pooled VM's hypervisor keeps the idle scheduling policy")
 	}
+	close(pv.claiming)
 	pv.warming.Lock()
+	defer pv.warming.Unlock()
 	pv.claimed = true
-	pv.warming.Unlock()
+	if pv.cut {
+		return errWarmCut
+	}
+	return nil
 }
 
 // warmProcess is /bin/true as containerd's default spec runs a process.
@@ -151,13 +185,14 @@ func warmProcess(ctx context.Context) (*agent.ExecRequest, error) {
 // attachWarmRootfs puts an empty erofs image (made with mkfs.erofs, as
 // the snapshotter makes an image's) behind the pooled VM's rootfs slot,
 // for warmRootfsScript; the claim puts the task's image there. QEMU keeps
-// the image open, so its file goes at once.
+// the image open, so its file goes at once. It is made in the VM's run
+// dir, which the sweep of a killed spare's run dir takes with it.
 func (pv *pooledVM) attachWarmRootfs(ctx context.Context) error {
 	mkfs, err := exec.LookPath("mkfs.erofs")
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "cocoon-pool-")
+	dir, err := os.MkdirTemp(pv.runDir, "warm-")
 	if err != nil {
 		return err
 	}

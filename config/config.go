@@ -123,6 +123,15 @@ type Shim struct {
 	// burst of task starts to find one each (spare.MaxSpares at most); with
 	// PooledVM each holds a VM.
 	Spares int `toml:"spares"`
+	// PoolCgroup is the cgroup (a cgroupfs path) the pooled VMs wait in,
+	// all of a node's together, apart from containerd's and the tasks'; a
+	// claim moves its VM into the task's cgroup (the memory it touched
+	// while waiting stays charged here: no kernel moves charges now).
+	PoolCgroup string `toml:"pool_cgroup"`
+	// PoolMemory, if set, bounds the resident memory of the VMs waiting in
+	// PoolCgroup: a fill finding them at it restores none (0: no bound
+	// beside the count of spares).
+	PoolMemory Size `toml:"pool_memory"`
 	// CopyFiles and CopyBytes bound what one VM's guest holds of copies
 	// of the host's files (bind sources, Kubernetes volumes, each kept in
 	// step while it lives): entries (files, directories, links) and bytes
@@ -190,6 +199,7 @@ func Default() Config {
 			PodVM:          PodVMPod,
 			WarmRunc:       true,
 			Spares:         1,
+			PoolCgroup:     "/cocoon-pool",
 			CopyFiles:      2048,
 			CopyBytes:      Size(32 << 20),
 		},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -21,7 +22,8 @@ const maxFileSize = 1 << 20
 // strict about what it reads: a regular file of at most 1 MiB, opened
 // without following a symlink as its last element and without blocking
 // (a FIFO or a device is an error, never a hang or an endless read).
-// Keys that name a host path or a program (hostKeys) are honoured only
+// Keys that name a host path or a program, or that the node shares
+// (hostKeys), are honoured only
 // from a trusted file: owned by root, or by the user running this process,
 // and writable by nobody else. From any other file, such a key set to
 // anything but its default is an error naming the key.
@@ -95,17 +97,18 @@ func untrusted(fi os.FileInfo) error {
 	return nil
 }
 
-// hostKeys are the keys that name a host path or a program to run.
+// hostKeys are the keys that name a host path or a program to run, or
+// set what the whole node shares (the pool's cgroup and its limit).
 var hostKeys = []string{
 	"shim.run_dir", "qemu.binary", "cloud_hypervisor.binary", "firecracker.binary",
-	"snapshotter.root", "snapshotter.address",
+	"snapshotter.root", "snapshotter.address", "shim.pool_cgroup", "shim.pool_memory",
 }
 
 // hostValues returns c's values of hostKeys, in order.
 func (c Config) hostValues() []string {
 	return []string{
 		c.Shim.RunDir, c.QEMU.Binary, c.CloudHypervisor.Binary, c.Firecracker.Binary,
-		c.Snapshotter.Root, c.Snapshotter.Address,
+		c.Snapshotter.Root, c.Snapshotter.Address, c.Shim.PoolCgroup, strconv.FormatInt(int64(c.Shim.PoolMemory), 10),
 	}
 }
 
@@ -115,7 +118,7 @@ func checkHostKeys(c Config, why error) error {
 	got, def := c.hostValues(), Default().hostValues()
 	for i, key := range hostKeys {
 		if got[i] != def[i] {
-			return fmt.Errorf("%s = %q: a key naming a host path or program is honoured only from a file owned by root and writable by nobody else: %w", key, got[i], why)
+			return fmt.Errorf("%s = %q: a key naming a host path or program, or one the node shares, is honoured only from a file owned by root and writable by nobody else: %w", key, got[i], why)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
@@ -70,6 +71,9 @@ func (c Config) Validate() error {
 	}
 	if c.Shim.Spares < 1 || c.Shim.Spares > spare.MaxSpares {
 		return fmt.Errorf("shim.spares = %d: want 1 to %d", c.Shim.Spares, spare.MaxSpares)
+	}
+	if !strings.HasPrefix(c.Shim.PoolCgroup, "/") || strings.Contains(c.Shim.PoolCgroup, ":") || c.Shim.PoolMemory < 0 {
+		return fmt.Errorf("shim.pool_cgroup = %q, shim.pool_memory = %d: want an absolute cgroupfs path (no systemd slice) and a size of 0 (no limit) or more", c.Shim.PoolCgroup, c.Shim.PoolMemory)
 	}
 	if c.Shim.CopyFiles <= 0 || c.Shim.CopyBytes <= 0 {
 		return fmt.Errorf("shim.copy_files = %d, shim.copy_bytes = %d: want both positive", c.Shim.CopyFiles, c.Shim.CopyBytes)

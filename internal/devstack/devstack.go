@@ -278,6 +278,7 @@ func (s *Stack) writeCocoonConfig(c *config.Config) error {
 		cfg = *c
 	}
 	cfg.Shim.RunDir = s.RunDir
+	cfg.Shim.PoolCgroup = "/" + poolCgroup(s.Dir)
 	cfg.Snapshotter.Root = s.SnapshotterRoot
 	cfg.Snapshotter.Address = s.SnapshotterAddress
 	if err := cfg.Validate(); err != nil {

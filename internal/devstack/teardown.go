@@ -71,15 +71,21 @@ func Destroy(dir string) error {
 }
 
 // sweep kills what still refers to dir, unmounts everything under it and
-// removes it, and removes the CRI pods' cgroup parent named after it.
+// removes it, and removes the CRI pods' cgroup parent named after it and
+// the pooled VMs' cgroup.
 func sweep(dir string) error {
 	killAll(processesUsing(dir))
 	err := unmountAll(dir)
 	if rerr := os.RemoveAll(dir); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("remove %s: %w", dir, rerr))
 	}
-	return errors.Join(err, removeEmptyCgroups(hierarchyDirs(filepath.Base(dir))))
+	cgroups := slices.Concat(hierarchyDirs(filepath.Base(dir)), hierarchyDirs(poolCgroup(dir)))
+	return errors.Join(err, removeEmptyCgroups(cgroups))
 }
+
+// poolCgroup names the stack's pooled VMs' cgroup (shim.pool_cgroup), of
+// its own: the node's default is shared by every containerd.
+func poolCgroup(dir string) string { return filepath.Base(dir) + "-pool" }
 
 // deleteContainers deletes every task and container of the containerd at
 // address, in every namespace, with their snapshots.

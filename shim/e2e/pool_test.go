@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,8 +23,9 @@ import (
 // restores that task's base ahead and warms it; the next ordinary image
 // runs in it (its create claims the VM: no restore phases), reads its own
 // image, and the spare's VM is the task's only hypervisor, in the task's
-// cgroup, under the normal scheduling policy. Containers started back to
-// back, before the pooled VM is up or while it warms, run as well. A
+// cgroup (it waited in the pool's), under the normal scheduling policy.
+// Containers started back to back, before the pooled VM is up or while it
+// warms, run as well. A
 // spare killed while it holds a pooled VM takes the VM with it, and the
 // next spare's fill removes the run dir it left. A pooled VM that died
 // waiting is passed over: the container restores its own. The killed
@@ -46,6 +48,9 @@ func TestPooledVM(t *testing.T) {
 	for round := 0; round < 3 && !claimed; round++ {
 		dir, _ := awaitPooledVM(t, c)
 		qemu := processUsing(dir, "qemu")
+		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", qemu)); !regexp.MustCompile(`(?m):memory:/[^/]*-pool$`).Match(cg) {
+			t.Errorf("a waiting pooled VM's cgroups %q: want the stack's pool cgroup (shim.pool_cgroup) for memory", cg)
+		}
 		id := fmt.Sprintf("claim%d", round)
 		if _, err := runOrdinary(c, []string{"-d"}, id, "sleep", "600"); err != nil {
 			t.Fatal(err)

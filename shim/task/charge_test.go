@@ -20,11 +20,11 @@ import (
 
 // testCgroup makes a VM cgroup without limits, as vmSetup.starting does,
 // and removes it at cleanup.
-func testCgroup(t *testing.T, name string) (vmCgroup, string) {
+func testCgroup(t *testing.T, name string) (VMCgroup, string) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	path := fmt.Sprintf("/cocoon-test-%s-%d", name, os.Getpid())
-	cg, err := newCgroup(path, &specs.LinuxResources{})
+	cg, err := NewCgroup(path, &specs.LinuxResources{})
 	if err != nil {
 		t.Fatal(err)
 	}

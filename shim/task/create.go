@@ -170,7 +170,7 @@ func discard(ctx context.Context, sb *Sandbox) {
 // closeVM lets go of a VM that is gone: it closes sb's guest connection
 // and VM, releases what sb holds and deletes the VM's cgroup cg (nil when
 // there is none), naming each failure.
-func closeVM(sb *Sandbox, cg vmCgroup) error {
+func closeVM(sb *Sandbox, cg VMCgroup) error {
 	var errs []error
 	if err := sb.Guest.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close guest agent: %w", err))

@@ -23,7 +23,7 @@ import (
 type PodVM struct {
 	id, bundle string
 	sb         *Sandbox
-	cg         vmCgroup // nil when the pod names no cgroup
+	cg         VMCgroup // nil when the pod names no cgroup
 	// Created is when StartPod began.
 	Created time.Time
 

@@ -29,7 +29,7 @@ type vmSetup struct {
 	once sync.Once
 	done chan struct{}
 	rec  *state.Task
-	cg   vmCgroup
+	cg   VMCgroup
 	err  error
 	// bornIn: the launch started its hypervisor in cg (Start).
 	bornIn bool
@@ -59,7 +59,7 @@ func (s *vmSetup) starting(sp Spawn) error {
 	if err := state.WriteTask(s.req.Bundle, rec); err != nil || s.path == "" {
 		return err
 	}
-	s.cg, err = newCgroup(s.path, &specs.LinuxResources{})
+	s.cg, err = NewCgroup(s.path, &specs.LinuxResources{})
 	return err
 }
 
@@ -91,7 +91,7 @@ func (s *vmSetup) spawned(sp Spawn) {
 
 // finish waits for the setup of sb's VM, running it now if the launcher
 // never reported the spawn.
-func (s *vmSetup) finish(sb *Sandbox) (*state.Task, vmCgroup, error) {
+func (s *vmSetup) finish(sb *Sandbox) (*state.Task, VMCgroup, error) {
 	s.once.Do(func() { s.run(spawnOf(sb)) })
 	<-s.done
 	return s.rec, s.cg, s.err
@@ -175,12 +175,12 @@ func newRecord(req LaunchRequest, sp Spawn) (*state.Task, error) {
 
 // joinCgroup creates the cgroup at path with the VM's share of res and
 // moves the hypervisor into it.
-func joinCgroup(path string, res *specs.LinuxResources, sp Spawn) (vmCgroup, error) {
+func joinCgroup(path string, res *specs.LinuxResources, sp Spawn) (VMCgroup, error) {
 	vres, err := sp.Memory.vmResources(res)
 	if err != nil {
 		return nil, err
 	}
-	cg, err := newCgroup(path, vres)
+	cg, err := NewCgroup(path, vres)
 	if err != nil {
 		return nil, err
 	}

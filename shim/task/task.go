@@ -30,7 +30,7 @@ type task struct {
 	id     string
 	bundle string
 	sb     *Sandbox
-	cg     vmCgroup // nil when the spec names no cgroup
+	cg     VMCgroup // nil when the spec names no cgroup
 	send   func(evt any)
 	// created is when Create began, the restore report's origin.
 	created   time.Time

@@ -125,6 +125,13 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 	if err := pv.usable(ctx); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", errUnusable, err)
 	}
+	// A task's cgroup takes the VM as the task's setup begins (loaded);
+	// without one, it leaves the pool's.
+	if r.Spec == nil || r.Spec.Linux == nil || r.Spec.Linux.CgroupsPath == "" {
+		if err := task.JoinOwnCgroups(pv.res.VM.PID()); err != nil {
+			return nil, nil, fmt.Errorf("%w: leave the pool's cgroup: %w", errUnusable, err)
+		}
+	}
 	if p.src.disk != nil {
 		if err := pv.res.VM.(hypervisor.RootfsAttacher).AttachRootfs(ctx, p.src.disk.ImagePath()); err != nil {
 			return nil, nil, fmt.Errorf("%w: %w", errUnusable, err)

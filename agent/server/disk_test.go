@@ -55,6 +55,7 @@ func (f *fakeSysfs) virtio(name, id string, bound bool) {
 
 func (f *fakeSysfs) disk(name, serial string) {
 	f.write("block/"+name+"/serial", serial+"\n")
+	f.write("block/"+name+"/queue/read_ahead_kb", "128\n")
 	if err := os.WriteFile(filepath.Join(f.dev, name), nil, 0o600); err != nil {
 		f.t.Fatal(err)
 	}
@@ -121,7 +122,8 @@ func TestDiskBindsMapped(t *testing.T) {
 	}
 }
 
-// TestDiskWaits: a disk that appears after the bind is found.
+// TestDiskWaits: a disk that appears after the bind is found, and gets
+// the image disks' readahead.
 func TestDiskWaits(t *testing.T) {
 	f := newFakeSysfs(t, true)
 	f.virtio("virtio0", "0x0002", false)
@@ -133,6 +135,9 @@ func TestDiskWaits(t *testing.T) {
 	defer cancel()
 	if dev, err := f.mounts().Disk(ctx, "late", 0); err != nil || dev != filepath.Join(f.dev, "vda") {
 		t.Errorf("disk %q %v, want vda", dev, err)
+	}
+	if ra, err := os.ReadFile(filepath.Join(f.sys, "block/vda/queue/read_ahead_kb")); err != nil || string(ra) != diskReadahead {
+		t.Errorf("the disk's readahead %q %v, want %s KiB", ra, err, diskReadahead)
 	}
 }
 

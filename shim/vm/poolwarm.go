@@ -29,19 +29,13 @@ const warmID = "pool-warm"
 // proc, a dev tmpfs with devpts, shm and mqueue, a read-only sysfs, a
 // masked file and a read-only path), then takes it all down. The kernel
 // code it runs is what a task's Init runs next; the image it reads is
-// the warm-up's own, empty. It also sets the slot's readahead to 4 MiB,
-// which the task's image behind the same device keeps: a first exec then
-// faults a whole binary in with a read or two, where under TCG each of
-// the default 128 KiB reads is a round trip (in the whole start, the
-// ordinary image's process phase beyond the snapshot image's in the same
-// run: 79 -> 48 ms, medians of 5 and 4 runs).
+// the warm-up's own, empty.
 const warmRootfsScript = `set -e
 d=
 for b in /sys/block/vd*; do [ "$(cat $b/serial)" = "$1" ] && d=${b##*/}; done
 w=/run/cocoon-warm
 r=$w/root
 mkdir -p $w/lower $w/rw $r
-echo 4096 > /sys/block/$d/queue/read_ahead_kb
 mount -t erofs -o ro /dev/$d $w/lower
 mount -t tmpfs tmpfs $w/rw
 mkdir $w/rw/upper $w/rw/work

@@ -129,7 +129,8 @@ func (pv *pooledVM) warmStep(ctx context.Context, step func(context.Context) err
 	defer cancel(nil)
 	go pv.boundOnClaim(ctx, cancel)
 	err = step(ctx)
-	pv.cut = errors.Is(context.Cause(ctx), errWarmCut)
+	// A step that ended as the claim's deadline came still ended.
+	pv.cut = err != nil && errors.Is(context.Cause(ctx), errWarmCut)
 	return false, err
 }
 

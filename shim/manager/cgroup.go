@@ -4,28 +4,83 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"golang.org/x/sys/unix"
 )
 
-// deleteCgroup removes the (now empty) cgroup the hypervisor ran in.
+// emptyPoll is how often deleteCgroup looks again at a cgroup whose
+// processes it killed.
+const emptyPoll = 20 * time.Millisecond
+
+// deleteCgroup removes the cgroup the hypervisor ran in. It is the task's
+// alone: a process still in it (a hypervisor whose record was cut short by
+// a crash, one exiting as the shim died with it) is killed, and the delete
+// tried again until killTimeout, as runc's delete kills what is left in a
+// container's cgroup.
 func deleteCgroup(path string) error {
-	var err error
-	if cgroups.Mode() == cgroups.Unified {
-		var m *cgroup2.Manager
-		if m, err = cgroup2.Load(path); err == nil {
-			err = m.Delete()
-		}
-	} else {
-		var cg cgroup1.Cgroup
-		if cg, err = cgroup1.Load(cgroup1.StaticPath(path)); err == nil {
-			err = cg.Delete()
-		}
+	cg, err := loadCgroup(path)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, cgroup1.ErrCgroupDeleted) {
+		return nil
 	}
-	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, cgroup1.ErrCgroupDeleted) {
+	if err != nil {
 		return fmt.Errorf("delete cgroup %s: %w", path, err)
 	}
-	return nil
+	deadline := time.Now().Add(killTimeout)
+	for {
+		err := cg.Delete()
+		if err == nil || errors.Is(err, os.ErrNotExist) || errors.Is(err, cgroup1.ErrCgroupDeleted) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("delete cgroup %s: %w", path, err)
+		}
+		for _, pid := range cg.procs() {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(emptyPoll)
+	}
+}
+
+// taskCgroup is a task's cgroup as deleteCgroup handles it.
+type taskCgroup interface {
+	Delete() error
+	procs() []int
+}
+
+func loadCgroup(path string) (taskCgroup, error) {
+	if cgroups.Mode() == cgroups.Unified {
+		m, err := cgroup2.Load(path)
+		return v2Cgroup{m}, err
+	}
+	cg, err := cgroup1.Load(cgroup1.StaticPath(path))
+	return v1Cgroup{cg}, err
+}
+
+type v1Cgroup struct{ cgroup1.Cgroup }
+
+// procs lists the processes in the cgroup, in any of its hierarchies.
+func (c v1Cgroup) procs() []int {
+	var pids []int
+	for _, s := range c.Subsystems() {
+		ps, _ := c.Processes(s.Name(), true)
+		for _, p := range ps {
+			pids = append(pids, p.Pid)
+		}
+	}
+	return pids
+}
+
+type v2Cgroup struct{ *cgroup2.Manager }
+
+func (c v2Cgroup) procs() []int {
+	ps, _ := c.Procs(true)
+	pids := make([]int, len(ps))
+	for i, p := range ps {
+		pids[i] = int(p)
+	}
+	return pids
 }

@@ -214,6 +214,17 @@ func TestStopRemovesCgroup(t *testing.T) {
 		dir = filepath.Join("/sys/fs/cgroup/pids", path)
 	}
 	t.Cleanup(func() { _ = deleteCgroup(path) })
+	// A process the record does not name (a hypervisor whose pid a crash
+	// kept from the record) is killed with the cgroup.
+	left := exec.Command("sleep", "60")
+	if err := left.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { left.Process.Kill(); left.Wait() })
+	procs := filepath.Join(dir, "cgroup.procs")
+	if err := os.WriteFile(procs, []byte(strconv.Itoa(left.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
 	bundle := t.TempDir()
 	if err := state.WriteTask(bundle, &state.Task{ID: "t1", Cgroup: path}); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/containerd/v2/pkg/shim"
-	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/manager"
@@ -47,7 +46,7 @@ func main() {
 	// The pause process is the launcher binary: a few of this one's
 	// start-up and memory for each pod.
 	sandbox := pause.Launcher{Binary: filepath.Join(filepath.Dir(self), launch.LauncherName)}
-	task.Register(refilling{Launcher: task.PodLauncher{VM: launcher, Sandbox: sandbox}, vm: launcher})
+	task.Register(newRefilling(task.PodLauncher{VM: launcher, Sandbox: sandbox}, launcher))
 	// containerd's sandbox API (a CRI handler's sandboxer = "shim") on the
 	// same connection: the pod's VM, which its containers' tasks join.
 	sandboxapi.Register()
@@ -58,30 +57,4 @@ func main() {
 		c.NoReaper = true
 		c.NoSubreaper = true
 	})
-}
-
-// refilling tops up the spares for the next tasks once a task is
-// launched: then, not at the server's start, the spares' own start-up is
-// off this task's path. A VM this server restored ahead as a spare is for
-// its first launch only: whatever that launch was, it is closed if left.
-type refilling struct {
-	task.Launcher
-	vm *vm.Launcher
-}
-
-func (l refilling) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
-	sb, err := l.Launcher.Launch(ctx, r)
-	l.vm.ClosePool()
-	if err == nil {
-		go func() {
-			env := []string{vm.PoolEnv + "="}
-			if sb.SpareEnv != nil {
-				env = sb.SpareEnv(context.WithoutCancel(ctx))
-			}
-			if err := launch.RefillSpare(r.Containerd, max(sb.Spares, 1), env...); err != nil {
-				log.G(ctx).WithError(err).Warn("start a spare shim server")
-			}
-		}()
-	}
-	return sb, err
 }

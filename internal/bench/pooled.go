@@ -16,6 +16,7 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
 )
 
@@ -265,7 +266,7 @@ func awaitPool(ctx context.Context, s *shimStack, n int) (time.Duration, error) 
 		case !pooled.IsZero() && (quiet || time.Since(pooled) > pooledQuietWait):
 			return time.Since(start), nil
 		case pooled.IsZero() && time.Since(start) > pooledFillWait:
-			return 0, fmt.Errorf("%d pooled VMs after %v, want %d", pooledVMs(dir), pooledFillWait, n)
+			return 0, fmt.Errorf("%d pooled VMs after %v, want %d (%s)", pooledVMs(dir), pooledFillWait, n, spareState(s.stack.Dir, dir))
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
@@ -283,6 +284,22 @@ func pooledVMs(dir string) int {
 		}
 	}
 	return n
+}
+
+// spareState says, for an error, which spare sockets the stack in
+// stackDir has (its socket dir is stackDir/s; a ".pending" one is a spare
+// still starting, or one whose start was cut) and how many of its spares
+// hold a VM in runDir.
+func spareState(stackDir, runDir string) string {
+	des, _ := os.ReadDir(filepath.Join(stackDir, "s"))
+	var sockets []string
+	for _, de := range des {
+		if strings.HasPrefix(de.Name(), spare.SocketPrefix) {
+			sockets = append(sockets, de.Name())
+		}
+	}
+	_, holding := pooledProcesses(runDir)
+	return fmt.Sprintf("spare sockets %v, %d spares holding a VM", sockets, len(holding))
 }
 
 // cpuBusy is the share of the machine's CPU time, over d, not idle.

@@ -219,6 +219,15 @@ type Warmer interface {
 	Warm(ctx context.Context)
 }
 
+// Settler is a Launcher with work of its own still under way after a
+// launch (the spare servers it starts for the next tasks); the service
+// waits for it as the server shuts down, so the exit that follows the
+// last task's delete cuts none of it short. Settle returns when that work
+// is done or ctx ends.
+type Settler interface {
+	Settle(ctx context.Context)
+}
+
 // CRI's annotations that tell a pod's sandbox container from its app
 // containers (containerd's internal/cri/annotations, which other runtimes
 // read by these names too).

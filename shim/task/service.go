@@ -124,12 +124,16 @@ func (s *Service) forward(publisher events.Publisher) {
 	}
 }
 
-// shutdown, the shim's shutdown callback, kills every VM still held, then
-// has the forwarder publish every event queued before it returns: the
-// shim's process ends once the callbacks have, and an event still queued
-// then (the last task's exit or delete) would be lost.
+// shutdown, the shim's shutdown callback, kills every VM still held, lets
+// the launcher's own work settle (Settler), then has the forwarder publish
+// every event queued before it returns: the shim's process ends once the
+// callbacks have, and an event still queued then (the last task's exit or
+// delete) would be lost.
 func (s *Service) shutdown(ctx context.Context) error {
 	err := s.destroyAll(ctx)
+	if st, ok := s.launcher.(Settler); ok {
+		st.Settle(ctx)
+	}
 	close(s.draining)
 	select {
 	case <-s.forwarded:

@@ -345,3 +345,32 @@ func TestShutdownPublishesQueued(t *testing.T) {
 		t.Fatalf("%d of 3 queued events published before shutdown was done", got)
 	}
 }
+
+// settlingLauncher is a launcher whose own work settles when released.
+type settlingLauncher struct {
+	*fakeLauncher
+	release chan struct{}
+}
+
+func (l settlingLauncher) Settle(ctx context.Context) {
+	select {
+	case <-l.release:
+	case <-ctx.Done():
+	}
+}
+
+// TestShutdownSettlesLauncher: the shim's shutdown is not done (its
+// process would end) while the launcher's own work is under way.
+func TestShutdownSettlesLauncher(t *testing.T) {
+	ctx, sd := shutdown.WithShutdown(namespaces.WithNamespace(context.Background(), "test"))
+	l := settlingLauncher{fakeLauncher: &fakeLauncher{vm: newFakeVM(t), guest: newFakeGuest()}, release: make(chan struct{})}
+	NewService(ctx, l, &recorder{}, sd)
+	sd.Shutdown()
+	select {
+	case <-sd.Done():
+		t.Fatal("shutdown done with the launcher's work under way")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(l.release)
+	<-sd.Done()
+}

@@ -99,6 +99,13 @@ func (l *Launcher) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 	if err := starting(cfg, d, r); err != nil {
 		return nil, err
 	}
+	if cfg.Shim.PooledVM {
+		if release, err := holdLaunch(cfg.Shim.RunDir); err != nil {
+			log.G(ctx).WithError(err).Warn("the spares' fills do not yield to this launch")
+		} else {
+			defer release()
+		}
+	}
 	src, err := l.source(ctx, cfg, r, clock)
 	if err != nil {
 		return nil, err

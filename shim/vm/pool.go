@@ -174,10 +174,10 @@ func (p *Pool) fail(err error) {
 	p.mu.Unlock()
 }
 
-// restoreAhead stages o's chain under a lease of its own, restores it
-// (one fill at a time: lockFills) with its rootfs slot empty and a NIC in
-// a namespace of its own (telling restoring as it begins), and connects
-// the agent without giving the guest a task.
+// restoreAhead stages o's chain under a lease of its own and restores it
+// (in its turn: lockFills) with its rootfs slot empty and a NIC in a namespace of
+// its own (telling restoring as it begins), and connects the agent
+// without giving the guest a task.
 func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func()) (*pooledVM, error) {
 	cfg, err := config.LoadTask(o.ConfigPath, o.ConfigBody)
 	if err != nil {
@@ -192,13 +192,14 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func(
 		return nil, fmt.Errorf("create run dir parent: %w", err)
 	}
 	sweepPools(ctx, parent)
-	pv, err := stageAhead(ctx, o, l, cfg, d, parent)
+	unlock, err := lockFills(ctx, parent, cfg.Shim.RunDir)
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := lockFills(ctx, parent)
+	pv, err := stageAhead(ctx, o, l, cfg, d, parent)
 	if err != nil {
-		return nil, errors.Join(err, pv.base.Release())
+		unlock()
+		return nil, err
 	}
 	restoring()
 	ctx, cancel := context.WithTimeout(ctx, cfg.Shim.RestoreTimeout.D())
@@ -318,36 +319,23 @@ func (p *Pool) take(ctx context.Context, o poolKey, mode hypervisor.Mode, driver
 	return pv
 }
 
-// fillPoll is how often a fill waiting for another's restore to end
-// tries again.
-const fillPoll = 20 * time.Millisecond
-
-// lockFills waits, until ctx ends, for the fills of dir's pooled VMs to
-// restore one at a time (a flock on dir), and returns the unlock: spares
-// refilled after a burst restore in turn, not all at once against the
-// next burst's tasks, which cancel the fills not restoring yet (Pool.take)
-// and restore their own. The warm-ups, at idle priority, overlap.
-func lockFills(ctx context.Context, dir string) (func(), error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+// lockFills waits, until ctx ends, for a fill's turn, and returns the
+// unlock. The fills of dir's pooled VMs stage and restore one at a time
+// (a flock on dir): spares refilled after a burst restore in turn, not
+// all at once against the next burst's tasks, which cancel the fills not
+// restoring yet (Pool.take) and restore their own. And none begins while
+// a launch is under way in runDir (awaitLaunches). The warm-ups, at idle
+// priority, overlap.
+func lockFills(ctx context.Context, dir, runDir string) (func(), error) {
+	unlock, err := pollFlock(ctx, dir)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dir, err)
+		return nil, err
 	}
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { unix.Close(fd) }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			unix.Close(fd)
-			return nil, fmt.Errorf("lock %s: %w", dir, err)
-		}
-		select {
-		case <-ctx.Done():
-			unix.Close(fd)
-			return nil, ctx.Err()
-		case <-time.After(fillPoll):
-		}
+	if err := awaitLaunches(ctx, runDir); err != nil {
+		unlock()
+		return nil, err
 	}
+	return unlock, nil
 }
 
 func (p *Pool) isRestoring() bool {

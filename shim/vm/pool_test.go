@@ -240,25 +240,25 @@ func ctxWithin(t *testing.T, d time.Duration) context.Context {
 // TestLockFills: one fill restores at a time; the next waits for its
 // unlock, or gives up when its context ends (a launch cancelled it).
 func TestLockFills(t *testing.T) {
-	dir := t.TempDir()
-	unlock, err := lockFills(t.Context(), dir)
+	dir, runDir := t.TempDir(), t.TempDir()
+	unlock, err := lockFills(t.Context(), dir, runDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*fillPoll)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*flockPoll)
 	defer cancel()
-	if _, err := lockFills(ctx, dir); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := lockFills(ctx, dir, runDir); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second fill while the first restores: %v, want it to wait until its context ends", err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		unlock2, err := lockFills(t.Context(), dir)
+		unlock2, err := lockFills(t.Context(), dir, runDir)
 		if err == nil {
 			unlock2()
 		}
 		got <- err
 	}()
-	time.Sleep(3 * fillPoll)
+	time.Sleep(3 * flockPoll)
 	unlock()
 	select {
 	case err := <-got:
@@ -267,5 +267,54 @@ func TestLockFills(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiting fill did not get the lock once the first let go")
+	}
+}
+
+// TestFillsYieldToLaunches: a fill's turn waits while launches are under
+// way in the run dir (two at once, both holding it), and comes once the
+// last ends; a launch never waits for a fill.
+func TestFillsYieldToLaunches(t *testing.T) {
+	dir, runDir := t.TempDir(), filepath.Join(t.TempDir(), "run")
+	releases := make([]func(), 2)
+	for i := range releases {
+		release, err := holdLaunch(runDir)
+		if err != nil {
+			t.Fatalf("launch %d: %v", i, err)
+		}
+		releases[i] = release
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*flockPoll)
+	defer cancel()
+	if _, err := lockFills(ctx, dir, runDir); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("fill during launches: %v, want it to wait until its context ends", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		unlock, err := lockFills(t.Context(), dir, runDir)
+		if err == nil {
+			release, herr := holdLaunch(runDir) // a launch during the fill's restore
+			if herr == nil {
+				release()
+			}
+			unlock()
+			err = herr
+		}
+		got <- err
+	}()
+	releases[0]()
+	time.Sleep(3 * flockPoll)
+	select {
+	case err := <-got:
+		t.Fatalf("fill began with a launch still under way: %v", err)
+	default:
+	}
+	releases[1]()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fill did not begin once the launches ended")
 	}
 }

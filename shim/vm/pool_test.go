@@ -245,11 +245,7 @@ func TestLockFills(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*flockPoll)
-	defer cancel()
-	if _, err := lockFills(ctx, dir, runDir); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("second fill while the first restores: %v, want it to wait until its context ends", err)
-	}
+	fillWaits(t, dir, runDir, "second fill while the first restores")
 	got := make(chan error, 1)
 	go func() {
 		unlock2, err := lockFills(t.Context(), dir, runDir)
@@ -260,13 +256,31 @@ func TestLockFills(t *testing.T) {
 	}()
 	time.Sleep(3 * flockPoll)
 	unlock()
+	fillEnds(t, got, "the waiting fill did not get the lock once the first let go")
+}
+
+// fillWaits checks that a fill's turn in dir and runDir does not come
+// within a few polls (what: the case, for the failure).
+func fillWaits(t *testing.T, dir, runDir, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*flockPoll)
+	defer cancel()
+	if _, err := lockFills(ctx, dir, runDir); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%s: %v, want it to wait until its context ends", what, err)
+	}
+}
+
+// fillEnds waits for a fill's result on got, failing with late if none
+// comes in time.
+func fillEnds(t *testing.T, got <-chan error, late string) {
+	t.Helper()
 	select {
 	case err := <-got:
 		if err != nil {
 			t.Fatal(err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the waiting fill did not get the lock once the first let go")
+		t.Fatal(late)
 	}
 }
 
@@ -283,11 +297,7 @@ func TestFillsYieldToLaunches(t *testing.T) {
 		}
 		releases[i] = release
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*flockPoll)
-	defer cancel()
-	if _, err := lockFills(ctx, dir, runDir); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("fill during launches: %v, want it to wait until its context ends", err)
-	}
+	fillWaits(t, dir, runDir, "fill during launches")
 	got := make(chan error, 1)
 	go func() {
 		unlock, err := lockFills(t.Context(), dir, runDir)
@@ -309,12 +319,5 @@ func TestFillsYieldToLaunches(t *testing.T) {
 	default:
 	}
 	releases[1]()
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the fill did not begin once the launches ended")
-	}
+	fillEnds(t, got, "the fill did not begin once the launches ended")
 }

@@ -86,8 +86,11 @@ func TestSettleWaitsForRefill(t *testing.T) {
 // only until its context does.
 func TestSettleBoundedByContext(t *testing.T) {
 	g := &gatedRefill{release: make(chan struct{})}
-	t.Cleanup(func() { close(g.release) })
 	r := newTestRefilling(&task.Sandbox{}, nil, g)
+	t.Cleanup(func() {
+		close(g.release)
+		r.Settle(context.Background()) // the refill ends with the test
+	})
 	if _, err := r.Launch(t.Context(), task.LaunchRequest{}); err != nil {
 		t.Fatal(err)
 	}

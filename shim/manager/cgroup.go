@@ -38,9 +38,7 @@ func deleteCgroup(path string) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("delete cgroup %s: %w", path, err)
 		}
-		for _, pid := range cg.procs() {
-			_ = unix.Kill(pid, unix.SIGKILL)
-		}
+		cg.kill()
 		time.Sleep(emptyPoll)
 	}
 }
@@ -48,7 +46,8 @@ func deleteCgroup(path string) error {
 // taskCgroup is a task's cgroup as deleteCgroup handles it.
 type taskCgroup interface {
 	Delete() error
-	procs() []int
+	// kill sends SIGKILL to every process in the cgroup.
+	kill()
 }
 
 func loadCgroup(path string) (taskCgroup, error) {
@@ -62,25 +61,23 @@ func loadCgroup(path string) (taskCgroup, error) {
 
 type v1Cgroup struct{ cgroup1.Cgroup }
 
-// procs lists the processes in the cgroup, in any of its hierarchies.
-func (c v1Cgroup) procs() []int {
-	var pids []int
+// kill kills the processes in the cgroup, in any of its hierarchies
+// (v1 has no cgroup.kill).
+func (c v1Cgroup) kill() {
+	killed := map[int]bool{}
 	for _, s := range c.Subsystems() {
 		ps, _ := c.Processes(s.Name(), true)
 		for _, p := range ps {
-			pids = append(pids, p.Pid)
+			if !killed[p.Pid] {
+				killed[p.Pid] = true
+				_ = unix.Kill(p.Pid, unix.SIGKILL)
+			}
 		}
 	}
-	return pids
 }
 
 type v2Cgroup struct{ *cgroup2.Manager }
 
-func (c v2Cgroup) procs() []int {
-	ps, _ := c.Procs(true)
-	pids := make([]int, len(ps))
-	for i, p := range ps {
-		pids[i] = int(p)
-	}
-	return pids
-}
+// kill writes cgroup.kill (the library falls back to signalling each
+// process on kernels before 5.14).
+func (c v2Cgroup) kill() { _ = c.Kill() }

@@ -174,10 +174,10 @@ func (p *Pool) fail(err error) {
 	p.mu.Unlock()
 }
 
-// restoreAhead stages o's chain under a lease of its own and restores it
-// (in its turn: lockFills) with its rootfs slot empty and a NIC in a namespace of
-// its own (telling restoring as it begins), and connects the agent
-// without giving the guest a task.
+// restoreAhead, in its turn (lockFills), stages o's chain under a lease
+// of its own and restores it with its rootfs slot empty and a NIC in a
+// namespace of its own (telling restoring as it begins), and connects the
+// agent without giving the guest a task.
 func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func()) (*pooledVM, error) {
 	cfg, err := config.LoadTask(o.ConfigPath, o.ConfigBody)
 	if err != nil {

@@ -26,9 +26,9 @@ func holdLaunch(runDir string) (func(), error) {
 	if err := os.MkdirAll(runDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
-	fd, err := unix.Open(runDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := openDir(runDir)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", runDir, err)
+		return nil, err
 	}
 	for {
 		err = unix.Flock(fd, unix.LOCK_SH)
@@ -60,9 +60,9 @@ const flockPoll = 20 * time.Millisecond
 // pollFlock takes an exclusive flock on dir, trying every flockPoll until
 // ctx ends (a fill's cancel ends the wait), and returns the unlock.
 func pollFlock(ctx context.Context, dir string) (func(), error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := openDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dir, err)
+		return nil, err
 	}
 	for {
 		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
@@ -80,4 +80,13 @@ func pollFlock(ctx context.Context, dir string) (func(), error) {
 		case <-time.After(flockPoll):
 		}
 	}
+}
+
+// openDir opens dir for a flock on it.
+func openDir(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", dir, err)
+	}
+	return fd, nil
 }

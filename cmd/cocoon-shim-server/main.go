@@ -50,6 +50,7 @@ func main() {
 	// containerd's sandbox API (a CRI handler's sandboxer = "shim") on the
 	// same connection: the pod's VM, which its containers' tasks join.
 	sandboxapi.Register()
+	registerSocketUnlink()
 	// The hypervisor is the shim's direct child and the drivers reap it with
 	// exec.Cmd.Wait. pkg/shim's default reaper would steal that exit status,
 	// and a subreaper would collect orphans nobody reaps, so both are off.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/unixsock"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare/idle"
 )
 
 // replyTimeout bounds the wait for the spares' answers, all of those a
@@ -172,40 +172,34 @@ func refillSlot(path, server string, env []string) error {
 	}
 	defer null.Close()
 	// The spare's fd 3 holds a place for the task socket it gets later.
-	err = startIdle(server, []string{server, Flag, path}, &os.ProcAttr{
+	// Forked under the normal policy: it demotes itself once it runs.
+	p, err := os.StartProcess(server, []string{server, Flag, path}, &os.ProcAttr{
 		Dir:   "/",
-		Env:   env,
+		Env:   idleEnv(env),
 		Files: []*os.File{null, null, null, null, l},
 		// Its own process group, so signals meant for containerd miss it.
 		Sys: &syscall.SysProcAttr{Setpgid: true},
 	})
+	if err == nil {
+		err = p.Release()
+	}
 	if err != nil {
 		return errors.Join(fmt.Errorf("start spare: %w", err), os.Remove(pending))
 	}
 	return nil
 }
 
-// startIdle starts a process under SCHED_IDLE, so its start-up (the cost a
-// spare exists to take off the next task's path) takes only CPU time
-// nothing else wants, never the task just started; the spare returns to
-// the normal policy once it is up. A child inherits its forking thread's
-// policy, so the fork runs on a thread of its own, which ends with it.
-// Where the spare could not return to the normal policy (no CAP_SYS_NICE
-// and a low RLIMIT_NICE), or the policy cannot be set, it starts normally.
-func startIdle(path string, argv []string, attr *os.ProcAttr) error {
-	errc := make(chan error, 1)
-	go func() {
-		if mayLeaveIdle() {
-			runtime.LockOSThread() // not unlocked: the thread goes with the goroutine
-			_ = unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
-		}
-		p, err := os.StartProcess(path, argv, attr)
-		if err == nil {
-			err = p.Release()
-		}
-		errc <- err
-	}()
-	return <-errc
+// idleEnv is env with idle.Env set where the spare may return to the
+// normal policy, so that it starts under SCHED_IDLE (package idle): its
+// start-up (the cost a spare exists to take off the next task's path) then
+// takes only CPU time nothing else wants, never the task just started.
+// Where it could not return (no CAP_SYS_NICE and a low RLIMIT_NICE) it
+// starts normally.
+func idleEnv(env []string) []string {
+	if !mayLeaveIdle() {
+		return env
+	}
+	return append(slices.Clip(env), idle.Env+"=1")
 }
 
 // mayLeaveIdle reports whether a thread of this process under SCHED_IDLE

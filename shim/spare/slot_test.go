@@ -222,7 +222,7 @@ func TestSpareEnds(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			t.Setenv(idleEnv, tt.idle)
+			t.Setenv(timeoutEnv, tt.idle)
 			dir := socketDir(t)
 			ctrd := newFakeContainerd(t, dir)
 			path, _ := refill(t, dir, ctrd.Addr)

@@ -28,12 +28,15 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare/idle"
 )
 
 // Flag, as the server binary's first argument, makes it a spare; the path
 // of its socket follows (so that tools finding processes by the socket dir
-// find spares too).
-const Flag = "-spare"
+// find spares too). Package idle, which this one imports, demotes a spare
+// to SCHED_IDLE as its process starts.
+const Flag = idle.Flag
 
 // The spare's descriptors: the task socket goes where pkg/shim's server
 // expects it, and the spare's own listener right after it.

@@ -14,15 +14,15 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 )
 
-// idleEnv sets a spare's idle timeout in tests (the test binary is the spare).
-const idleEnv = "COCOON_SPARE_TEST_IDLE"
+// timeoutEnv sets a spare's idle timeout in tests (the test binary is the spare).
+const timeoutEnv = "COCOON_SPARE_TEST_IDLE"
 
 // TestMain makes the test binary a spare when run as one: once handed a
 // task it records what it became in its new working dir and serves the task
 // socket, as the task server would (shimtest.Serve).
 func TestMain(m *testing.M) {
 	if len(os.Args) == 3 && os.Args[1] == Flag {
-		if d, err := time.ParseDuration(os.Getenv(idleEnv)); err == nil {
+		if d, err := time.ParseDuration(os.Getenv(timeoutEnv)); err == nil {
 			IdleTimeout = d
 		}
 		if err := Wait(os.Args[2], nil); err != nil {

@@ -17,6 +17,7 @@ import (
 // Count names, in the order a census lists them.
 const (
 	CountShims         = "shim processes"
+	CountSpares        = "spares waiting"
 	CountQEMU          = "QEMU processes"
 	CountOtherProcs    = "other processes"
 	CountContainerdFDs = "containerd fds"
@@ -77,12 +78,16 @@ func (s *soak) snapshotDir() string { return filepath.Join(s.stack.SnapshotterRo
 // processCounts are the shims, VMs and other processes of the stack (its
 // daemons aside), and the daemons' open descriptors.
 func (s *soak) processCounts(procs []proc) Census {
-	var shims, vms, others, ctrdFDs, snFDs []string
+	var shims, spares, vms, others, ctrdFDs, snFDs []string
 	paths := unixSocketPaths()
 	for _, p := range procs {
 		switch {
 		case p.isWaitingSpare():
-			// Started ahead of the next task, by the last one.
+			// Started ahead of the next task, by the last one; counted
+			// once up: then it holds a connection to containerd.
+			if p.sparePublished() {
+				spares = append(spares, p.String())
+			}
 		case p.name() == shimName:
 			shims = append(shims, p.String())
 		case strings.HasPrefix(p.name(), qemuPrefix):
@@ -97,6 +102,7 @@ func (s *soak) processCounts(procs []proc) Census {
 	}
 	return Census{
 		itemsCount(CountShims, shims),
+		itemsCount(CountSpares, spares),
 		itemsCount(CountQEMU, vms),
 		itemsCount(CountOtherProcs, others),
 		itemsCount(CountContainerdFDs, ctrdFDs),

@@ -50,6 +50,13 @@ func (p proc) isWaitingSpare() bool {
 	return p.name() == shimName && spare.IsWaiting(p.args, p.cwd)
 }
 
+// sparePublished reports whether the waiting spare p is up: its start-up
+// done, it watches containerd and has moved its socket to its slot's path.
+func (p proc) sparePublished() bool {
+	_, err := os.Stat(p.args[len(p.args)-1])
+	return err == nil
+}
+
 // processesUsing lists the processes whose command line or working dir
 // names dir or a path below it: the stack's daemons, shims and VMs.
 func processesUsing(dir string) []proc {

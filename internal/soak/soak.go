@@ -294,8 +294,9 @@ func (s *soak) restoreAll(ctx context.Context, plans []Plan) []Outcome {
 }
 
 // settle waits until the stack is back to want (or, with want nil, until
-// no task is left and two counts in a row agree), collecting containerd's
-// garbage first each time, and returns the last count.
+// no task is left, the spares are up and two counts in a row agree),
+// collecting containerd's garbage first each time, and returns the last
+// count.
 func (s *soak) settle(ctx context.Context, want Census) (Census, error) {
 	ctx = namespaces.WithNamespace(ctx, s.stack.Namespace)
 	deadline := time.Now().Add(s.opts.SettleTimeout)
@@ -311,7 +312,7 @@ func (s *soak) settle(ctx context.Context, want Census) (Census, error) {
 		if want != nil && len(Diff(want, c)) == 0 {
 			return c, nil
 		}
-		if want == nil && idle(c) && last != nil && len(Diff(last, c)) == 0 {
+		if want == nil && idle(c) && s.sparesUp(c) && last != nil && len(Diff(last, c)) == 0 {
 			return c, nil
 		}
 		if time.Now().After(deadline) {
@@ -320,6 +321,14 @@ func (s *soak) settle(ctx context.Context, want Census) (Census, error) {
 		last = c
 		sleep(ctx, time.Second)
 	}
+}
+
+// sparesUp reports whether every spare of the stack's config waits, up:
+// each holds a connection to containerd, so the counts before and after
+// compare only with the same spares up.
+func (s *soak) sparesUp(c Census) bool {
+	n, _ := c.Get(CountSpares)
+	return n.Value == stackConfig(s.opts).Shim.Spares
 }
 
 // idle reports whether c has no task, container, shim or VM.

@@ -14,13 +14,20 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/unixsock"
 )
 
-func TestServedPath(t *testing.T) {
+// listenTemp listens on a unix socket in a temp dir, closed at cleanup.
+func listenTemp(t *testing.T) (string, *os.File) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "task.sock")
 	sock, err := unixsock.Listen(path, unix.SOCK_STREAM)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sock.Close() })
+	return path, sock
+}
+
+func TestServedPath(t *testing.T) {
+	path, sock := listenTemp(t)
 	unbound, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -53,12 +60,7 @@ func TestServedPath(t *testing.T) {
 // the shutdown begins, while another callback still holds the process, so
 // `shim delete` and the next start find no live socket there.
 func TestSocketGoneWhileShutdownLasts(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "task.sock")
-	sock, err := unixsock.Listen(path, unix.SOCK_STREAM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sock.Close() })
+	path, _ := listenTemp(t)
 	_, sd := shutdown.WithShutdown(context.Background())
 	release := make(chan struct{})
 	sd.RegisterCallback(func(context.Context) error { <-release; return nil })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,6 +64,9 @@ func TestSocketGoneWhileShutdownLasts(t *testing.T) {
 	path, _ := listenTemp(t)
 	_, sd := shutdown.WithShutdown(context.Background())
 	release := make(chan struct{})
+	var once sync.Once
+	releaseHold := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(releaseHold) // the holding callback ends with the test
 	sd.RegisterCallback(func(context.Context) error { <-release; return nil })
 	unlinkOnShutdown(t.Context(), sd, path)
 	if _, err := os.Stat(path); err != nil {
@@ -81,7 +85,7 @@ func TestSocketGoneWhileShutdownLasts(t *testing.T) {
 		t.Fatal("shutdown done before its other callback ended")
 	default:
 	}
-	close(release)
+	releaseHold()
 	<-sd.Done()
 	if err := sd.Err(); !errors.Is(err, shutdown.ErrShutdown) {
 		t.Fatalf("shutdown error %v, want only ErrShutdown", err)

@@ -35,13 +35,13 @@ const schedIdle = 5
 func init() {
 	if len(os.Args) == 3 && os.Args[1] == Flag && os.Getenv(Env) == "1" {
 		// Best effort: a spare that cannot demote itself starts normally.
-		_ = Demote()
+		_ = demote()
 	}
 }
 
-// Demote puts every thread of this process under SCHED_IDLE; threads
+// demote puts every thread of this process under SCHED_IDLE; threads
 // started later inherit it from the thread that starts them.
-func Demote() error {
+func demote() error {
 	des, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return err

@@ -15,6 +15,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/ocimount"
 )
 
 const (
@@ -31,8 +33,10 @@ const (
 // probe it again fails with EBUSY).
 var binding sync.Mutex
 
-// LinuxMounts is the Mounter of the guest the agent runs in.
+// LinuxMounts is the Mounter of the guest the agent runs in; it mounts,
+// unmounts and makes nodes as ocimount.System does.
 type LinuxMounts struct {
+	ocimount.System
 	Sys     string // sysfs; empty means /sys
 	Dev     string // devtmpfs; empty means /dev
 	Modules string // the guest's kernel modules; empty means /lib/modules
@@ -316,22 +320,4 @@ func (l LinuxMounts) findSerial(serial string) (name, seen string, err error) {
 		return "", "none", nil
 	}
 	return "", strings.Join(all, " "), nil
-}
-
-// Mount is mount(2).
-func (LinuxMounts) Mount(source, target, fstype string, flags uintptr, data string) error {
-	return unix.Mount(source, target, fstype, flags, data)
-}
-
-// Unmount detaches target.
-func (LinuxMounts) Unmount(target string) error {
-	return unix.Unmount(target, unix.MNT_DETACH)
-}
-
-// Mknod makes a node with exactly mode: mknod(2) applies the umask.
-func (LinuxMounts) Mknod(path string, mode uint32, dev uint64) error {
-	if err := unix.Mknod(path, mode, int(dev)); err != nil {
-		return err
-	}
-	return unix.Chmod(path, mode&0o7777)
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/ocimount"
 )
 
 // A snapshot image's processes run in the guest's own root, which the
@@ -73,8 +74,8 @@ func newGuestRootNS(mnt Mounter, r *api.Rootfs) (*os.File, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return nil, fmt.Errorf("make the root a slave: %w", err)
 	}
-	m := &mountStack{mnt: mnt}
-	if err := m.confine("/", r); err != nil {
+	m := ocimount.NewStack(mnt)
+	if err := m.Confine("/", r.MaskedPaths, r.ReadonlyPaths, r.Readonly); err != nil {
 		return nil, err
 	}
 	return os.Open("/proc/thread-self/ns/mnt")

@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/ocimount"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/guestfile"
 )
 
@@ -26,11 +28,7 @@ type Mounter interface {
 	// an image of size bytes (0: unknown), waiting for it until ctx ends;
 	// the guest sees that image, not what the disk's slot held before.
 	Disk(ctx context.Context, serial string, size uint64) (string, error)
-	Mount(source, target, fstype string, flags uintptr, data string) error
-	// Unmount detaches target; Init undoes a half-mounted root with it.
-	Unmount(target string) error
-	// Mknod makes a device node with exactly mode (the umask aside).
-	Mknod(path string, mode uint32, dev uint64) error
+	ocimount.Mounter
 }
 
 // rootfsLayout is where the container's root and its layers live.
@@ -62,11 +60,44 @@ func checkRootfs(r *api.Rootfs) error {
 		return fmt.Errorf("serial %q: expected a virtio-blk serial of 1..%d characters: %w", r.Serial, maxSerial, errdefs.ErrInvalidArgument)
 	}
 	for _, m := range r.Mounts {
-		if _, err := planMount(m); err != nil {
+		if err := ocimount.Check(ociMount(m)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// ociMount is m as the spec said it.
+func ociMount(m *api.Mount) specs.Mount {
+	return specs.Mount{Destination: m.Destination, Type: m.Type, Source: m.Source, Options: m.Options}
+}
+
+// mountRootLayers mounts dev read-only at l.lower, a tmpfs at l.rw and the
+// overlay of the two at l.root.
+func mountRootLayers(s *ocimount.Stack, l rootfsLayout, dev, fstype string) error {
+	upper, work := filepath.Join(l.rw, "upper"), filepath.Join(l.rw, "work")
+	for _, d := range []string{l.lower, l.rw, l.root} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("make %s: %w", d, err)
+		}
+	}
+	data := ""
+	if fstype == "ext4" {
+		data = "noload" // never replay a journal on a read-only disk
+	}
+	if err := s.Mount(dev, l.lower, fstype, unix.MS_RDONLY, data); err != nil {
+		return err
+	}
+	if err := s.Mount("tmpfs", l.rw, "tmpfs", 0, "mode=0755"); err != nil {
+		return err
+	}
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("make %s: %w", d, err)
+		}
+	}
+	return s.Mount("overlay", l.root, "overlay", 0,
+		fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", l.lower, upper, work))
 }
 
 // containerRoot is the container's root once Init mounted one, else "".
@@ -110,13 +141,13 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs, clk *api.Clock
 		return err
 	}
 	clk.Lap(api.PhaseDisk)
-	m := &mountStack{mnt: s.mnt}
-	if err := m.root(l, dev, r.Fstype); err != nil {
-		return errors.Join(err, m.undo())
+	m := ocimount.NewStack(s.mnt)
+	if err := mountRootLayers(m, l, dev, r.Fstype); err != nil {
+		return errors.Join(err, m.Undo())
 	}
 	for _, mount := range r.Mounts {
-		if err := m.container(l.root, mount); err != nil {
-			return errors.Join(err, m.undo())
+		if err := m.Container(l.root, ociMount(mount)); err != nil {
+			return errors.Join(err, m.Undo())
 		}
 	}
 	last := api.PhaseRootfs
@@ -124,15 +155,15 @@ func (s *Service) setupRootfs(ctx context.Context, r *api.Rootfs, clk *api.Clock
 		clk.Lap(api.PhaseRootfs)
 		last = api.PhaseConfine
 	}
-	if err := m.confine(l.root, r); err != nil {
-		return errors.Join(err, m.undo())
+	if err := m.Confine(l.root, r.MaskedPaths, r.ReadonlyPaths, r.Readonly); err != nil {
+		return errors.Join(err, m.Undo())
 	}
 	b, err := proto.Marshal(r)
 	if err == nil {
 		err = guestfile.WriteFile(&api.File{Path: l.marker, Data: b, Mode: 0o600})
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("record the rootfs: %w", err), m.undo())
+		return errors.Join(fmt.Errorf("record the rootfs: %w", err), m.Undo())
 	}
 	s.rootMounted.Store(true)
 	clk.Lap(last)
@@ -198,9 +229,9 @@ func (c containerRoots) Mount(ctx context.Context, r *api.Rootfs, dir string, cl
 	}
 	clk.Lap(api.PhaseDisk)
 	l := containerLayout(dir)
-	m := &mountStack{mnt: c.s.mnt}
-	if err := m.root(l, dev, r.Fstype); err != nil {
-		return "", errors.Join(err, m.undo())
+	m := ocimount.NewStack(c.s.mnt)
+	if err := mountRootLayers(m, l, dev, r.Fstype); err != nil {
+		return "", errors.Join(err, m.Undo())
 	}
 	return l.root, nil
 }
@@ -249,6 +280,7 @@ func (c containerRoots) UnmountVolume(v *api.VolumeDisk) error {
 // Unmount unmounts what Mount mounted in dir, the overlay first.
 func (c containerRoots) Unmount(dir string) error {
 	l := containerLayout(dir)
-	m := &mountStack{mnt: c.s.mnt, mounted: []string{l.lower, l.rw, l.root}}
-	return m.undo()
+	m := ocimount.NewStack(c.s.mnt)
+	m.Adopt(l.lower, l.rw, l.root)
+	return m.Undo()
 }

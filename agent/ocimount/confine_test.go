@@ -1,4 +1,4 @@
-package server
+package ocimount
 
 import (
 	"fmt"
@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
 // TestConfine: masked paths go under a read-only tmpfs (a directory) or
@@ -29,11 +27,10 @@ func TestConfine(t *testing.T) {
 	if err := os.Symlink("/etc", filepath.Join(root, "escape")); err != nil {
 		t.Fatal(err)
 	}
-	j := &journal{}
-	s := &mountStack{mnt: &fakeMounter{j: j}}
-	r := &api.Rootfs{MaskedPaths: []string{"/proc/acpi", "/proc/kcore", "/proc/none"},
-		ReadonlyPaths: []string{"/proc/sys", "/escape/passwd"}, Readonly: true}
-	if err := s.confine(root, r); err != nil {
+	mnt := &fakeMounter{}
+	s := NewStack(mnt)
+	masked := []string{"/proc/acpi", "/proc/kcore", "/proc/none"}
+	if err := s.Confine(root, masked, []string{"/proc/sys", "/escape/passwd"}, true); err != nil {
 		t.Fatal(err)
 	}
 	ro := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY)
@@ -44,7 +41,7 @@ func TestConfine(t *testing.T) {
 		fmt.Sprintf("mount  %s/proc/sys  %#x ", root, ro|unix.MS_REC),
 		fmt.Sprintf("mount  %s  %#x ", root, ro),
 	}
-	if got := j.all(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+	if got := mnt.did; strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("mounts:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package ocimount
 
 import (
 	"errors"
@@ -11,9 +11,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	securejoin "github.com/cyphar/filepath-securejoin"
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-
-	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
 )
 
 // mountOptions are the mount(8) flags OCI mounts may carry; other options
@@ -67,9 +66,16 @@ type mountPlan struct {
 
 func (p mountPlan) bind() bool { return p.flags&unix.MS_BIND != 0 }
 
-// planMount checks m: an unsupported type or a bind source that is not a
-// guest path is an error naming it.
-func planMount(m *api.Mount) (mountPlan, error) {
+// Check checks m as Container would before mounting anything: an
+// unsupported type, a destination that is not absolute or a bind source
+// that is not a guest path is an error naming it.
+func Check(m specs.Mount) error {
+	_, err := planMount(m)
+	return err
+}
+
+// planMount checks m and works out the mount(2) call that makes it.
+func planMount(m specs.Mount) (mountPlan, error) {
 	p := mountPlan{dst: m.Destination, source: m.Source}
 	if !filepath.IsAbs(m.Destination) {
 		return p, fmt.Errorf("mount at %q: expected an absolute destination: %w", m.Destination, errdefs.ErrInvalidArgument)
@@ -124,13 +130,22 @@ func devptsData(data []string) []string {
 	return data
 }
 
-// mountStack mounts and remembers what, to undo it on failure.
-type mountStack struct {
+// Stack mounts and remembers what, to undo it on failure.
+type Stack struct {
 	mnt     Mounter
 	mounted []string
 }
 
-func (s *mountStack) mount(source, target, fstype string, flags uintptr, data string) error {
+// NewStack is an empty Stack mounting through m.
+func NewStack(m Mounter) *Stack { return &Stack{mnt: m} }
+
+// Adopt records targets mounted before, in the order they were mounted,
+// so that Undo unmounts them too.
+func (s *Stack) Adopt(targets ...string) { s.mounted = append(s.mounted, targets...) }
+
+// Mount mounts source at target and, unless the call only changes a mount
+// (a remount, a propagation), remembers target for Undo.
+func (s *Stack) Mount(source, target, fstype string, flags uintptr, data string) error {
 	if err := s.mnt.Mount(source, target, fstype, flags, data); err != nil {
 		what := fstype
 		if what == "" {
@@ -144,8 +159,8 @@ func (s *mountStack) mount(source, target, fstype string, flags uintptr, data st
 	return nil
 }
 
-// undo unmounts everything mounted, last first.
-func (s *mountStack) undo() error {
+// Undo unmounts everything mounted, last first.
+func (s *Stack) Undo() error {
 	var errs []error
 	for i := len(s.mounted) - 1; i >= 0; i-- {
 		if err := s.mnt.Unmount(s.mounted[i]); err != nil {
@@ -156,37 +171,9 @@ func (s *mountStack) undo() error {
 	return errors.Join(errs...)
 }
 
-// root mounts dev read-only at l.lower, a tmpfs at l.rw and the overlay of
-// the two at l.root.
-func (s *mountStack) root(l rootfsLayout, dev, fstype string) error {
-	upper, work := filepath.Join(l.rw, "upper"), filepath.Join(l.rw, "work")
-	for _, d := range []string{l.lower, l.rw, l.root} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("make %s: %w", d, err)
-		}
-	}
-	data := ""
-	if fstype == "ext4" {
-		data = "noload" // never replay a journal on a read-only disk
-	}
-	if err := s.mount(dev, l.lower, fstype, unix.MS_RDONLY, data); err != nil {
-		return err
-	}
-	if err := s.mount("tmpfs", l.rw, "tmpfs", 0, "mode=0755"); err != nil {
-		return err
-	}
-	for _, d := range []string{upper, work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("make %s: %w", d, err)
-		}
-	}
-	return s.mount("overlay", l.root, "overlay", 0,
-		fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", l.lower, upper, work))
-}
-
-// container makes m inside root; its destination resolves inside root,
+// Container makes m inside root; its destination resolves inside root,
 // whatever symlinks the image holds.
-func (s *mountStack) container(root string, m *api.Mount) error {
+func (s *Stack) Container(root string, m specs.Mount) error {
 	p, err := planMount(m)
 	if err != nil {
 		return err
@@ -204,16 +191,16 @@ func (s *mountStack) container(root string, m *api.Mount) error {
 		return err
 	}
 	if p.propagation != 0 {
-		return s.mount("", dst, "", p.propagation, "")
+		return s.Mount("", dst, "", p.propagation, "")
 	}
 	return nil
 }
 
-func (s *mountStack) fileSystem(p mountPlan, dst string) error {
+func (s *Stack) fileSystem(p mountPlan, dst string) error {
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return fmt.Errorf("make mount point %s: %w", p.dst, err)
 	}
-	if err := s.mount(p.source, dst, p.fstype, p.flags, p.data); err != nil {
+	if err := s.Mount(p.source, dst, p.fstype, p.flags, p.data); err != nil {
 		return err
 	}
 	if p.dst == "/dev" && p.fstype == "tmpfs" {
@@ -224,7 +211,7 @@ func (s *mountStack) fileSystem(p mountPlan, dst string) error {
 
 // bind mounts a guest path (a file Init wrote, or a directory) into the
 // container; flags other than the bind's take a remount.
-func (s *mountStack) bind(p mountPlan, dst string) error {
+func (s *Stack) bind(p mountPlan, dst string) error {
 	fi, err := os.Stat(p.source)
 	if err != nil {
 		return fmt.Errorf("bind mount at %q: nothing at %q, where the host puts the copy of its source: %w", p.dst, p.source, errdefs.ErrInvalidArgument)
@@ -232,11 +219,11 @@ func (s *mountStack) bind(p mountPlan, dst string) error {
 	if err := makeMountPoint(dst, fi.IsDir()); err != nil {
 		return fmt.Errorf("make mount point %s: %w", p.dst, err)
 	}
-	if err := s.mount(p.source, dst, "", p.flags&(unix.MS_BIND|unix.MS_REC), ""); err != nil {
+	if err := s.Mount(p.source, dst, "", p.flags&(unix.MS_BIND|unix.MS_REC), ""); err != nil {
 		return err
 	}
 	if rest := p.flags &^ (unix.MS_BIND | unix.MS_REC); rest != 0 {
-		return s.mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|rest, "")
+		return s.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|rest, "")
 	}
 	return nil
 }

@@ -62,6 +62,9 @@ type ContainerRoot struct {
 	// Volumes are disks the guest mounts read-only, each at its Path,
 	// for the spec's binds (agent API 7).
 	Volumes []VolumeDisk
+	// OwnInit has the guest's own container init make the container
+	// rather than runc (agent API 14; an older guest uses runc).
+	OwnInit bool
 }
 
 // VolumeDisk is a disk mounted read-only at Path in the guest: an image
@@ -137,7 +140,7 @@ func createContainerRequest(id string, spec *specs.Spec, root ContainerRoot, std
 	if err != nil {
 		return nil, err
 	}
-	req := &api.CreateContainerRequest{Id: id, Spec: data, Rootfs: root.Dir, Stdin: stdin}
+	req := &api.CreateContainerRequest{Id: id, Spec: data, Rootfs: root.Dir, Stdin: stdin, OwnInit: root.OwnInit}
 	if req.Files, err = initFiles(root.Files); err != nil {
 		return nil, fmt.Errorf("container %q: %w", id, err)
 	}

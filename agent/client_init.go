@@ -52,6 +52,9 @@ type InitRequest struct {
 	// container. Agents before API 11 ignore it, which costs only the
 	// warm-up.
 	WarmContainers bool
+	// WarmOwnInit warms the guest's own container init rather than its
+	// runc (agent API 14), for containers made with OwnInit.
+	WarmOwnInit bool
 }
 
 // File is a file, a directory or a symbolic link to make in the guest.
@@ -219,7 +222,7 @@ func initRequest(r InitRequest) (*api.InitRequest, error) {
 	if len(r.Sysctls) > api.MaxSysctls {
 		return nil, fmt.Errorf("%d sysctls, expected at most %d: %w", len(r.Sysctls), api.MaxSysctls, errdefs.ErrInvalidArgument)
 	}
-	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname, Sysctls: r.Sysctls, WarmContainers: r.WarmContainers}
+	req := &api.InitRequest{Entropy: r.Entropy, Hostname: r.Hostname, Sysctls: r.Sysctls, WarmContainers: r.WarmContainers, WarmOwnInit: r.WarmOwnInit}
 	if !r.Time.IsZero() {
 		req.Time = timestamppb.New(r.Time)
 	}

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,19 +34,64 @@ const containerTimeout = 2 * time.Minute
 // running one, bad input refused, and nothing left once deleted.
 func TestVMContainers(t *testing.T) {
 	vm := vmtest.Boot(t)
-	c := vm.Client(t)
-	t.Cleanup(func() { _ = c.Close() })
-	guestSh(t, c, "mkdir -p "+containerRoot+"/bin "+containerRoot+"/etc && cd "+containerRoot+
+	client := vm.Client(t)
+	t.Cleanup(func() { _ = client.Close() })
+	guestSh(t, client, "mkdir -p "+containerRoot+"/bin "+containerRoot+"/etc && cd "+containerRoot+
 		" && cp /bin/busybox bin/ && for a in $(busybox --list); do ln -s busybox bin/$a; done && echo s3cret >etc/secret", "")
-	t.Run("Confined", func(t *testing.T) { testContainerConfined(t, c) })
-	t.Run("Running", func(t *testing.T) { testContainerRunning(t, c) })
-	t.Run("Stdio", func(t *testing.T) { testContainerStdio(t, c) })
-	t.Run("Refused", func(t *testing.T) { testContainerRefused(t, c) })
-	left := guestSh(t, c, "runc --root /run/runc list -q; ls /run/cocoon/containers; find /sys/fs/cgroup/cocoon -mindepth 1 -type d; "+
-		"grep -sl '^State:.Z' /proc/[0-9]*/status || true", "")
-	if left != "" {
-		t.Errorf("left in the guest after every container's delete (runc's containers, bundles, cgroups, zombies):\n%s", left)
+	t.Run("WarmOwnInit", func(t *testing.T) { testWarmOwnInit(t, vm, client) })
+	for _, c := range []guestEngine{{client, false}, {client, true}} {
+		t.Run(c.String(), func(t *testing.T) {
+			t.Run("Confined", func(t *testing.T) { testContainerConfined(t, c) })
+			t.Run("Running", func(t *testing.T) { testContainerRunning(t, c) })
+			t.Run("Stdio", func(t *testing.T) { testContainerStdio(t, c) })
+			t.Run("Identity", func(t *testing.T) { testContainerIdentity(t, c) })
+			t.Run("Refused", func(t *testing.T) { testContainerRefused(t, c) })
+			left := guestSh(t, client, "runc --root /run/runc list -q; ls /run/cocoon/containers; find /sys/fs/cgroup/cocoon -mindepth 1 -type d; "+
+				"grep -sl '^State:.Z' /proc/[0-9]*/status || true", "")
+			if left != "" {
+				t.Errorf("left in the guest after every container's delete (runc's containers, bundles, cgroups, zombies):\n%s", left)
+			}
+		})
 	}
+}
+
+// testWarmOwnInit: a pod VM's Init warms the own container init: its
+// throwaway container's cgroup is made (the first under the containers'
+// parent) and everything of it removed, with no warning on the console.
+func testWarmOwnInit(t *testing.T, vm *vmtest.VM, c *agent.Client) {
+	if _, err := c.Init(containerCtx(t), agent.InitRequest{WarmContainers: true, WarmOwnInit: true}); err != nil {
+		t.Fatalf("init: %v", err)
+	}
+	done := "test -d /sys/fs/cgroup/cocoon && ! test -e /sys/fs/cgroup/cocoon/.warm && ! test -e /run/cocoon/containers/.warm && echo done || true"
+	deadline := time.Now().Add(containerTimeout)
+	for guestSh(t, c, done, "") != "done\n" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm-up neither ran nor ended within %v", containerTimeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if log, err := os.ReadFile(vm.Log); err != nil || strings.Contains(string(log), "warm the guest") {
+		t.Errorf("the warm-up failed (console: %v):\n%s", err, log)
+	}
+}
+
+// guestEngine is the agent's client with the guest's engine its
+// containers are made with: runc, or the agent's own container init.
+type guestEngine struct {
+	*agent.Client
+	own bool
+}
+
+func (g guestEngine) String() string {
+	if g.own {
+		return "OwnInit"
+	}
+	return "Runc"
+}
+
+// CreateContainer creates with g's engine.
+func (g guestEngine) CreateContainer(ctx context.Context, id string, spec *specs.Spec, rootfs string, stdin bool) (*agent.ContainerProcess, error) {
+	return g.CreateContainerFrom(ctx, id, spec, agent.ContainerRoot{Dir: rootfs, OwnInit: g.own}, stdin)
 }
 
 // guestSpec is containerd's default spec, as ctr run gives the shim.
@@ -67,7 +113,7 @@ func containerCtx(t *testing.T) context.Context {
 }
 
 // createStarted creates and starts a container.
-func createStarted(t *testing.T, c *agent.Client, id string, opts ...oci.SpecOpts) *agent.ContainerProcess {
+func createStarted(t *testing.T, c guestEngine, id string, opts ...oci.SpecOpts) *agent.ContainerProcess {
 	t.Helper()
 	spec := guestSpec(t, id, opts...)
 	began := time.Now()
@@ -101,8 +147,8 @@ func drainContainer(t *testing.T, p *agent.ContainerProcess) (string, string, ag
 }
 
 // testContainerConfined: the "restricted" profile holds in the guest.
-func testContainerConfined(t *testing.T, c *agent.Client) {
-	agentPid := strings.TrimSpace(guestSh(t, c, "pidof cocoon-agent", ""))
+func testContainerConfined(t *testing.T, c guestEngine) {
+	agentPid := strings.TrimSpace(guestSh(t, c.Client, "pidof cocoon-agent", ""))
 	script := "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; echo pid=$$; touch /x 2>/dev/null || echo root-ro; " +
 		"cat /etc/secret; kill -0 " + agentPid + " 2>/dev/null || echo agent-unreachable; set -- /proc/[0-9]*; echo procs=$#"
 	p := createStarted(t, c, "confined", oci.WithProcessArgs("sh", "-c", script), oci.WithCapabilities(nil),
@@ -129,7 +175,7 @@ func testContainerConfined(t *testing.T, c *agent.Client) {
 
 // testContainerRunning: exec, stats and update in a running container; a
 // container over its memory limit OOM-killed alone beside it.
-func testContainerRunning(t *testing.T, c *agent.Client) {
+func testContainerRunning(t *testing.T, c guestEngine) {
 	const limit = 32 << 20
 	app := createStarted(t, c, "app", oci.WithProcessArgs("sleep", "1000"), oci.WithMemoryLimit(64<<20))
 	hog := createStarted(t, c, "hog", oci.WithProcessArgs("dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"),
@@ -162,7 +208,7 @@ func testContainerRunning(t *testing.T, c *agent.Client) {
 
 // testContainerStats: app's stats show its own memory and limit, and an
 // update changes the limit.
-func testContainerStats(t *testing.T, c *agent.Client) {
+func testContainerStats(t *testing.T, c guestEngine) {
 	m, err := c.ContainerStats(containerCtx(t), "app")
 	if err != nil {
 		t.Fatalf("stats: %v", err)
@@ -181,7 +227,7 @@ func testContainerStats(t *testing.T, c *agent.Client) {
 
 // testContainerStdio: a container's stdin through the agent, and a
 // terminal with its size set from the host.
-func testContainerStdio(t *testing.T, c *agent.Client) {
+func testContainerStdio(t *testing.T, c guestEngine) {
 	for _, tc := range []struct {
 		name, input, want string
 		terminal          bool
@@ -228,8 +274,36 @@ func testContainerStdio(t *testing.T, c *agent.Client) {
 	}
 }
 
+// testContainerIdentity: the process's user, groups, rlimits, cwd (made
+// when the image lacks it), hostname and sysctls are the spec's, and an
+// exec in a container whose PID namespace it shares sees its processes.
+func testContainerIdentity(t *testing.T, c guestEngine) {
+	script := "id -u; id -G; ulimit -n; pwd; hostname; cat /proc/sys/kernel/msgmax; grep CapEff /proc/self/status"
+	p := createStarted(t, c, "who", oci.WithProcessArgs("sh", "-c", script), oci.WithUIDGID(1000, 1000),
+		oci.WithProcessCwd("/home/made"), oci.WithHostname("podhost"),
+		oci.WithRlimit(&specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Soft: 123, Hard: 456}), oci.WithAddedCapabilities([]string{"CAP_NET_BIND_SERVICE"}),
+		func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+			s.Linux.Sysctl = map[string]string{"kernel.msgmax": "4242"}
+			s.Process.User.AdditionalGids = []uint32{1000, 2000}
+			return nil
+		})
+	stdout, stderr, e := drainContainer(t, p)
+	// A non-root user keeps no effective capability, ambient ones aside.
+	want := "1000\n1000 2000\n123\n/home/made\npodhost\n4242\nCapEff:\t0000000000000000\n"
+	if stdout != want || e.Code != 0 {
+		t.Errorf("printed %q (stderr %q, exit %+v), want %q", stdout, stderr, e, want)
+	}
+	if err := c.DeleteContainer(containerCtx(t), "who", ""); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	_, err := c.CreateContainer(containerCtx(t), "nope", guestSpec(t, "nope", oci.WithProcessArgs("no-such-program")), containerRoot, false)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "no-such-program") {
+		t.Errorf("create of a missing program: %v, want a failed precondition naming it", err)
+	}
+}
+
 // testContainerRefused: bad input is refused naming what was wrong.
-func testContainerRefused(t *testing.T, c *agent.Client) {
+func testContainerRefused(t *testing.T, c guestEngine) {
 	netns := guestSpec(t, "netns", oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: "/proc/1/ns/net"}))
 	for _, tc := range []struct {
 		name   string

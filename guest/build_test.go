@@ -17,12 +17,13 @@ func TestBuildReproducible(t *testing.T) {
 		testenv.LookPath(t, tool)
 	}
 	agent := testenv.Bin(t, "cocoon-agent")
+	cinit := testenv.Bin(t, "cocoon-cinit")
 	runc := testenv.Bin(t, "guest/runc")
 	var builds [2]string
 	for i := range builds {
 		builds[i] = filepath.Join(t.TempDir(), "guest")
 		cmd := exec.Command("./build.sh", builds[i])
-		cmd.Env = append(os.Environ(), "COCOON_AGENT="+agent, "COCOON_RUNC="+runc)
+		cmd.Env = append(os.Environ(), "COCOON_AGENT="+agent, "COCOON_CINIT="+cinit, "COCOON_RUNC="+runc)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("build.sh: %v\n%s", err, out)
 		}

@@ -82,8 +82,9 @@ type GuestSetup struct {
 	// what Rootfs's mounts need in the guest first (shared directories).
 	BeforeInit func(ctx context.Context, c *agent.Client) error
 	// WarmContainers has a VM that will host containers warm its runc
-	// once Init is done (agent.InitRequest.WarmContainers).
-	WarmContainers bool
+	// once Init is done (agent.InitRequest.WarmContainers), or with
+	// WarmOwnInit the agent's own container init.
+	WarmContainers, WarmOwnInit bool
 }
 
 // Phase is how long one step of a restore took.
@@ -289,7 +290,7 @@ func initGuest(ctx context.Context, c *agent.Client, r Request) ([]agent.Phase, 
 	ctx, cancel := context.WithTimeout(ctx, r.AgentTimeout)
 	defer cancel()
 	req := agent.InitRequest{Time: time.Now(), Entropy: entropy, Hostname: r.Hostname, Files: r.Guest.Files, Rootfs: r.Guest.Rootfs,
-		Process: r.Guest.Process, Sysctls: r.Guest.Sysctls, WarmContainers: r.Guest.WarmContainers}
+		Process: r.Guest.Process, Sysctls: r.Guest.Sysctls, WarmContainers: r.Guest.WarmContainers, WarmOwnInit: r.Guest.WarmOwnInit}
 	if r.Guest.Network != nil {
 		req.Network = r.Guest.Network()
 	}

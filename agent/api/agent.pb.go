@@ -156,8 +156,11 @@ type InitRequest struct {
 	// create finds runc's path translated under TCG (API version 11; older
 	// agents ignore it).
 	WarmContainers bool `protobuf:"varint,9,opt,name=warm_containers,json=warmContainers,proto3" json:"warm_containers,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// warm_own_init has that warm-up made by the agent's own container init
+	// instead (CreateContainerRequest.own_init; API version 14).
+	WarmOwnInit   bool `protobuf:"varint,10,opt,name=warm_own_init,json=warmOwnInit,proto3" json:"warm_own_init,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -249,6 +252,13 @@ func (x *InitRequest) GetSysctls() map[string]string {
 func (x *InitRequest) GetWarmContainers() bool {
 	if x != nil {
 		return x.WarmContainers
+	}
+	return false
+}
+
+func (x *InitRequest) GetWarmOwnInit() bool {
+	if x != nil {
+		return x.WarmOwnInit
 	}
 	return false
 }
@@ -1763,7 +1773,12 @@ type CreateContainerRequest struct {
 	// (API version 7), for the spec's binds of their paths: an image
 	// volume, the image's filesystem on a disk slot. DeleteContainer
 	// unmounts them so the host can detach the disks.
-	VolumeDisks   []*VolumeDisk `protobuf:"bytes,7,rep,name=volume_disks,json=volumeDisks,proto3" json:"volume_disks,omitempty"`
+	VolumeDisks []*VolumeDisk `protobuf:"bytes,7,rep,name=volume_disks,json=volumeDisks,proto3" json:"volume_disks,omitempty"`
+	// own_init runs the container with the agent's own container init
+	// (cocoon-cinit, API version 14) instead of runc: the same
+	// namespaces, mounts, cgroup and confinement, without runc's process
+	// start-up on the container's path. An older agent ignores it.
+	OwnInit       bool `protobuf:"varint,8,opt,name=own_init,json=ownInit,proto3" json:"own_init,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1845,6 +1860,13 @@ func (x *CreateContainerRequest) GetVolumeDisks() []*VolumeDisk {
 		return x.VolumeDisks
 	}
 	return nil
+}
+
+func (x *CreateContainerRequest) GetOwnInit() bool {
+	if x != nil {
+		return x.OwnInit
+	}
+	return false
 }
 
 type VolumeDisk struct {
@@ -3176,7 +3198,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vagent.proto\x12\x0fcocoon.agent.v1\x1a\x19google/protobuf/any.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
 	"\fPingResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
-	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\xe7\x03\n" +
+	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\"\x8b\x04\n" +
 	"\vInitRequest\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
@@ -3186,7 +3208,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x06rootfs\x18\x06 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\x126\n" +
 	"\aprocess\x18\a \x01(\v2\x1c.cocoon.agent.v1.ExecRequestR\aprocess\x12C\n" +
 	"\asysctls\x18\b \x03(\v2).cocoon.agent.v1.InitRequest.SysctlsEntryR\asysctls\x12'\n" +
-	"\x0fwarm_containers\x18\t \x01(\bR\x0ewarmContainers\x1a:\n" +
+	"\x0fwarm_containers\x18\t \x01(\bR\x0ewarmContainers\x12\"\n" +
+	"\rwarm_own_init\x18\n" +
+	" \x01(\bR\vwarmOwnInit\x1a:\n" +
 	"\fSysctlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"j\n" +
@@ -3301,7 +3325,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x06load15\x18\t \x01(\x01R\x06load15\x12\x1c\n" +
 	"\tprocesses\x18\n" +
 	" \x01(\rR\tprocesses\x12\x1b\n" +
-	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs\"\x8d\x02\n" +
+	"\tuptime_ns\x18\v \x01(\x04R\buptimeNs\"\xa8\x02\n" +
 	"\x16CreateContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x16\n" +
@@ -3309,7 +3333,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x05stdin\x18\x04 \x01(\bR\x05stdin\x124\n" +
 	"\troot_disk\x18\x05 \x01(\v2\x17.cocoon.agent.v1.RootfsR\brootDisk\x12+\n" +
 	"\x05files\x18\x06 \x03(\v2\x15.cocoon.agent.v1.FileR\x05files\x12>\n" +
-	"\fvolume_disks\x18\a \x03(\v2\x1b.cocoon.agent.v1.VolumeDiskR\vvolumeDisks\"d\n" +
+	"\fvolume_disks\x18\a \x03(\v2\x1b.cocoon.agent.v1.VolumeDiskR\vvolumeDisks\x12\x19\n" +
+	"\bown_init\x18\b \x01(\bR\aownInit\"d\n" +
 	"\n" +
 	"VolumeDisk\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x16\n" +

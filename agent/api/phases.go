@@ -12,10 +12,11 @@ const (
 	PhaseRoot       = "root"
 	PhaseBundle     = "bundle"
 	PhaseRuncCreate = "runc create"
+	PhaseInitCreate = "init create" // the agent's own container init's
 )
 
 // CreatePhases are those names in order.
-var CreatePhases = []string{PhaseDisk, PhaseRoot, PhaseBundle, PhaseRuncCreate}
+var CreatePhases = []string{PhaseDisk, PhaseRoot, PhaseBundle, PhaseRuncCreate, PhaseInitCreate}
 
 // The steps of an Init the guest times, in the order
 // InitResponse.phases has them; a step with nothing to do is left out.

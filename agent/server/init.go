@@ -71,7 +71,7 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 		}
 	}
 	if r.WarmContainers {
-		go s.warmContainers()
+		go s.warmContainers(r.WarmOwnInit)
 	}
 	if debugging() {
 		log.G(ctx).WithFields(log.Fields{
@@ -82,14 +82,15 @@ func (s *Service) Init(ctx context.Context, r *api.InitRequest) (*api.InitRespon
 	return &api.InitResponse{Version: Version, Phases: clk.Phases()}, nil
 }
 
-// warmContainers has the guest's runc create and delete a throwaway
-// container, after Init has answered (InitRequest.warm_containers); it is
-// best effort, so a failure is only logged.
-func (s *Service) warmContainers() {
+// warmContainers has the guest's runc, or with own the agent's own
+// container init, create and delete a throwaway container, after Init
+// has answered (InitRequest.warm_containers); it is best effort, so a
+// failure is only logged.
+func (s *Service) warmContainers(own bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
 	defer cancel()
-	if err := s.RPC.Warm(ctx); err != nil {
-		log.G(ctx).WithError(err).Warn("warm the guest's runc")
+	if err := s.RPC.Warm(ctx, own); err != nil {
+		log.G(ctx).WithError(err).WithField("own_init", own).Warn("warm the guest's container path")
 	}
 }
 

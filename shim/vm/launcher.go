@@ -252,6 +252,7 @@ func prepare(ctx context.Context, cfg config.Config, d hypervisor.Driver, r task
 	}
 	p.guest.Process, p.guest.Sysctls = podPause(r), r.Sysctls
 	p.guest.WarmContainers = cfg.Shim.WarmRunc && task.IsPodSandbox(r.Spec)
+	p.guest.WarmOwnInit = cfg.Shim.OwnInit
 	if p.net, err = openNetwork(r.Spec, r.ID); err != nil {
 		return prepared{}, err
 	}
@@ -302,6 +303,7 @@ func (l *Launcher) sandbox(ctx context.Context, cfg config.Config, d hypervisor.
 			p.shares.close(ctx)
 			return nil, errors.Join(err, res.VM.Kill(), res.Agent.Close(), res.VM.Close())
 		}
+		pod.ownInit = cfg.Shim.OwnInit
 		if ok, err := res.Agent.CanShare(ctx); err == nil && ok {
 			pod.dirs.shares = p.shares
 		}

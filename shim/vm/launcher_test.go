@@ -253,32 +253,34 @@ func TestLaunchPreparesTheProcess(t *testing.T) {
 	}
 }
 
-// TestPrepareWarmsPodVMs: a pod's VM asks its guest to warm runc for the
-// containers to come when shim.warm_runc says so; a container's own VM,
-// which runs no runc, never does.
+// TestPrepareWarmsPodVMs: a pod's VM asks its guest to warm runc, or with
+// shim.own_init its own container init, for the containers to come when
+// shim.warm_runc says so; a container's own VM, which runs no runc,
+// never does.
 func TestPrepareWarmsPodVMs(t *testing.T) {
 	pod := &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
 	for _, tc := range []struct {
-		name string
-		spec *specs.Spec
-		warm bool
-		want bool
+		name      string
+		spec      *specs.Spec
+		warm, own bool
+		want      bool
 	}{
-		{"pod VM", pod, true, true},
-		{"pod VM, warm_runc off", pod, false, false},
-		{"a container's own VM", &specs.Spec{}, true, false},
+		{"pod VM", pod, true, false, true},
+		{"pod VM, own init", pod, true, true, true},
+		{"pod VM, warm_runc off", pod, false, false, false},
+		{"a container's own VM", &specs.Spec{}, true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.Default()
-			cfg.Shim.RunDir, cfg.Shim.WarmRunc = t.TempDir(), tc.warm
+			cfg.Shim.RunDir, cfg.Shim.WarmRunc, cfg.Shim.OwnInit = t.TempDir(), tc.warm, tc.own
 			d := &fakeDriver{t: t, sys: &nopSystem{}}
 			r := task.LaunchRequest{ID: "t1", Namespace: "ns", Spec: tc.spec}
 			p, err := prepare(context.Background(), cfg, d, r, source{dir: stageChain(t)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if p.guest.WarmContainers != tc.want {
-				t.Fatalf("guest setup warms runc: %v, want %v", p.guest.WarmContainers, tc.want)
+			if p.guest.WarmContainers != tc.want || p.guest.WarmOwnInit != tc.own {
+				t.Fatalf("guest setup warms: %v (own init %v), want %v (%v)", p.guest.WarmContainers, p.guest.WarmOwnInit, tc.want, tc.own)
 			}
 		})
 	}

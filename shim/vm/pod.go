@@ -53,6 +53,7 @@ type pod struct {
 	pid         int
 	memory      int64 // the guest's RAM, which the containers' limits share
 	callTimeout time.Duration
+	ownInit     bool // the guest's own container init makes the containers
 
 	dirs   *sharedDirs // the copies of directories the containers bind
 	copies *copyBudget // bounds all the copies the VM holds
@@ -130,7 +131,7 @@ func (p *pod) Join(ctx context.Context, r task.LaunchRequest) (_ *task.Sandbox, 
 		}
 		clock.lap(PhaseHooks)
 	}
-	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial, Size: r.Rootfs.ImageSize()}, Files: g.files, Volumes: volumes}
+	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: r.Rootfs.FSType, Serial: serial, Size: r.Rootfs.ImageSize()}, Files: g.files, Volumes: volumes, OwnInit: p.ownInit}
 	if m.init, err = p.agent.CreateContainerFrom(ctx, r.ID, g.spec, root, r.Process != nil && r.Process.Stdin); err != nil {
 		return nil, err
 	}

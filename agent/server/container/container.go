@@ -17,7 +17,6 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
-	runc "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 )
@@ -26,6 +25,7 @@ import (
 // cgroups are.
 type Config struct {
 	Runc         string // the runc binary
+	Cinit        string // the agent's container init (cmd/cocoon-cinit)
 	RuncRoot     string // runc's --root
 	StateDir     string // bundles, one dir per container
 	CgroupParent string // the containers' cgroups are under it
@@ -37,6 +37,7 @@ type Config struct {
 // DefaultConfig is the guest's.
 var DefaultConfig = Config{
 	Runc:         "/usr/bin/runc",
+	Cinit:        "/sbin/cocoon-cinit",
 	RuncRoot:     "/run/runc",
 	StateDir:     "/run/cocoon/containers",
 	CgroupParent: "/cocoon",
@@ -67,16 +68,6 @@ var subreaper = sync.OnceValue(func() error {
 	}
 	return nil
 })
-
-func (m *Manager) runc(bundle string) *runc.Runc {
-	return &runc.Runc{
-		Command:      m.cfg.Runc,
-		Root:         m.cfg.RuncRoot,
-		Log:          filepath.Join(bundle, "log.json"),
-		LogFormat:    runc.JSON,
-		PdeathSignal: unix.SIGKILL,
-	}
-}
 
 // reserve claims id for a container being created.
 func (m *Manager) reserve(id string) error {

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sync"
 
-	"github.com/containerd/errdefs"
 	runc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -17,12 +16,13 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server/guestfile"
 )
 
-// Container is one container: runc's, with its init process.
+// Container is one container, made by runc or the agent's own container
+// init (eng), with its init process.
 type Container struct {
 	ID     string
 	bundle string
 	cgroup string // its cgroup, relative to the hierarchy's root
-	rt     *runc.Runc
+	eng    engine
 	init   *proc
 	disk   string // the serial of its root's disk, "" for a directory
 	// volumes are the volume disks mounted for it.
@@ -51,6 +51,8 @@ type CreateOptions struct {
 	Volumes []*api.VolumeDisk
 	// Stdin gives the process a stdin pipe (a terminal always has one).
 	Stdin bool
+	// OwnInit runs it with the agent's container init, not runc.
+	OwnInit bool
 }
 
 // Create writes the container's bundle and has runc create it: its init
@@ -81,19 +83,19 @@ func (m *Manager) create(ctx context.Context, id string, o CreateOptions) (*Cont
 		return nil, err
 	}
 	bundle := filepath.Join(m.cfg.StateDir, id)
-	c := &Container{ID: id, bundle: bundle, cgroup: spec.Linux.CgroupsPath, rt: m.runc(bundle), execs: procs{m: map[string]*proc{}}}
+	c := &Container{ID: id, bundle: bundle, cgroup: spec.Linux.CgroupsPath, eng: m.engine(bundle, o.OwnInit), execs: procs{m: map[string]*proc{}}}
 	if o.RootDisk != nil {
 		c.disk = o.RootDisk.Serial
 	}
 	if err := m.prepare(ctx, c, spec, o, files, clk); err != nil {
 		return nil, err
 	}
-	pid, io, err := c.runcCreate(ctx, spec.Process, o.Stdin)
-	clk.Lap(api.PhaseRuncCreate)
+	pid, io, err := c.eng.create(ctx, c, spec, o.Stdin)
+	clk.Lap(c.eng.createPhase())
 	c.Phases = clk.Phases()
 	if err == nil {
 		if c.init, err = watch(id, pid, io, c.oomOnExit(ctx)); err != nil {
-			_ = c.rt.Delete(context.WithoutCancel(ctx), id, &runc.DeleteOpts{Force: true})
+			_ = c.eng.remove(context.WithoutCancel(ctx), c)
 			io.close()
 		}
 	}
@@ -168,34 +170,6 @@ func writeSpec(dir string, spec *specs.Spec) error {
 		return fmt.Errorf("write config.json: %w", err)
 	}
 	return nil
-}
-
-// runcCreate runs `runc create` with the process's stdio: pipes passed
-// through, or a terminal runc sends back on a console socket.
-func (c *Container) runcCreate(ctx context.Context, p *specs.Process, withStdin bool) (int, *stdio, error) {
-	setup, err := newIOSetup(p, withStdin)
-	if err != nil {
-		return 0, nil, fmt.Errorf("container %q: %w", c.ID, err)
-	}
-	pidFile := filepath.Join(c.bundle, "init.pid")
-	opts := &runc.CreateOpts{PidFile: pidFile, IO: setup.io}
-	if setup.sock != nil {
-		opts.ConsoleSocket = setup.sock
-	}
-	if err := c.rt.Create(ctx, c.ID, c.bundle, opts); err != nil {
-		setup.done(false)
-		return 0, nil, fmt.Errorf("create container %q: %w: %w", c.ID, runcError(c.bundle, err), errdefs.ErrFailedPrecondition)
-	}
-	io, err := setup.done(true)
-	if err == nil {
-		var pid int
-		if pid, err = readPid(pidFile); err == nil {
-			return pid, io, nil
-		}
-		io.close()
-	}
-	_ = c.rt.Delete(context.WithoutCancel(ctx), c.ID, &runc.DeleteOpts{Force: true})
-	return 0, nil, fmt.Errorf("container %q: %w", c.ID, err)
 }
 
 // ioSetup is a process's stdio on its way to runc: pipes, or for a

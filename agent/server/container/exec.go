@@ -3,12 +3,9 @@ package container
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
-	runc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -64,33 +61,16 @@ func (c *Container) reserveExec(execID string) error {
 }
 
 func (c *Container) exec(ctx context.Context, execID string, spec *specs.Process, withStdin bool) (*proc, error) {
-	setup, err := newIOSetup(spec, withStdin)
+	pid, io, err := c.eng.exec(ctx, c, execID, spec, withStdin)
 	if err != nil {
 		return nil, fmt.Errorf("exec %q in %q: %w", execID, c.ID, err)
 	}
-	pidFile := filepath.Join(c.bundle, execID+".pid")
-	defer os.Remove(pidFile)
-	opts := &runc.ExecOpts{PidFile: pidFile, Detach: true, IO: setup.io}
-	if setup.sock != nil {
-		opts.ConsoleSocket = setup.sock
-	}
-	if err := c.rt.Exec(ctx, c.ID, *spec, opts); err != nil {
-		setup.done(false)
-		return nil, fmt.Errorf("exec %q in %q: %w: %w", execID, c.ID, runcError(c.bundle, err), errdefs.ErrFailedPrecondition)
-	}
-	io, err := setup.done(true)
+	p, err := watch(execID, pid, io, nil)
 	if err != nil {
+		io.close()
 		return nil, fmt.Errorf("exec %q in %q: %w", execID, c.ID, err)
 	}
-	pid, err := readPid(pidFile)
-	if err == nil {
-		var p *proc
-		if p, err = watch(execID, pid, io, nil); err == nil {
-			return p, nil
-		}
-	}
-	io.close()
-	return nil, fmt.Errorf("exec %q in %q: %w", execID, c.ID, err)
+	return p, nil
 }
 
 // DeleteExec forgets an exited exec and closes its stdio.

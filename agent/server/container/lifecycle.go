@@ -7,7 +7,6 @@ import (
 	"syscall"
 
 	"github.com/containerd/errdefs"
-	runc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -34,7 +33,7 @@ func (c *Container) Start(ctx context.Context) (int, error) {
 	if c.init.exited() {
 		return 0, fmt.Errorf("container %q has exited: %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
-	if err := c.startInit(ctx); err != nil {
+	if err := c.eng.start(ctx, c); err != nil {
 		return 0, fmt.Errorf("start container %q: %w: %w", c.ID, err, errdefs.ErrFailedPrecondition)
 	}
 	c.started = true
@@ -54,8 +53,8 @@ func (c *Container) process(execID string) (*proc, error) {
 	return nil, fmt.Errorf("process %q of container %q: %w", execID, c.ID, errdefs.ErrNotFound)
 }
 
-// Signal signals the init (through runc, all of the container's processes
-// with all) or an exec.
+// Signal signals the init (with all, every process of the container) or
+// an exec.
 func (c *Container) Signal(ctx context.Context, execID string, sig syscall.Signal, all bool) error {
 	p, err := c.process(execID)
 	if err != nil {
@@ -67,11 +66,11 @@ func (c *Container) Signal(ctx context.Context, execID string, sig syscall.Signa
 	if p.exited() && !all {
 		return fmt.Errorf("container %q has exited: %w", c.ID, errdefs.ErrNotFound)
 	}
-	if err := c.rt.Kill(ctx, c.ID, int(sig), &runc.KillOpts{All: all}); err != nil {
+	if err := c.eng.kill(ctx, c, sig, all); err != nil {
 		if p.exited() {
 			return fmt.Errorf("container %q has exited: %w", c.ID, errdefs.ErrNotFound)
 		}
-		return fmt.Errorf("signal container %q: %w", c.ID, runcError(c.bundle, err))
+		return fmt.Errorf("signal container %q: %w", c.ID, err)
 	}
 	return nil
 }
@@ -99,14 +98,14 @@ func (c *Container) Update(ctx context.Context, data []byte) error {
 	if c.init.exited() {
 		return fmt.Errorf("container %q has exited: %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
-	if err := c.rt.Update(ctx, c.ID, r); err != nil {
-		return fmt.Errorf("update container %q: %w: %w", c.ID, runcError(c.bundle, err), errdefs.ErrFailedPrecondition)
+	if err := c.eng.update(ctx, c, r); err != nil {
+		return fmt.Errorf("update container %q: %w: %w", c.ID, err, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
 
 // Delete removes the container once its init has exited, or was never
-// started: runc kills one that waits for its start.
+// started: the engine kills one that waits for its start.
 func (m *Manager) Delete(ctx context.Context, id string) error {
 	c, err := m.Get(id)
 	if err != nil {
@@ -117,8 +116,8 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if c.started && !c.init.exited() {
 		return fmt.Errorf("container %q is running: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	if err := c.rt.Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil {
-		return fmt.Errorf("delete container %q: %w", id, runcError(c.bundle, err))
+	if err := c.eng.remove(ctx, c); err != nil {
+		return fmt.Errorf("delete container %q: %w", id, err)
 	}
 	<-c.init.done
 	c.closeAll()

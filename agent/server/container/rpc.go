@@ -24,7 +24,7 @@ func NewRPC(m *Manager) *RPC { return &RPC{m: m} }
 
 // CreateContainer creates a container whose process waits for its start.
 func (r *RPC) CreateContainer(ctx context.Context, req *api.CreateContainerRequest) (*api.ContainerProcessResponse, error) {
-	c, err := r.m.Create(ctx, req.Id, CreateOptions{Spec: req.Spec, Rootfs: req.Rootfs, RootDisk: req.RootDisk, Files: req.Files, Volumes: req.VolumeDisks, Stdin: req.Stdin})
+	c, err := r.m.Create(ctx, req.Id, CreateOptions{Spec: req.Spec, Rootfs: req.Rootfs, RootDisk: req.RootDisk, Files: req.Files, Volumes: req.VolumeDisks, Stdin: req.Stdin, OwnInit: req.OwnInit})
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/containerd/fifo"
@@ -23,8 +22,7 @@ const execFifo = "exec.fifo"
 // open the fifo, read the byte the init writes until its exec closes the
 // fifo, remove it; runc then reports the container running), without a
 // runc process of its own: starting one costs a guest 50-90 ms under TCG.
-func (c *Container) startInit(ctx context.Context) error {
-	path := filepath.Join(c.rt.Root, c.ID, execFifo)
+func (c *Container) startInit(ctx context.Context, path string) error {
 	data, err := readExecFifo(ctx, path, c.init.done)
 	if err != nil {
 		return err

@@ -15,14 +15,14 @@ import (
 func TestStartTellsRunc(t *testing.T) {
 	m := testManager(t)
 	c := startSleeper(t, m, "started", busyboxRoot(t))
-	st, err := c.rt.State(context.Background(), c.ID)
+	st, err := c.eng.(runcEngine).rt.State(context.Background(), c.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Status != "running" || st.Pid != c.init.pid {
 		t.Errorf("runc says %s, pid %d; want running, pid %d", st.Status, st.Pid, c.init.pid)
 	}
-	if _, err := os.Stat(filepath.Join(c.rt.Root, c.ID, execFifo)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(c.eng.(runcEngine).rt.Root, c.ID, execFifo)); !os.IsNotExist(err) {
 		t.Errorf("exec fifo after the start: %v, want it gone", err)
 	}
 	if _, err := c.Start(context.Background()); err == nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/containerd/console"
 	runc "github.com/containerd/go-runc"
 	"golang.org/x/sys/unix"
 
@@ -40,13 +41,19 @@ func newPipes(uid, gid int, withStdin bool) (runc.IO, *stdio, error) {
 }
 
 // newTerminal keeps the master of the terminal runc made, received on its
-// console socket, as a pollable file.
+// console socket.
 func newTerminal(sock *runc.Socket) (*stdio, error) {
 	c, err := sock.ReceiveMaster()
 	if err != nil {
 		return nil, fmt.Errorf("receive the terminal: %w", err)
 	}
 	defer c.Close()
+	return keepMaster(c)
+}
+
+// keepMaster keeps a copy of a terminal's master as a pollable file; the
+// caller closes c.
+func keepMaster(c console.Console) (*stdio, error) {
 	fd, err := unix.FcntlInt(c.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("keep the terminal: %w", err)

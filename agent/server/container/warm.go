@@ -30,7 +30,9 @@ const warmID = ".warm"
 // leaves that container's create less to translate. Under SCHED_IDLE it
 // takes only CPU time the guest leaves idle, so a container created
 // meanwhile is not slowed by it, only helped by as much as it got done.
-func (m *Manager) Warm(ctx context.Context) error {
+// With own, the agent's own container init makes it instead, for a pod
+// whose containers it makes (CreateOptions.OwnInit).
+func (m *Manager) Warm(ctx context.Context, own bool) error {
 	errc := make(chan error, 1)
 	go func() {
 		// A child inherits its forking thread's policy; the thread is
@@ -38,6 +40,10 @@ func (m *Manager) Warm(ctx context.Context) error {
 		runtime.LockOSThread()
 		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
 			errc <- fmt.Errorf("set SCHED_IDLE: %w", err)
+			return
+		}
+		if own {
+			errc <- m.warmOwn(ctx)
 			return
 		}
 		errc <- m.warmCreate(ctx)
@@ -63,7 +69,7 @@ func (m *Manager) warmCreate(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("open %s: %w", os.DevNull, err), os.RemoveAll(bundle))
 	}
 	defer null.Close()
-	rt := m.runc(bundle)
+	rt := m.engine(bundle, false).(runcEngine).rt
 	// go-runc forks a runc with a parent-death signal from a thread of
 	// its own, which would not be idle; the agent outliving its runc is
 	// all that signal is for, and a warm-up's runc ends by itself.
@@ -76,6 +82,32 @@ func (m *Manager) warmCreate(ctx context.Context) error {
 	}
 	if init != nil {
 		_ = init.Kill()
+		_, _ = init.Wait()
+	}
+	return errors.Join(err, os.RemoveAll(bundle))
+}
+
+// warmOwn has the agent's own container init make the throwaway
+// container, which waits for a start that never comes, and removes it
+// all. Its forks come from this idle thread, so the init is idle too.
+func (m *Manager) warmOwn(ctx context.Context) error {
+	if err := subreaper(); err != nil {
+		return err
+	}
+	bundle := filepath.Join(m.cfg.StateDir, warmID)
+	root := filepath.Join(bundle, "rootfs")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return fmt.Errorf("make warm-up bundle: %w", err)
+	}
+	c := &Container{ID: warmID, bundle: bundle, cgroup: path.Join(m.cfg.CgroupParent, warmID)}
+	e := m.engine(bundle, true)
+	pid, io, err := e.create(ctx, c, warmSpec(root, m.cfg.CgroupParent), false)
+	if err != nil {
+		return errors.Join(fmt.Errorf("create warm-up container: %w", err), os.RemoveAll(bundle))
+	}
+	io.close()
+	err = e.remove(context.WithoutCancel(ctx), c)
+	if init, ferr := os.FindProcess(pid); ferr == nil {
 		_, _ = init.Wait()
 	}
 	return errors.Join(err, os.RemoveAll(bundle))
@@ -145,4 +177,4 @@ func warmSpec(root, cgroupParent string) *specs.Spec {
 }
 
 // Warm is the manager's Warm.
-func (r *RPC) Warm(ctx context.Context) error { return r.m.Warm(ctx) }
+func (r *RPC) Warm(ctx context.Context, own bool) error { return r.m.Warm(ctx, own) }

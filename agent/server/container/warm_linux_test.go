@@ -18,7 +18,7 @@ func TestWarmLeavesNothing(t *testing.T) {
 	m := testManager(t)
 	m.cfg.RuncRoot = filepath.Join(t.TempDir(), "runc")
 	before := children(t)
-	if err := m.Warm(context.Background()); err != nil {
+	if err := m.Warm(context.Background(), false); err != nil {
 		t.Fatalf("warm: %v", err)
 	}
 	if after := children(t); !slices.Equal(after, before) {

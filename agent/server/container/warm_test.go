@@ -28,7 +28,7 @@ func TestWarm(t *testing.T) {
 				t.Fatal(err)
 			}
 			state := t.TempDir()
-			err := New(Config{Runc: fake, RuncRoot: t.TempDir(), StateDir: state, CgroupParent: "/test"}).Warm(context.Background())
+			err := New(Config{Runc: fake, RuncRoot: t.TempDir(), StateDir: state, CgroupParent: "/test"}).Warm(context.Background(), false)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("warm: %v, want an error: %v", err, tc.wantErr)
 			}

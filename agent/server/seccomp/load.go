@@ -14,15 +14,22 @@ import (
 // thread must die with it). Without no_new_privs the thread needs
 // CAP_SYS_ADMIN.
 func (f *Filter) Load() error {
+	insts, flags := f.Program()
+	prog := unix.SockFprog{Len: uint16(len(insts)), Filter: &insts[0]}
+	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&prog))); e != 0 {
+		return fmt.Errorf("load seccomp filter: %w", e)
+	}
+	return nil
+}
+
+// Program is f as the kernel loads it, with its SECCOMP_FILTER_FLAG_*s,
+// for a process that loads it itself (agent/cinit).
+func (f *Filter) Program() ([]unix.SockFilter, uintptr) {
 	insts := make([]unix.SockFilter, len(f.prog))
 	for i, in := range f.prog {
 		insts[i] = unix.SockFilter{Code: in.Op, Jt: in.Jt, Jf: in.Jf, K: in.K}
 	}
-	prog := unix.SockFprog{Len: uint16(len(insts)), Filter: &insts[0]}
-	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, f.flags, uintptr(unsafe.Pointer(&prog))); e != 0 {
-		return fmt.Errorf("load seccomp filter: %w", e)
-	}
-	return nil
+	return insts, f.flags
 }
 
 // Call is a system call as a filter sees it.

@@ -39,7 +39,9 @@ func TestVMContainers(t *testing.T) {
 	guestSh(t, client, "mkdir -p "+containerRoot+"/bin "+containerRoot+"/etc && cd "+containerRoot+
 		" && cp /bin/busybox bin/ && for a in $(busybox --list); do ln -s busybox bin/$a; done && echo s3cret >etc/secret", "")
 	t.Run("WarmOwnInit", func(t *testing.T) { testWarmOwnInit(t, vm, client) })
-	for _, c := range []guestEngine{{client, false}, {client, true}} {
+	// The own init goes first: runc enables every controller above the
+	// containers' cgroups, which would hide one the own init left off.
+	for _, c := range []guestEngine{{client, true}, {client, false}} {
 		t.Run(c.String(), func(t *testing.T) {
 			t.Run("Confined", func(t *testing.T) { testContainerConfined(t, c) })
 			t.Run("Running", func(t *testing.T) { testContainerRunning(t, c) })
@@ -206,8 +208,9 @@ func testContainerRunning(t *testing.T, c guestEngine) {
 	}
 }
 
-// testContainerStats: app's stats show its own memory and limit, and an
-// update changes the limit.
+// testContainerStats: app's stats show its own memory and limit, a
+// container without limits its memory and pids too, and an update
+// changes app's limit.
 func testContainerStats(t *testing.T, c guestEngine) {
 	m, err := c.ContainerStats(containerCtx(t), "app")
 	if err != nil {
@@ -215,6 +218,19 @@ func testContainerStats(t *testing.T, c guestEngine) {
 	}
 	if m.Memory.Usage == 0 || m.Memory.UsageLimit != 64<<20 || m.CPU.UsageUsec == 0 || m.Pids.Current == 0 {
 		t.Errorf("stats memory %+v, cpu %+v, pids %+v", m.Memory, m.CPU, m.Pids)
+	}
+	free := createStarted(t, c, "free", oci.WithProcessArgs("sleep", "1000"))
+	if m, err := c.ContainerStats(containerCtx(t), "free"); err != nil || m.GetMemory().GetUsage() == 0 || m.GetPids().GetCurrent() == 0 {
+		t.Errorf("stats of a container without limits: %+v, %v; want its memory and pids", m, err)
+	}
+	if err := free.Signal(containerCtx(t), syscall.SIGKILL, false); err != nil {
+		t.Fatalf("kill free: %v", err)
+	}
+	if _, err := free.Wait(containerCtx(t)); err != nil {
+		t.Fatalf("wait for free: %v", err)
+	}
+	if err := c.DeleteContainer(containerCtx(t), "free", ""); err != nil {
+		t.Fatalf("delete free: %v", err)
 	}
 	limit := int64(48 << 20)
 	if err := c.UpdateContainer(containerCtx(t), "app", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}); err != nil {

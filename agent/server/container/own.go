@@ -39,8 +39,8 @@ func (e *ownInit) create(ctx context.Context, c *Container, spec *specs.Spec, wi
 		return 0, nil, err
 	}
 	e.seccomp, e.oomAdj = plan.cfg.Process.Seccomp, plan.cfg.Process.OOMScoreAdj
-	if e.cg, err = cgroup2.NewManager(cgroupRoot, c.cgroup, cgroupResources(spec.Linux.Resources)); err != nil {
-		return 0, nil, fmt.Errorf("make cgroup %s: %w", c.cgroup, err)
+	if e.cg, err = makeCgroup(c.cgroup, spec.Linux.Resources); err != nil {
+		return 0, nil, err
 	}
 	io, child, err := newChildStdio(spec.Process, withStdin)
 	if err != nil {
@@ -105,6 +105,24 @@ func (e *ownInit) kill(_ context.Context, c *Container, sig syscall.Signal, all 
 
 func (e *ownInit) update(_ context.Context, _ *Container, r *specs.LinuxResources) error {
 	return e.cg.Update(cgroupResources(r))
+}
+
+// makeCgroup makes the container's cgroup with r, every controller of the
+// hierarchy enabled above it, as runc does: the stats read memory, pids
+// and io files that a cgroup without limits of their kind would lack.
+func makeCgroup(path string, r *specs.LinuxResources) (*cgroup2.Manager, error) {
+	cg, err := cgroup2.NewManager(cgroupRoot, path, cgroupResources(r))
+	if err != nil {
+		return nil, fmt.Errorf("make cgroup %s: %w", path, err)
+	}
+	all, err := cg.RootControllers()
+	if err == nil {
+		err = cg.ToggleControllers(all, cgroup2.Enable)
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("enable the controllers of cgroup %s: %w", path, err), cg.Delete())
+	}
+	return cg, nil
 }
 
 // cgroupResources are r as cgroup v2 takes them; none for nil (which

@@ -21,10 +21,13 @@ import (
 // under containerd's default sandboxer (a pause container, whose task
 // restores the VM), beside the cocoon handler's one VM per container and
 // sandboxAPIHandler's VM per pod under containerd's sandbox API;
-// coldPodVMHandler is podVMHandler with shim.warm_runc off.
+// coldPodVMHandler is podVMHandler with shim.warm_runc off, and
+// runcPodVMHandler with shim.own_init off (the guest's runc makes the
+// containers, and is warmed).
 const (
 	podVMHandler     = "cocoon-pod"
 	coldPodVMHandler = "cocoon-pod-cold"
+	runcPodVMHandler = "cocoon-pod-runc"
 )
 
 // benchArgs is every bench container's command.
@@ -43,22 +46,25 @@ const pullGap = 1500 * time.Millisecond
 // crictl process on the clock), RunPodSandbox → CreateContainer →
 // StartContainer of a one-container pod of the busybox image, with runc,
 // with cocoon's one VM per container and with one VM per pod (both
-// sandboxers; and without the warmed runc), side by side in one
-// containerd; the first container's create → start with kubeletGap, and
-// with pullGap, after RunPodSandbox, with the warmed runc and without; and
-// a second container's create → start in a running pod's VM (join), with
-// and without, against which the goal is ≤ 0.3× of a restore:
+// sandboxers; without the warm-up; with the guest's runc rather than its
+// own container init), side by side in one containerd; the first container's create →
+// start with kubeletGap, and with pullGap, after RunPodSandbox, in the
+// three pod-VM ways; and a second container's create → start in a running
+// pod's VM (join), against which the goal is ≤ 0.3× of a restore:
 //
 //	go test -run '^$' -bench BenchmarkPodStart -benchtime 5x ./cri/e2e/
 func BenchmarkPodStart(b *testing.B) {
-	podCfg, coldCfg := filepath.Join(b.TempDir(), "pod-vm.toml"), filepath.Join(b.TempDir(), "pod-vm-cold.toml")
+	dir := b.TempDir()
+	podCfg, coldCfg, runcCfg := filepath.Join(dir, "pod-vm.toml"), filepath.Join(dir, "pod-vm-cold.toml"), filepath.Join(dir, "pod-vm-runc.toml")
 	n := startChainNode(b, nodeOptions{cocoonConfig: cocoonConfig, handlers: []devstack.Handler{
 		podVMBenchHandler(podVMHandler, podCfg, ""),
 		podVMBenchHandler(coldPodVMHandler, coldCfg, ""),
+		podVMBenchHandler(runcPodVMHandler, runcCfg, ""),
 		podVMBenchHandler(sandboxAPIHandler, podCfg, devstack.SandboxerShim),
 	}})
-	writePodVMConfig(b, n.stack.ConfigPath, podCfg, true)
-	writePodVMConfig(b, n.stack.ConfigPath, coldCfg, false)
+	writePodVMConfig(b, n.stack.ConfigPath, podCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = true, true })
+	writePodVMConfig(b, n.stack.ConfigPath, coldCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = false, true })
+	writePodVMConfig(b, n.stack.ConfigPath, runcCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = true, false })
 	ctx := context.Background()
 	if err := n.stack.Import(ctx, images.busyboxTar, devstack.Snapshotter); err != nil {
 		b.Fatal(err)
@@ -67,14 +73,15 @@ func BenchmarkPodStart(b *testing.B) {
 	// A container-mode VM must hold the guest; a pod-mode container's limit
 	// must fit in it.
 	limits := map[string]int64{devstack.CocoonHandler: cocoonMemoryLimit}
-	for _, handler := range []string{devstack.RuncHandler, devstack.CocoonHandler, podVMHandler, coldPodVMHandler, sandboxAPIHandler} {
+	pods := []string{podVMHandler, coldPodVMHandler, runcPodVMHandler}
+	for _, handler := range append([]string{devstack.RuncHandler, devstack.CocoonHandler, sandboxAPIHandler}, pods...) {
 		b.Run("pod/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, limits[handler], 0) })
 	}
-	for _, handler := range []string{podVMHandler, coldPodVMHandler} {
+	for _, handler := range pods {
 		b.Run("first/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, 0, kubeletGap) })
 		b.Run("pulled/handler="+handler, func(b *testing.B) { benchPods(b, n, rt, handler, 0, pullGap) })
 	}
-	for _, handler := range []string{podVMHandler, coldPodVMHandler} {
+	for _, handler := range pods {
 		b.Run("join/handler="+handler, func(b *testing.B) { benchJoins(b, n, rt, handler) })
 	}
 }
@@ -125,8 +132,8 @@ func benchPods(b *testing.B, n *node, rt runtimeapi.RuntimeServiceClient, handle
 }
 
 // writePodVMConfig writes the node's cocoon config at base with one VM per
-// pod, and runc warmed or not, to path.
-func writePodVMConfig(b *testing.B, base, path string, warm bool) {
+// pod, and its shim settings edited, to path.
+func writePodVMConfig(b *testing.B, base, path string, edit func(*config.Shim)) {
 	data, err := os.ReadFile(base)
 	if err != nil {
 		b.Fatal(err)
@@ -135,7 +142,8 @@ func writePodVMConfig(b *testing.B, base, path string, warm bool) {
 	if err != nil {
 		b.Fatalf("the node's cocoon config: %v", err)
 	}
-	cfg.Shim.PodVM, cfg.Shim.WarmRunc = config.PodVMPod, warm
+	cfg.Shim.PodVM = config.PodVMPod
+	edit(&cfg.Shim)
 	if data, err = toml.Marshal(cfg); err != nil {
 		b.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func (in *Init) makeDevices() error {
 	}
 	p, err := securejoin.SecureJoin(in.Root, "/dev/console")
 	if err == nil {
-		err = makeFile(p)
+		err = ocimount.MakeMountPoint(p, false)
 	}
 	if err == nil {
 		err = unix.Mount(in.Console, p, "", unix.MS_BIND, "")
@@ -102,17 +102,6 @@ func makeDevice(p string, d Device) error {
 		return fmt.Errorf("mknod: %w", err)
 	}
 	return os.Lchown(p, int(d.UID), int(d.GID))
-}
-
-func makeFile(p string) error {
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDONLY|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	return f.Close()
 }
 
 // makeCwd makes the process's working directory, as runc does, when the

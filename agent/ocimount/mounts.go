@@ -216,7 +216,7 @@ func (s *Stack) bind(p mountPlan, dst string) error {
 	if err != nil {
 		return fmt.Errorf("bind mount at %q: nothing at %q, where the host puts the copy of its source: %w", p.dst, p.source, errdefs.ErrInvalidArgument)
 	}
-	if err := makeMountPoint(dst, fi.IsDir()); err != nil {
+	if err := MakeMountPoint(dst, fi.IsDir()); err != nil {
 		return fmt.Errorf("make mount point %s: %w", p.dst, err)
 	}
 	if err := s.Mount(p.source, dst, "", p.flags&(unix.MS_BIND|unix.MS_REC), ""); err != nil {
@@ -228,7 +228,9 @@ func (s *Stack) bind(p mountPlan, dst string) error {
 	return nil
 }
 
-func makeMountPoint(path string, dir bool) error {
+// MakeMountPoint makes what a bind mount at path goes over: a directory,
+// or an empty file, with the directories above it.
+func MakeMountPoint(path string, dir bool) error {
 	if dir {
 		return os.MkdirAll(path, 0o755)
 	}

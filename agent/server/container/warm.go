@@ -51,18 +51,14 @@ func (m *Manager) Warm(ctx context.Context, own bool) error {
 	return <-errc
 }
 
-// warmCreate creates the throwaway container in a bundle of its own and
-// removes it all, whatever the create did. The agent is made the
-// subreaper first, so the container's init, orphaned when runc create
-// exits, is the agent's to reap once its delete killed it.
+// warmCreate has runc create the throwaway container in a bundle of its
+// own and removes it all, whatever the create did: its init, orphaned
+// when runc create exits, is the agent's to reap once its delete killed
+// it.
 func (m *Manager) warmCreate(ctx context.Context) error {
-	if err := subreaper(); err != nil {
+	bundle, _, err := m.warmBundle()
+	if err != nil {
 		return err
-	}
-	bundle := filepath.Join(m.cfg.StateDir, warmID)
-	root := filepath.Join(bundle, "rootfs")
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return fmt.Errorf("make warm-up bundle: %w", err)
 	}
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
@@ -87,17 +83,28 @@ func (m *Manager) warmCreate(ctx context.Context) error {
 	return errors.Join(err, os.RemoveAll(bundle))
 }
 
+// warmBundle makes the agent the subreaper, so a warm-up's init, left
+// by its maker, is the agent's to reap, and makes the throwaway
+// container's bundle and empty root.
+func (m *Manager) warmBundle() (bundle, root string, err error) {
+	if err := subreaper(); err != nil {
+		return "", "", err
+	}
+	bundle = filepath.Join(m.cfg.StateDir, warmID)
+	root = filepath.Join(bundle, "rootfs")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return "", "", fmt.Errorf("make warm-up bundle: %w", err)
+	}
+	return bundle, root, nil
+}
+
 // warmOwn has the agent's own container init make the throwaway
 // container, which waits for a start that never comes, and removes it
 // all. Its forks come from this idle thread, so the init is idle too.
 func (m *Manager) warmOwn(ctx context.Context) error {
-	if err := subreaper(); err != nil {
+	bundle, root, err := m.warmBundle()
+	if err != nil {
 		return err
-	}
-	bundle := filepath.Join(m.cfg.StateDir, warmID)
-	root := filepath.Join(bundle, "rootfs")
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return fmt.Errorf("make warm-up bundle: %w", err)
 	}
 	c := &Container{ID: warmID, bundle: bundle, cgroup: path.Join(m.cfg.CgroupParent, warmID)}
 	e := m.engine(bundle, true)

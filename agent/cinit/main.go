@@ -18,6 +18,9 @@ func Main() {
 	// The program is exec'd from this thread, which takes its mount
 	// namespace (an exec's), credentials, capabilities and filter.
 	runtime.LockOSThread()
+	// Not dumpable, as runc's init: no process of the container may
+	// ptrace it or open its /proc files before its exec (which resets it).
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	status := os.NewFile(StatusFD, "status")
 	err := run(status)
 	if errors.Is(err, errNoStart) {

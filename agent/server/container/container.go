@@ -46,6 +46,8 @@ var DefaultConfig = Config{
 // Manager runs containers.
 type Manager struct {
 	cfg Config
+	// cinit is the sealed copy of cfg.Cinit the own init runs, made once.
+	cinit func() (*os.File, error)
 
 	mu         sync.Mutex
 	containers map[string]*Container // nil value: being created
@@ -54,7 +56,8 @@ type Manager struct {
 
 // New returns a manager; nothing is done until a container is created.
 func New(cfg Config) *Manager {
-	return &Manager{cfg: cfg, containers: map[string]*Container{}, disks: map[string]string{}}
+	return &Manager{cfg: cfg, containers: map[string]*Container{}, disks: map[string]string{},
+		cinit: sync.OnceValues(func() (*os.File, error) { return sealedCopy(cfg.Cinit) })}
 }
 
 // subreaper makes the agent the parent of the processes runc leaves

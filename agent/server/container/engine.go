@@ -34,7 +34,7 @@ type engine interface {
 // container's log in its bundle.
 func (m *Manager) engine(bundle string, own bool) engine {
 	if own {
-		return &ownInit{cinit: m.cfg.Cinit}
+		return &ownInit{exe: m.cinit}
 	}
 	return runcEngine{rt: &runc.Runc{
 		Command:      m.cfg.Runc,

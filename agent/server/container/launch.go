@@ -53,7 +53,12 @@ func (e *ownInit) launch(l launch) (*helper, error) {
 		return nil, fmt.Errorf("open cgroup: %w", err)
 	}
 	defer cg.Close()
-	cmd := e.command(l, p.child, cg)
+	exe, err := e.exe()
+	if err != nil {
+		p.closeOwnEnds()
+		return nil, err
+	}
+	cmd := e.command(execPath(exe), l, p.child, cg)
 	if err := startIn(cmd, l); err != nil {
 		p.closeOwnEnds()
 		return nil, fmt.Errorf("start the container init: %w", err)
@@ -91,12 +96,13 @@ func (p *pipes) forHelper(withStart bool) (*helper, error) {
 
 // command is the helper's command: its stdio, pipes (config, status,
 // then the start pipe or the mount namespace), namespaces and cgroup.
-func (e *ownInit) command(l launch, child []*os.File, cg *os.File) *exec.Cmd {
+func (e *ownInit) command(path string, l launch, child []*os.File, cg *os.File) *exec.Cmd {
 	fourth := l.mountNS
 	if l.withStart {
 		fourth = child[2]
 	}
-	cmd := exec.Command(e.cinit)
+	cmd := exec.Command(path)
+	cmd.Args[0] = "cocoon-cinit"
 	cmd.Env = []string{}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = l.stdio.files[0], l.stdio.files[1], l.stdio.files[2]
 	cmd.ExtraFiles = []*os.File{child[0], child[1], fourth}

@@ -23,7 +23,7 @@ import (
 // says so and waits for its start. No runc process runs on the way:
 // under TCG a warm `runc create` costs a guest ~280 ms.
 type ownInit struct {
-	cinit   string
+	exe     func() (*os.File, error) // the container init's sealed binary
 	cg      *cgroup2.Manager
 	seccomp *cinit.Seccomp // the container's, for its execs too
 	oomAdj  *int           // the container's OOM score, as runc gives its execs

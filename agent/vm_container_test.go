@@ -223,6 +223,16 @@ func testContainerStats(t *testing.T, c guestEngine) {
 	if m, err := c.ContainerStats(containerCtx(t), "free"); err != nil || m.GetMemory().GetUsage() == 0 || m.GetPids().GetCurrent() == 0 {
 		t.Errorf("stats of a container without limits: %+v, %v; want its memory and pids", m, err)
 	}
+	// The spec's device rules hold: root in the container may make a node
+	// of /dev/mem, not open it.
+	script := "mknod /tmp/mem c 1 1 && head -c1 /tmp/mem >/dev/null 2>&1 && echo opened || echo denied"
+	ex, err := c.ExecContainer(containerCtx(t), "free", "mem", &specs.Process{Args: []string{"sh", "-c", script}, Env: []string{"PATH=/bin"}, Cwd: "/"}, false)
+	if err != nil {
+		t.Fatalf("exec in free: %v", err)
+	}
+	if out, _, e := drainContainer(t, ex); out != "denied\n" || e.Code != 0 {
+		t.Errorf("opening /dev/mem's node: %q, exit %+v; want it denied", out, e)
+	}
 	if err := free.Signal(containerCtx(t), syscall.SIGKILL, false); err != nil {
 		t.Fatalf("kill free: %v", err)
 	}

@@ -27,6 +27,7 @@ type ownInit struct {
 	cg      *cgroup2.Manager
 	seccomp *cinit.Seccomp // the container's, for its execs too
 	oomAdj  *int           // the container's OOM score, as runc gives its execs
+	caps    *cinit.Caps    // the container's, for an exec that names none
 	startW  *os.File       // the init's start pipe, until its start
 	statusR *os.File       // the init's status pipe, until its start
 }
@@ -38,7 +39,7 @@ func (e *ownInit) create(ctx context.Context, c *Container, spec *specs.Spec, wi
 	if err != nil {
 		return 0, nil, err
 	}
-	e.seccomp, e.oomAdj = plan.cfg.Process.Seccomp, plan.cfg.Process.OOMScoreAdj
+	e.seccomp, e.oomAdj, e.caps = plan.cfg.Process.Seccomp, plan.cfg.Process.OOMScoreAdj, plan.cfg.Process.Caps
 	if e.cg, err = makeCgroup(c.cgroup, spec.Linux.Resources); err != nil {
 		return 0, nil, err
 	}

@@ -19,13 +19,16 @@ import (
 // exec runs p in the container: the container init, started in the
 // init's PID, UTS, IPC and cgroup namespaces and cgroup, joins its mount
 // namespace and execs p with the container's seccomp filter and OOM
-// score.
+// score, and its capabilities when p names none (runc's exec).
 func (e *ownInit) exec(ctx context.Context, c *Container, _ string, p *specs.Process, withStdin bool) (int, *stdio, error) {
 	proc, err := planProcess(p, nil)
 	if err != nil {
 		return 0, nil, err
 	}
 	proc.Seccomp, proc.OOMScoreAdj = e.seccomp, e.oomAdj
+	if proc.Caps == nil {
+		proc.Caps = e.caps
+	}
 	mnt, err := os.Open("/proc/" + strconv.Itoa(c.init.pid) + "/ns/mnt")
 	if err != nil {
 		return 0, nil, fmt.Errorf("open the container's mount namespace: %w", err)

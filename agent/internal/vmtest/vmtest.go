@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,11 +77,10 @@ func Start(t testing.TB, o Options) *VM {
 	vm.cmd = exec.Command(qemu, append(args, o.args()...)...)
 	var stderr bytes.Buffer
 	vm.cmd.Stderr = &stderr
-	if err := vm.cmd.Start(); err != nil {
+	if err := vm.start(); err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("start qemu: %v", err)
 	}
-	go func() { _ = vm.cmd.Wait(); close(vm.exited) }()
 	t.Cleanup(func() {
 		vm.Stop()
 		if t.Failed() {
@@ -88,6 +89,26 @@ func Start(t testing.TB, o Options) *VM {
 		os.RemoveAll(dir)
 	})
 	return vm
+}
+
+// start starts QEMU with a parent-death signal from a thread that stays
+// until QEMU exits (the signal follows the forking thread): QEMU dies
+// with the test binary, a test timeout's panic included, and not before.
+func (vm *VM) start() error {
+	vm.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := vm.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = vm.cmd.Wait()
+		close(vm.exited)
+	}()
+	return <-started
 }
 
 // Args is the QEMU command line booting guestDir's kernel with the agent

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -177,4 +178,30 @@ func threadOf(t *testing.T, pid int) int {
 		return errors.New("only its main thread")
 	})
 	return tid
+}
+
+// TestCleanupSweepsDeadPools: a task's clean-up also removes the run dir
+// of a pooled VM whose spare is gone, beside the task's: a spare killed as
+// the last of a run has no later fill to sweep it.
+func TestCleanupSweepsDeadPools(t *testing.T) {
+	parent := filepath.Join(t.TempDir(), "ns")
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	pool := filepath.Join(parent, spare.PoolPrefix+strconv.Itoa(gone.Process.Pid))
+	runDir := filepath.Join(parent, "t1")
+	for _, d := range []string{pool, runDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Cleanup(context.Background(), &state.Task{ID: "t1", RunDir: runDir}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{pool, runDir} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s after the clean-up: %v, want it gone", d, err)
+		}
+	}
 }

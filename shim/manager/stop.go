@@ -18,6 +18,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/network"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/baseimage"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
 )
 
@@ -120,6 +121,13 @@ func Cleanup(ctx context.Context, t *state.Task) error {
 	if t.RunDir != "" && killed {
 		if err := os.RemoveAll(t.RunDir); err != nil {
 			errs = append(errs, fmt.Errorf("remove run dir: %w", err))
+		}
+	}
+	// A killed server's pooled VM (one it was still filling, or closing)
+	// died with it; no later fill may come to sweep its run dir.
+	if t.RunDir != "" {
+		if err := spare.SweepPools(filepath.Dir(t.RunDir)); err != nil {
+			log.G(ctx).WithError(err).WithField("id", t.ID).Warn("sweep pooled VMs' run dirs")
 		}
 	}
 	if len(errs) > 0 {

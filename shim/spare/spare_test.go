@@ -2,6 +2,7 @@ package spare
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +22,11 @@ const timeoutEnv = "COCOON_SPARE_TEST_IDLE"
 // task it records what it became in its new working dir and serves the task
 // socket, as the task server would (shimtest.Serve).
 func TestMain(m *testing.M) {
+	if len(os.Args) == 2 && os.Args[1] == Flag && os.Getenv(sweepTestEnv) == "1" {
+		// TestSweepPools' spare: a spare's command line, until stdin ends.
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
 	if len(os.Args) == 3 && os.Args[1] == Flag {
 		if d, err := time.ParseDuration(os.Getenv(timeoutEnv)); err == nil {
 			IdleTimeout = d

@@ -26,10 +26,6 @@ import (
 // PoolEnv carries a PoolOrder (JSON) to the spare a task server starts.
 const PoolEnv = "COCOON_POOLED_VM"
 
-// poolPrefix begins the id of a pooled VM (its run dir, its base
-// snapshot's key); the spare's pid follows.
-const poolPrefix = "pool-"
-
 // poolLease bounds the life of a pooled VM's base snapshot should its
 // spare die without releasing it: containerd's collector removes it then.
 // A spare waits spare.IdleTimeout (10 minutes) at most.
@@ -243,7 +239,7 @@ func stageAhead(ctx context.Context, o PoolOrder, l *Launcher, cfg config.Config
 		return nil, err
 	}
 	sweepPoolLeases(ctx, client, o.Namespace)
-	pv := &pooledVM{order: o, id: poolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name(), claiming: make(chan struct{})}
+	pv := &pooledVM{order: o, id: spare.PoolPrefix + strconv.Itoa(os.Getpid()), driver: d.Name(), claiming: make(chan struct{})}
 	pv.runDir = filepath.Join(parent, pv.id)
 	expiring := leases.WithExpiration(poolLease)
 	if o.Image != "" {

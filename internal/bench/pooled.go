@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
 	"github.com/cocoonstack/containerd-shim-cocoon/hypervisor"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/cpuload"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/stackrun"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
@@ -261,7 +262,7 @@ func awaitPool(ctx context.Context, s *shimStack, n int) (time.Duration, error) 
 		if pooled.IsZero() && pooledVMs(dir) >= n {
 			pooled = time.Now()
 		}
-		quiet := cpuBusy(500*time.Millisecond) < quietBusy
+		quiet := cpuload.Busy(500*time.Millisecond) < quietBusy
 		switch {
 		case !pooled.IsZero() && (quiet || time.Since(pooled) > pooledQuietWait):
 			return time.Since(start), nil
@@ -300,33 +301,4 @@ func spareState(stackDir, runDir string) string {
 	}
 	_, holding := pooledProcesses(runDir)
 	return fmt.Sprintf("spare sockets %v, %d spares holding a VM", sockets, len(holding))
-}
-
-// cpuBusy is the share of the machine's CPU time, over d, not idle.
-func cpuBusy(d time.Duration) float64 {
-	busy0, total0 := cpuTimes()
-	time.Sleep(d)
-	busy1, total1 := cpuTimes()
-	if total1 <= total0 {
-		return 1
-	}
-	return float64(busy1-busy0) / float64(total1-total0)
-}
-
-// cpuTimes is the machine's busy and total CPU time in ticks, from the
-// first line of /proc/stat (idle and iowait count as not busy).
-func cpuTimes() (busy, total uint64) {
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0
-	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	for i, f := range strings.Fields(line)[1:] {
-		v, _ := strconv.ParseUint(f, 10, 64)
-		total += v
-		if i != 3 && i != 4 {
-			busy += v
-		}
-	}
-	return busy, total
 }

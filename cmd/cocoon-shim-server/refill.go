@@ -7,6 +7,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/launch"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
 )
@@ -14,7 +15,11 @@ import (
 // refilling tops up the spares for the next tasks once a task is
 // launched: then, not at the server's start, the spares' own start-up is
 // off this task's path. A VM this server restored ahead as a spare is for
-// its first launch only: whatever that launch was, it is closed if left.
+// its first launch of a VM only: whatever that launch was, it is closed if
+// left. A pod sandbox's host process (shim.pod_vm = "container") is no
+// such launch: the VM waits for the pod's first container, whose launch,
+// in this server, refills the spares with its order (a refill now would
+// start them with none, and that one would not top them up).
 type refilling struct {
 	pod task.PodLauncher
 	vm  *vm.Launcher
@@ -38,6 +43,9 @@ func newRefilling(pod task.PodLauncher, l *vm.Launcher) refilling {
 
 func (l refilling) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sandbox, error) {
 	sb, err := l.pod.Launch(ctx, r)
+	if err == nil && sb.Hypervisor == pause.Hypervisor {
+		return sb, nil
+	}
 	l.vm.ClosePool()
 	if err != nil {
 		return nil, err
@@ -57,8 +65,10 @@ func (l refilling) Launch(ctx context.Context, r task.LaunchRequest) (*task.Sand
 // Warm has the hypervisor probed ahead of the first launch.
 func (l refilling) Warm(ctx context.Context) { l.pod.Warm(ctx) }
 
-// Settle waits for the refills under way, until ctx ends.
+// Settle waits for the refills under way, until ctx ends, and closes a
+// pooled VM no launch took.
 func (l refilling) Settle(ctx context.Context) {
+	defer l.vm.ClosePool()
 	done := make(chan struct{})
 	go func() {
 		l.refills.Wait()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/pause"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
 )
@@ -99,5 +100,34 @@ func TestSettleBoundedByContext(t *testing.T) {
 	r.Settle(ctx)
 	if ctx.Err() == nil {
 		t.Fatal("Settle returned before its context ended, the refill still under way")
+	}
+}
+
+// TestHostPauseRefillsNone: a pod sandbox's host process (no VM) starts
+// no spares, which would have no order; a VM's launch does.
+func TestHostPauseRefillsNone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sb   *task.Sandbox
+		want int
+	}{
+		{"a host pause", &task.Sandbox{Hypervisor: pause.Hypervisor}, 0},
+		{"a VM", &task.Sandbox{Hypervisor: "qemu"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refills := 0
+			r := newRefilling(task.PodLauncher{VM: sandboxLauncher{sb: tc.sb}}, &vm.Launcher{})
+			r.refill = func(string, int, ...string) error {
+				refills++
+				return nil
+			}
+			if _, err := r.Launch(t.Context(), task.LaunchRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			r.Settle(context.Background())
+			if refills != tc.want {
+				t.Errorf("%d refills, want %d", refills, tc.want)
+			}
+		})
 	}
 }

@@ -43,15 +43,16 @@ func (pv *pooledVM) usable(ctx context.Context) error {
 }
 
 // orderOf is the pooled VM a launch of r on p could take, and whether
-// one could: an ordinary image on a base, or a snapshot image; not a
-// pod's VM, with no directories shared with the guest, and a network of
-// its own making if any (a pooled VM has a tap in a namespace of its
-// own; one the spec names, CNI's, is another's). A snapshot image's
-// order has no top layer yet (imageOrder).
+// one could: an ordinary image on a base (a pod's VM too: the pause
+// image's), or a snapshot image, with no directories shared with the
+// guest. Its network may be any: a pooled VM's tap, in a namespace of its
+// own, stands for a new one or moves into the one the spec names (CNI's,
+// a pod's). A snapshot image's order has no top layer yet (imageOrder).
 func orderOf(r task.LaunchRequest, p *prepared) (PoolOrder, bool) {
-	ordinary := p.src.base != nil && p.src.disk != nil
+	// A pod's VM is its base's alone: the guest runs its own pause.
+	ordinary := p.src.base != nil && (p.src.disk != nil || task.IsCRIPause(r.Spec))
 	snapshot := p.src.base == nil && p.src.disk == nil && !r.Bare
-	if !ordinary && !snapshot || task.IsPodSandbox(r.Spec) || p.guest.BeforeInit != nil || (p.net != nil && p.net.path != "") {
+	if !ordinary && !snapshot || p.guest.BeforeInit != nil {
 		return PoolOrder{}, false
 	}
 	o := PoolOrder{poolKey: poolKey{Containerd: r.Containerd, Namespace: r.Namespace, ConfigPath: r.ConfigPath, ConfigBody: r.ConfigBody}}
@@ -138,13 +139,12 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 		}
 	}
 	add(PhaseClaim, time.Since(began))
-	// The pooled VM's namespace and tap stand for the new one the task's
-	// spec asked for (the same: nothing in it but the tap).
-	if err := p.net.Release(); err != nil {
-		return nil, nil, fmt.Errorf("release the task's own network: %w", err)
+	if err := pv.giveNetwork(p); err != nil {
+		return nil, nil, err
 	}
-	p.net, pv.net = pv.net, nil
-	p.guest.Network = p.net.guest
+	if pv.warmedContainers {
+		p.guest.WarmContainers = false
+	}
 	spawn := task.Spawn{Hypervisor: d.Name(), RunDir: pv.runDir, Plan: p.plan, Memory: p.budget,
 		Network: p.net.record(), Base: p.src.record(), PoolBase: pv.base.Record()}
 	if err := (loadedDriver{Driver: d, req: r, spawn: spawn, net: p.net}).loaded(ctx, pv.res.VM.PID(), add); err != nil {
@@ -170,4 +170,24 @@ func (l *Launcher) runPooled(ctx context.Context, cfg config.Config, d hyperviso
 		return nil, nil, err
 	}
 	return sb, append(phases, rep.Phases...), nil
+}
+
+// giveNetwork makes the pooled VM's NIC the task's: its namespace and tap
+// stand for the new one the task's spec asked for (the same: nothing in
+// it but the tap); into one the spec names its tap moves, in place of
+// the task's own. Either way pv has none left.
+func (pv *pooledVM) giveNetwork(p *prepared) error {
+	if p.net == nil || p.net.path == "" {
+		if err := p.net.Release(); err != nil {
+			return fmt.Errorf("release the task's own network: %w", err)
+		}
+		p.net, pv.net = pv.net, nil
+		p.guest.Network = p.net.guest
+		return nil
+	}
+	if err := p.net.adopt(pv.net); err != nil {
+		return fmt.Errorf("move the pooled VM's tap into the task's network namespace: %w", err)
+	}
+	pv.net = nil
+	return nil
 }

@@ -118,6 +118,22 @@ func (n *vmNetwork) connect(ctx context.Context) (*network.Interface, error) {
 	return &iface, nil
 }
 
+// adopt gives n, whose namespace the task's spec names (CNI's, a pod's),
+// the tap of pooled, a VM's restored ahead in a namespace of its own: it
+// replaces n's own, not yet connected, under its name. pooled is done
+// with: its namespace lives on while the hypervisor runs in it, empty.
+func (n *vmNetwork) adopt(pooled *vmNetwork) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	tap, err := n.ns.AdoptTap(pooled.ns, pooled.tap, n.tap.Name)
+	if err != nil {
+		return err
+	}
+	n.closeTap()
+	n.tap = tap
+	return pooled.ns.Close()
+}
+
 // guest is the NIC configuration the guest takes once connect has run:
 // the namespace interface's identity, or nil (NIC down).
 func (n *vmNetwork) guest() *agent.Network {

@@ -77,6 +77,11 @@ type pooledVM struct {
 	callTimeout time.Duration
 	// warmRootfs: the rootfs slot holds the warm-up's empty image.
 	warmRootfs bool
+	// warmContainers: the warm-up has the guest make and remove a
+	// throwaway container (shim.warm_runc, for a pod's VM; with ownInit
+	// through its own container init), as a pod VM's restore would; once
+	// the guest has begun it, warmedContainers.
+	warmContainers, ownInit, warmedContainers bool
 	// warming is held by each step of the warm-up; claimed ends it, and
 	// cut says the claim's deadline ended the step under way.
 	warming      sync.Mutex
@@ -218,6 +223,7 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func(
 		log.G(ctx).WithError(err).Warn("the pooled VM's hypervisor keeps the normal scheduling policy")
 	}
 	pv.callTimeout = cfg.Agent.CallTimeout.D()
+	pv.warmContainers, pv.ownInit = cfg.Shim.PodVM == config.PodVMPod && cfg.Shim.WarmRunc, cfg.Shim.OwnInit
 	if o.Image == "" {
 		return pv, nil // a snapshot image's root is its guest's
 	}

@@ -18,9 +18,9 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/task"
 )
 
-// TestOrderOf: only an ordinary image on a base, outside a pod, sharing no
-// directories, with no network or one of the shim's making, can run in a
-// pooled VM, and its order names its containerd, namespace, config and
+// TestOrderOf: only an ordinary image on a base (a pod's VM too) or a
+// snapshot image, sharing no directories, can run in a pooled VM, with
+// any network, and its order names its containerd, namespace, config and
 // base image.
 func TestOrderOf(t *testing.T) {
 	req := task.LaunchRequest{Containerd: "/c.sock", Namespace: "ns", ConfigPath: "/etc/c.toml"}
@@ -31,6 +31,8 @@ func TestOrderOf(t *testing.T) {
 	ordinaryOrder, imageOrder := PoolOrder{poolKey: key, Image: "base:1"}, PoolOrder{poolKey: key}
 	pod := req
 	pod.Spec = &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
+	pause := req
+	pause.Spec = &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-name": "web"}}
 	bare := req
 	bare.Bare = true
 	snapshot := func(p *prepared) { p.src.base, p.src.disk = nil, nil }
@@ -44,12 +46,13 @@ func TestOrderOf(t *testing.T) {
 		{"in a namespace of the shim's making", req, func(p *prepared) { p.net = &vmNetwork{} }, &ordinaryOrder},
 		{"a snapshot image (its top layer asked later)", req, snapshot, &imageOrder},
 		{"a bare pod VM", bare, snapshot, nil},
-		{"a pod's VM", pod, func(*prepared) {}, nil},
+		{"a pod sandbox's image", pod, func(*prepared) {}, &ordinaryOrder},
+		{"a pod's VM (the guest's own pause)", pause, func(p *prepared) { p.src.disk = nil }, &ordinaryOrder},
 		{"a bare VM on a base", bare, func(p *prepared) { p.src.disk = nil }, nil},
 		{"shared directories", req, func(p *prepared) {
 			p.guest.BeforeInit = func(context.Context, *agent.Client) error { return nil }
 		}, nil},
-		{"a namespace the spec names", req, func(p *prepared) { p.net = &vmNetwork{path: "/run/netns/cni"} }, nil},
+		{"a namespace the spec names", req, func(p *prepared) { p.net = &vmNetwork{path: "/run/netns/cni"} }, &ordinaryOrder},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := ordinary()

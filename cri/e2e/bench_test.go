@@ -56,15 +56,19 @@ const pullGap = 1500 * time.Millisecond
 func BenchmarkPodStart(b *testing.B) {
 	dir := b.TempDir()
 	podCfg, coldCfg, runcCfg := filepath.Join(dir, "pod-vm.toml"), filepath.Join(dir, "pod-vm-cold.toml"), filepath.Join(dir, "pod-vm-runc.toml")
+	pooledCfg, pooledPodCfg := filepath.Join(dir, "pooled.toml"), filepath.Join(dir, "pooled-pod-vm.toml")
 	n := startChainNode(b, nodeOptions{cocoonConfig: cocoonConfig, handlers: []devstack.Handler{
 		podVMBenchHandler(podVMHandler, podCfg, ""),
 		podVMBenchHandler(coldPodVMHandler, coldCfg, ""),
 		podVMBenchHandler(runcPodVMHandler, runcCfg, ""),
 		podVMBenchHandler(sandboxAPIHandler, podCfg, devstack.SandboxerShim),
+		podVMBenchHandler(pooledHandler, pooledCfg, ""),
+		podVMBenchHandler(pooledPodVMHandler, pooledPodCfg, ""),
 	}})
 	writePodVMConfig(b, n.stack.ConfigPath, podCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = true, true })
 	writePodVMConfig(b, n.stack.ConfigPath, coldCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = false, true })
 	writePodVMConfig(b, n.stack.ConfigPath, runcCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = true, false })
+	writePooledConfigs(b, n.stack.ConfigPath, pooledCfg, pooledPodCfg)
 	ctx := context.Background()
 	if err := n.stack.Import(ctx, images.busyboxTar, devstack.Snapshotter); err != nil {
 		b.Fatal(err)
@@ -83,6 +87,10 @@ func BenchmarkPodStart(b *testing.B) {
 	}
 	for _, handler := range pods {
 		b.Run("join/handler="+handler, func(b *testing.B) { benchJoins(b, n, rt, handler) })
+	}
+	for _, handler := range []string{pooledHandler, pooledPodVMHandler} {
+		primed := false
+		b.Run("pooled/handler="+handler, func(b *testing.B) { benchPooledPods(b, n, rt, handler, limits[devstack.CocoonHandler], &primed) })
 	}
 }
 
@@ -134,6 +142,15 @@ func benchPods(b *testing.B, n *node, rt runtimeapi.RuntimeServiceClient, handle
 // writePodVMConfig writes the node's cocoon config at base with one VM per
 // pod, and its shim settings edited, to path.
 func writePodVMConfig(b *testing.B, base, path string, edit func(*config.Shim)) {
+	writeShimConfig(b, base, path, func(s *config.Shim) {
+		s.PodVM = config.PodVMPod
+		edit(s)
+	})
+}
+
+// writeShimConfig writes the node's cocoon config at base with its shim
+// settings edited to path.
+func writeShimConfig(b *testing.B, base, path string, edit func(*config.Shim)) {
 	data, err := os.ReadFile(base)
 	if err != nil {
 		b.Fatal(err)
@@ -142,7 +159,6 @@ func writePodVMConfig(b *testing.B, base, path string, edit func(*config.Shim)) 
 	if err != nil {
 		b.Fatalf("the node's cocoon config: %v", err)
 	}
-	cfg.Shim.PodVM = config.PodVMPod
 	edit(&cfg.Shim)
 	if data, err = toml.Marshal(cfg); err != nil {
 		b.Fatal(err)
@@ -214,6 +230,12 @@ func startContainer(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod benchP
 
 // removePod stops and removes pod, and waits until nothing of it is left.
 func (n *node) removePod(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod benchPod) {
+	n.stopAndRemovePod(b, rt, pod)
+	n.waitIdle(b, "the bench's pod")
+}
+
+// stopAndRemovePod stops and removes pod.
+func (n *node) stopAndRemovePod(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod benchPod) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pod.id}); err != nil {
@@ -222,5 +244,4 @@ func (n *node) removePod(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod b
 	if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pod.id}); err != nil {
 		b.Fatalf("remove pod %s: %v", pod.id, err)
 	}
-	n.waitIdle(b, "the bench's pod")
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -178,8 +179,15 @@ func (n *node) crictlErr(args ...string) (string, error) {
 // with what is left otherwise.
 func (n *node) waitIdle(t testing.TB, what string) {
 	t.Helper()
+	n.waitIdleBut(t, what, func(string) bool { return false })
+}
+
+// waitIdleBut is waitIdle with what InUse lists and kept says is not
+// what's.
+func (n *node) waitIdleBut(t testing.TB, what string, kept func(line string) bool) {
+	t.Helper()
 	testenv.Eventually(t, 30*time.Second, what+" gone", func() error {
-		if left := n.stack.InUse(); len(left) > 0 {
+		if left := slices.DeleteFunc(n.stack.InUse(), kept); len(left) > 0 {
 			return fmt.Errorf("left:\n%s", strings.Join(left, "\n"))
 		}
 		return nil

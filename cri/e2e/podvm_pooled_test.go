@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/network"
+)
+
+// pooledPodVMConfig is podVMConfig with a VM restored ahead for the next
+// pod (shim.pooled_vm).
+const pooledPodVMConfig = podVMConfig + "pooled_vm = true\n"
+
+// TestCocoonPodVMPooled: with shim.pooled_vm a pod's VM is one a spare
+// restored ahead, in a network namespace of its own: after a first pod
+// leaves the order, the next pod's sandbox claims it and its tap moves
+// into the pod's namespace. The app then has the pod's address and serves
+// the node there and through a port-forward, a sidecar reaches it on
+// 127.0.0.1, all in the one VM; the pod leaves nothing but the next pooled
+// VM, and that goes with the node.
+func TestCocoonPodVMPooled(t *testing.T) {
+	n := startChainNode(t, nodeOptions{cocoonConfig: pooledPodVMConfig})
+	if err := n.stack.Import(context.Background(), images.busyboxTar, devstack.Snapshotter); err != nil {
+		t.Fatal(err)
+	}
+	w := &podWorkload{n: n, handler: devstack.CocoonHandler, podVM: n.podVM}
+	all := []step{
+		{"a first pod orders the VM", func(t *testing.T) {
+			p := n.runPod(t, "first", devstack.CocoonHandler, nil)
+			n.crictl(t, "rmp", "-f", p.id)
+			n.waitIdleBut(t, "the first pod", n.isPool)
+		}},
+		{"a pooled VM waits", func(t *testing.T) { n.awaitPooledVM(t) }},
+		{"runp claims it", func(t *testing.T) {
+			w.runp(t)
+			if !n.claimedPool(t, nil, w.p.id) {
+				t.Fatalf("pod %s's sandbox restored a VM of its own, want the pooled one claimed", w.p.id)
+			}
+		}},
+		{"app and sidecar", w.appAndSidecar},
+		{"the pod's address", func(t *testing.T) { n.checkAddress(t, w.app, w.p) }},
+		{"served to the node", func(t *testing.T) { n.checkServed(t, w.p.ip) }},
+		{"port-forward", w.checkPortForward},
+	}
+	all = append(all, w.vmStep("one VM")...)
+	steps(t, append(all, step{"rmp -f", func(t *testing.T) {
+		n.crictl(t, "rmp", "-f", w.p.id)
+		n.waitIdleBut(t, "the removed pod", n.isPool)
+		if processRuns(w.vm) {
+			t.Fatalf("the pod's VM %d survived rmp -f", w.vm)
+		}
+	}}))
+}
+
+// checkServed GETs the pod's page at ip:8080 from the node's network
+// namespace, over the pod's network.
+func (n *node) checkServed(t *testing.T, ip net.IP) {
+	t.Helper()
+	ns, err := network.Open(n.net.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	var c net.Conn
+	if err := ns.Do(func() error {
+		c, err = net.DialTimeout("tcp4", net.JoinHostPort(ip.String(), "8080"), 10*time.Second)
+		return err
+	}); err != nil {
+		t.Fatalf("dial the pod at %s: %v", ip, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Minute))
+	client := http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return c, nil }}}
+	resp, err := client.Get(fmt.Sprintf("http://%s/", net.JoinHostPort(ip.String(), "8080")))
+	if err != nil {
+		t.Fatalf("GET the pod's page at %s: %v", ip, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(body), podPage) {
+		t.Fatalf("the pod's page at %s: %q (%v), want it to hold %q", ip, body, err, podPage)
+	}
+}

@@ -1,0 +1,154 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/cpuload"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/state"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
+)
+
+// pooledHandler is the cocoon handler (a VM per container) and
+// pooledPodVMHandler the one VM per pod, each with a pooled VM waiting
+// (shim.pooled_vm): what a pod's start costs when its VM, or its
+// container's, was restored ahead.
+const (
+	pooledHandler      = "cocoon-pooled"
+	pooledPodVMHandler = "cocoon-pod-pooled"
+)
+
+// Bounds of the wait for a pooled VM before each pod: its spare's start,
+// restore and warm-up at idle priority, then a quiet machine.
+const (
+	poolFillWait  = 90 * time.Second
+	poolQuietWait = 30 * time.Second
+)
+
+// writePooledConfigs writes the node's cocoon config at base with pooled
+// VMs, a VM per container to container and one VM per pod to pod.
+func writePooledConfigs(b *testing.B, base, container, pod string) {
+	writeShimConfig(b, base, container, func(s *config.Shim) { s.PooledVM = true })
+	writePodVMConfig(b, base, pod, func(s *config.Shim) { s.PooledVM, s.WarmRunc, s.OwnInit = true, true, true })
+}
+
+// benchPooledPods is benchPods with a pooled VM waiting, warmed, before
+// each pod (the wait not timed), and reports the share of pods whose VM
+// was the pooled one. A handler's first pod (primed false), which leaves
+// the order for the next, finds none: the bench's first run, of one pod,
+// is that one.
+func benchPooledPods(b *testing.B, n *node, rt runtimeapi.RuntimeServiceClient, handler string, limit int64, primed *bool) {
+	if handler != pooledHandler {
+		limit = 0
+	}
+	var runp, start time.Duration
+	claimed := 0
+	for i := range b.N {
+		b.StopTimer()
+		if *primed {
+			n.awaitPooledVM(b)
+		}
+		*primed = true
+		b.StartTimer()
+		pod := n.startPod(b, rt, handler+"-"+strconv.Itoa(i), handler, limit, 0)
+		b.StopTimer()
+		runp, start = runp+pod.runp, start+pod.start
+		if n.claimedPool(b, rt, pod.id) {
+			claimed++
+		}
+		n.removePodKeepingPool(b, rt, pod)
+	}
+	reportMs(b, "runp-ms/op", runp)
+	reportMs(b, "start-ms/op", start)
+	b.ReportMetric(float64(claimed)/float64(b.N), "claimed/op")
+}
+
+// claimedPool says whether the pod's sandbox or, when rt is given, a
+// container's VM was a pooled one: its restore report has a claim phase.
+func (n *node) claimedPool(t testing.TB, rt runtimeapi.RuntimeServiceClient, podID string) bool {
+	ids := []string{podID}
+	if rt != nil {
+		ids = append(ids, n.podContainers(t, rt, podID)...)
+	}
+	for _, id := range ids {
+		r, err := state.ReadReport(n.bundle(id))
+		if err != nil {
+			continue
+		}
+		if slices.ContainsFunc(r.Phases, func(p state.Phase) bool { return p.Name == vm.PhaseClaim }) {
+			return true
+		}
+	}
+	return false
+}
+
+// podContainers lists the IDs of the pod's containers.
+func (n *node) podContainers(t testing.TB, rt runtimeapi.RuntimeServiceClient, podID string) []string {
+	resp, err := rt.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: podID}})
+	if err != nil {
+		t.Fatalf("list the containers of pod %s: %v", podID, err)
+	}
+	var ids []string
+	for _, c := range resp.Containers {
+		ids = append(ids, c.Id)
+	}
+	return ids
+}
+
+// awaitPooledVM waits until a spare holds a pooled VM and the machine is
+// quiet (its fill and warm-up done), poolQuietWait at most for that.
+func (n *node) awaitPooledVM(t testing.TB) {
+	began := time.Now()
+	for pooledRunDirs(n.poolDir()) == 0 {
+		if time.Since(began) > poolFillWait {
+			des, _ := os.ReadDir(n.poolDir())
+			names := make([]string, 0, len(des))
+			for _, de := range des {
+				names = append(names, de.Name())
+			}
+			t.Fatalf("no pooled VM in %s after %v: it has %v; in use: %v", n.poolDir(), poolFillWait, names, n.stack.InUse())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for quiet := time.Now(); time.Since(quiet) < poolQuietWait; {
+		if cpuload.Busy(500*time.Millisecond) < quietBusy {
+			return
+		}
+	}
+}
+
+// quietBusy is the share of the machine's CPU time below which it counts
+// as quiet.
+const quietBusy = 0.15
+
+// poolDir is where the CRI namespace's pooled VMs have their run dirs.
+func (n *node) poolDir() string { return filepath.Join(n.stack.RunDir, devstack.CRINamespace) }
+
+// pooledRunDirs counts the pooled VMs' run dirs in dir.
+func pooledRunDirs(dir string) int {
+	des, _ := os.ReadDir(dir)
+	return len(slices.DeleteFunc(des, func(de os.DirEntry) bool { return !strings.HasPrefix(de.Name(), spare.PoolPrefix) }))
+}
+
+// removePodKeepingPool is removePod for a handler with pooled VMs: what
+// is left must be the pool's (the VM a spare restored ahead).
+func (n *node) removePodKeepingPool(b *testing.B, rt runtimeapi.RuntimeServiceClient, pod benchPod) {
+	n.stopAndRemovePod(b, rt, pod)
+	n.waitIdleBut(b, "the bench's pod", n.isPool)
+}
+
+// isPool says whether a line of devstack.Stack.InUse is a pooled VM's:
+// its command line names a pooled VM's run dir.
+func (n *node) isPool(line string) bool {
+	return strings.Contains(line, filepath.Join(n.poolDir(), spare.PoolPrefix))
+}

@@ -80,8 +80,12 @@ type pooledVM struct {
 	// warmContainers: the warm-up has the guest make and remove a
 	// throwaway container (shim.warm_runc, for a pod's VM; with ownInit
 	// through its own container init), as a pod VM's restore would; once
-	// the guest has begun it, warmedContainers.
+	// the guest has begun it, warmedContainers. With joinSerial, the
+	// serial of disk slot 0 holding the warm-up's image (joinSize bytes),
+	// the container joins as a pod's first would (warmJoin).
 	warmContainers, ownInit, warmedContainers bool
+	joinSerial                                string
+	joinSize                                  uint64
 	// warming is held by each step of the warm-up; claimed ends it, and
 	// cut says the claim's deadline ended the step under way.
 	warming      sync.Mutex

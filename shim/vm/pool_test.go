@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -323,4 +324,25 @@ func TestFillsYieldToLaunches(t *testing.T) {
 	}
 	releases[1]()
 	fillEnds(t, got, "the fill did not begin once the launches ended")
+}
+
+// TestWarmContainerSpec: the warm-up's container is containerd's default
+// one as a pod's VM takes it: no network namespace of its own, the
+// default seccomp profile, a program every root has.
+func TestWarmContainerSpec(t *testing.T) {
+	spec, err := warmContainerSpec(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			t.Errorf("the warm-up container has a network namespace: %+v", spec.Linux.Namespaces)
+		}
+	}
+	if len(spec.Linux.Namespaces) < 4 || spec.Linux.Seccomp == nil || len(spec.Linux.Seccomp.Syscalls) == 0 {
+		t.Errorf("namespaces %+v, seccomp %v: want containerd's default namespaces but the network and its default profile", spec.Linux.Namespaces, spec.Linux.Seccomp != nil)
+	}
+	if !slices.Equal(spec.Process.Args, []string{"/proc/self/exe"}) {
+		t.Errorf("args %q, want /proc/self/exe", spec.Process.Args)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/containerd/containerd/v2/contrib/seccomp"
@@ -14,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
@@ -61,9 +63,10 @@ rm -rf $w
 // given again) preparing a process as containerd's default spec has it
 // (capabilities, rlimits, no_new_privileges, the default seccomp profile,
 // compiled in the guest), its start, fork, exec and wait, and an Init
-// after a process has run (the NIC taken down, the process detached),
-// which for a pod's VM also has the guest make a throwaway container
-// (warmContainers), as its restore would have. The task's Init then pays
+// after a process has run (the NIC taken down, the process detached);
+// for a pod's VM (warmContainers) a throwaway container too, made as a
+// pod's first container joins (warmJoin) or, without a slot for it, by
+// the agent as after a pod VM's restore. The task's Init then pays
 // for its own steps only (measured: Init 272 -> 61 ms, a held process's
 // start 46 -> 8 ms), a pod's first container for its own. Each step runs unless a task
 // has claimed the VM, which waits for the step under way (claim); a
@@ -84,10 +87,14 @@ func (pv *pooledVM) warm(ctx context.Context) error {
 		// After a process the agent takes the NIC down again at the next
 		// Init (a process may have configured it): this one, not the task's.
 		func(ctx context.Context) error {
-			_, err := c.Init(ctx, agent.InitRequest{Hostname: "pooled", WarmContainers: pv.warmContainers, WarmOwnInit: pv.ownInit})
-			pv.warmedContainers = err == nil && pv.warmContainers
+			warm := pv.warmContainers && pv.joinSerial == ""
+			_, err := c.Init(ctx, agent.InitRequest{Hostname: "pooled", WarmContainers: warm, WarmOwnInit: pv.ownInit})
+			pv.warmedContainers = pv.warmedContainers || err == nil && warm
 			return err
 		},
+	}
+	if pv.joinSerial != "" {
+		steps = append(steps, pv.warmJoin)
 	}
 	if pv.warmRootfs {
 		// One step: a claim must not find the script's mounts of the slot.
@@ -186,11 +193,53 @@ func warmProcess(ctx context.Context) (*agent.ExecRequest, error) {
 		NoNewPrivileges: p.NoNewPrivileges, Capabilities: p.Capabilities, Seccomp: seccomp.DefaultProfile(spec)}, nil
 }
 
+// warmJoinID names the container warmJoin makes.
+const warmJoinID = warmID + "-join"
+
+// warmJoin has the guest make a container as a pod's first container
+// joins its VM (the image's erofs on a disk slot under an overlay,
+// containerd's default mounts, namespaces, capabilities and seccomp
+// profile, the container init held before its start) and remove it, and
+// empties the slot again: under TCG that path, translated anew in each
+// restored VM, is most of a pod's first join.
+func (pv *pooledVM) warmJoin(ctx context.Context) error {
+	spec, err := warmContainerSpec(ctx)
+	if err != nil {
+		return err
+	}
+	c := pv.res.Agent
+	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: "erofs", Serial: pv.joinSerial, Size: pv.joinSize}, OwnInit: pv.ownInit}
+	if _, err := c.CreateContainerFrom(ctx, warmJoinID, spec, root, false); err != nil {
+		return fmt.Errorf("warm-up container: %w", err)
+	}
+	if err := c.DeleteContainer(ctx, warmJoinID, ""); err != nil {
+		return fmt.Errorf("warm-up container: %w", err)
+	}
+	pv.warmedContainers = true
+	return pv.res.VM.(hypervisor.DiskAttacher).DetachDisk(ctx, 0)
+}
+
+// warmContainerSpec is containerd's default spec for a container of a
+// pod's VM (the VM's network is the pod's), with its default seccomp
+// profile, running /proc/self/exe, which any root has once proc is
+// mounted.
+func warmContainerSpec(ctx context.Context) (*specs.Spec, error) {
+	ctx = namespaces.WithNamespace(ctx, "pool")
+	spec, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: warmJoinID}, oci.WithProcessArgs("/proc/self/exe"))
+	if err != nil {
+		return nil, fmt.Errorf("default spec: %w", err)
+	}
+	spec.Linux.Seccomp = seccomp.DefaultProfile(spec)
+	spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.NetworkNamespace })
+	return spec, nil
+}
+
 // attachWarmRootfs puts an empty erofs image (made with mkfs.erofs, as
 // the snapshotter makes an image's) behind the pooled VM's rootfs slot,
-// for warmRootfsScript; the claim puts the task's image there. QEMU keeps
-// the image open, so its file goes at once. It is made in the VM's run
-// dir, which the sweep of a killed spare's run dir takes with it.
+// for warmRootfsScript, and for a pod's VM behind disk slot 0 too, for
+// warmJoin; the claim puts the task's image there. QEMU keeps the image
+// open, so its file goes at once. It is made in the VM's run dir, which
+// the sweep of a killed spare's run dir takes with it.
 func (pv *pooledVM) attachWarmRootfs(ctx context.Context) error {
 	mkfs, err := exec.LookPath("mkfs.erofs")
 	if err != nil {
@@ -210,5 +259,28 @@ func (pv *pooledVM) attachWarmRootfs(ctx context.Context) error {
 	if out, err := exec.CommandContext(ctx, mkfs, "--quiet", img, src).CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.erofs: %w: %s", err, out)
 	}
-	return pv.res.VM.(hypervisor.RootfsAttacher).AttachRootfs(ctx, img)
+	if err := pv.res.VM.(hypervisor.RootfsAttacher).AttachRootfs(ctx, img); err != nil {
+		return err
+	}
+	pv.attachJoinSlot(ctx, img)
+	return nil
+}
+
+// attachJoinSlot backs disk slot 0 of a pod's pooled VM with img, for
+// warmJoin; without it the warm-up has the guest's agent make its own
+// throwaway container.
+func (pv *pooledVM) attachJoinSlot(ctx context.Context, img string) {
+	disks, ok := pv.res.VM.(hypervisor.DiskAttacher)
+	if !pv.warmContainers || !ok || disks.DiskSlots() == 0 {
+		return
+	}
+	st, err := os.Stat(img)
+	if err == nil {
+		pv.joinSerial, err = disks.AttachDisk(ctx, 0, img)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).Info("the pooled VM's warm-up joins no container")
+		return
+	}
+	pv.joinSize = uint64(st.Size())
 }

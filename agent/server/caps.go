@@ -2,28 +2,13 @@ package server
 
 import (
 	"fmt"
-	"strings"
-	"sync"
 
 	"github.com/containerd/errdefs"
 	"github.com/moby/sys/capability"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/api"
+	"github.com/cocoonstack/containerd-shim-cocoon/agent/cinit"
 )
-
-// supportedCaps are the capabilities the guest's kernel knows, by the
-// name the OCI spec gives them ("CAP_NET_ADMIN").
-var supportedCaps = sync.OnceValue(func() map[string]capability.Cap {
-	caps, err := capability.ListSupported()
-	if err != nil {
-		caps = capability.ListKnown()
-	}
-	byName := make(map[string]capability.Cap, len(caps))
-	for _, c := range caps {
-		byName["CAP_"+strings.ToUpper(c.String())] = c
-	}
-	return byName
-})
 
 // capSet is what a process's capabilities ask of the thread that forks it.
 type capSet struct {
@@ -53,7 +38,7 @@ func newCapSet(c *api.Capabilities) (*capSet, error) {
 	for _, a := range ambient {
 		s.ambient = append(s.ambient, uintptr(a))
 	}
-	if len(s.bounding) == len(supportedCaps()) && len(s.inheritable) == 0 {
+	if len(s.bounding) == cinit.KnownCapabilities() && len(s.inheritable) == 0 {
 		return nil, nil
 	}
 	return &s, nil
@@ -64,7 +49,7 @@ func capsNamed(names []string) ([]capability.Cap, error) {
 	var caps []capability.Cap
 	seen := map[capability.Cap]bool{}
 	for _, name := range names {
-		c, ok := supportedCaps()[name]
+		c, ok := cinit.Capability(name)
 		if !ok {
 			return nil, fmt.Errorf("capability %q: the guest's kernel does not know it: %w", name, errdefs.ErrInvalidArgument)
 		}

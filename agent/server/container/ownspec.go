@@ -2,10 +2,8 @@ package container
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/containerd/errdefs"
-	"github.com/moby/sys/capability"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -157,7 +155,7 @@ func capsOf(c *specs.LinuxCapabilities) (*cinit.Caps, error) {
 		to    *[]int
 	}{{c.Bounding, &out.Bounding}, {c.Effective, &out.Effective}, {c.Permitted, &out.Permitted}, {c.Inheritable, &out.Inheritable}, {c.Ambient, &out.Ambient}} {
 		for _, name := range set.names {
-			n, ok := capabilityNamed(name)
+			n, ok := cinit.Capability(name)
 			if !ok {
 				return nil, fmt.Errorf("capability %q: the guest's kernel does not know it: %w", name, errdefs.ErrInvalidArgument)
 			}
@@ -165,20 +163,6 @@ func capsOf(c *specs.LinuxCapabilities) (*cinit.Caps, error) {
 		}
 	}
 	return &out, nil
-}
-
-// capabilityNamed is the capability an OCI name ("CAP_NET_ADMIN") gives.
-func capabilityNamed(name string) (capability.Cap, bool) {
-	last, err := capability.LastCap()
-	if err != nil {
-		return 0, false
-	}
-	for _, c := range capability.ListKnown() {
-		if c <= last && "CAP_"+strings.ToUpper(c.String()) == name {
-			return c, true
-		}
-	}
-	return 0, false
 }
 
 func rlimitsOf(in []specs.POSIXRlimit) ([]cinit.Rlimit, error) {

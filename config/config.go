@@ -120,11 +120,11 @@ type Shim struct {
 	// runc's ~170). Off, the guest's runc makes them.
 	OwnInit bool `toml:"own_init"`
 	// PooledVM has the spare task server, started after a task whose
-	// ordinary image runs on a base snapshot, restore a VM of that base
-	// ahead and warm it at idle priority, for the next such task to
-	// claim: its create then skips the restore and most of what the
-	// guest translates anew after one. The VM waiting costs its memory
-	// (one per spare) and is used by one task only.
+	// ordinary image runs on a base snapshot (or a pod's VM), restore a
+	// VM of that base ahead and warm it at idle priority, for the next
+	// such task to claim: its create then skips the restore and most of
+	// what the guest translates anew after one. The VM waiting costs its
+	// memory (one per spare) and is used by one task only.
 	PooledVM bool `toml:"pooled_vm"`
 	// Spares is how many spare task servers wait per containerd, for a
 	// burst of task starts to find one each (spare.MaxSpares at most); with

@@ -47,7 +47,13 @@ func TestCocoonPodVMPooled(t *testing.T) {
 			}
 		}},
 		{"app and sidecar", w.appAndSidecar},
-		{"the pod's address", func(t *testing.T) { n.checkAddress(t, w.app, w.p) }},
+		{"the pod's address", func(t *testing.T) {
+			n.checkAddress(t, w.app, w.p)
+			// The warm-up's placeholder network (TEST-NET-1) is gone.
+			if out := n.crictl(t, "exec", "-s", w.app, "sh", "-c", "ip addr; ip route"); strings.Contains(out, "192.0.2.") {
+				t.Fatalf("the pooled VM's warm-up network is left in the pod's:\n%s", out)
+			}
+		}},
 		{"served to the node", func(t *testing.T) { n.checkServed(t, w.p.ip) }},
 		{"port-forward", w.checkPortForward},
 	}

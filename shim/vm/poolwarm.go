@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,8 +63,9 @@ rm -rf $w
 // a container root's mounts (warmRootfs), the agent's Init (Init may be
 // given again) preparing a process as containerd's default spec has it
 // (capabilities, rlimits, no_new_privileges, the default seccomp profile,
-// compiled in the guest), its start, fork, exec and wait, and an Init
-// after a process has run (the NIC taken down, the process detached);
+// compiled in the guest) and configuring the NIC (warmNetwork), its
+// start, fork, exec and wait, and an Init after a process has run (the
+// NIC flushed and taken down, the process detached);
 // for a pod's VM (warmContainers) a throwaway container too, made as a
 // pod's first container joins (warmJoin) or, without a slot for it, by
 // the agent as after a pod VM's restore. The task's Init then pays
@@ -79,13 +81,13 @@ func (pv *pooledVM) warm(ctx context.Context) error {
 	c := pv.res.Agent
 	steps := []func(context.Context) error{
 		func(ctx context.Context) error {
-			_, err := c.Init(ctx, agent.InitRequest{Hostname: "pooled", Process: proc})
+			_, err := c.Init(ctx, agent.InitRequest{Hostname: "pooled", Process: proc, Network: warmNetwork})
 			return err
 		},
 		func(ctx context.Context) error { _, err := c.Start(ctx, proc.ID); return err },
 		func(ctx context.Context) error { return exited(c.Wait(ctx, proc.ID)) },
-		// After a process the agent takes the NIC down again at the next
-		// Init (a process may have configured it): this one, not the task's.
+		// After a process, or a network, the agent takes the NIC down and
+		// flushes it at the next Init: this one, not the task's.
 		func(ctx context.Context) error {
 			warm := pv.warmContainers && pv.joinSerial == ""
 			_, err := c.Init(ctx, agent.InitRequest{Hostname: "pooled", WarmContainers: warm, WarmOwnInit: pv.ownInit})
@@ -191,6 +193,16 @@ func warmProcess(ctx context.Context) (*agent.ExecRequest, error) {
 	p := spec.Process
 	return &agent.ExecRequest{ID: warmID, Args: []string{"/bin/true"}, Cwd: "/", Rlimits: p.Rlimits,
 		NoNewPrivileges: p.NoNewPrivileges, Capabilities: p.Capabilities, Seccomp: seccomp.DefaultProfile(spec)}, nil
+}
+
+// warmNetwork is what the warm-up's first Init gives the guest's NIC, on
+// the pooled VM's tap alone in its namespace: an address and a default
+// route of TEST-NET-1 (RFC 5737, documentation only), so that the task's
+// Init configures a NIC along a path translated already. The next Init
+// flushes it all and takes the NIC down.
+var warmNetwork = &agent.Network{
+	Addresses: []net.IPNet{{IP: net.IPv4(192, 0, 2, 2), Mask: net.CIDRMask(24, 32)}},
+	Routes:    []agent.Route{{Gateway: net.IPv4(192, 0, 2, 1)}},
 }
 
 // warmJoinID names the container warmJoin makes.

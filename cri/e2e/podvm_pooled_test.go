@@ -2,16 +2,12 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
-	"github.com/cocoonstack/containerd-shim-cocoon/network"
 )
 
 // pooledPodVMConfig is podVMConfig with a VM restored ahead for the next
@@ -71,28 +67,8 @@ func TestCocoonPodVMPooled(t *testing.T) {
 // namespace, over the pod's network.
 func (n *node) checkServed(t *testing.T, ip net.IP) {
 	t.Helper()
-	ns, err := network.Open(n.net.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	var c net.Conn
-	if err := ns.Do(func() error {
-		c, err = net.DialTimeout("tcp4", net.JoinHostPort(ip.String(), "8080"), 10*time.Second)
-		return err
-	}); err != nil {
-		t.Fatalf("dial the pod at %s: %v", ip, err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Minute))
-	client := http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return c, nil }}}
-	resp, err := client.Get(fmt.Sprintf("http://%s/", net.JoinHostPort(ip.String(), "8080")))
-	if err != nil {
-		t.Fatalf("GET the pod's page at %s: %v", ip, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || !strings.Contains(string(body), podPage) {
-		t.Fatalf("the pod's page at %s: %q (%v), want it to hold %q", ip, body, err, podPage)
+	page, err := n.fetchFromNode(t, net.JoinHostPort(ip.String(), "8080"), "/")
+	if err != nil || !strings.Contains(page, podPage) {
+		t.Fatalf("the pod's page at %s: %q (%v), want it to hold %q", ip, page, err, podPage)
 	}
 }

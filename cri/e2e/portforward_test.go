@@ -72,14 +72,28 @@ func (n *node) portForward(t testing.TB, podID string, port int) (int, func()) {
 // end.
 func (n *node) fetchForwarded(t testing.TB, local int, path string) (string, error) {
 	t.Helper()
+	return n.fetchFromNode(t, fmt.Sprintf("127.0.0.1:%d", local), path)
+}
+
+// fetchFromNode GETs path at addr from the node's namespace and returns
+// the response, headers and body, read to its end.
+func (n *node) fetchFromNode(t testing.TB, addr, path string) (string, error) {
+	t.Helper()
 	var b strings.Builder
-	err := n.getForwarded(t, local, path, &b)
+	err := n.getFromNode(t, addr, path, &b)
 	return b.String(), err
 }
 
 // getForwarded GETs path through the forward at local port in the node's
 // namespace into w.
 func (n *node) getForwarded(t testing.TB, local int, path string, w io.Writer) error {
+	t.Helper()
+	return n.getFromNode(t, fmt.Sprintf("127.0.0.1:%d", local), path, w)
+}
+
+// getFromNode GETs path at addr (an IPv4 host and port) from the node's
+// namespace into w.
+func (n *node) getFromNode(t testing.TB, addr, path string, w io.Writer) error {
 	t.Helper()
 	ns, err := network.Open(n.net.Path)
 	if err != nil {
@@ -89,10 +103,10 @@ func (n *node) getForwarded(t testing.TB, local int, path string, w io.Writer) e
 	var c net.Conn
 	// The dial runs on ns's thread; the socket stays in ns after.
 	if err := ns.Do(func() error {
-		c, err = net.DialTimeout("tcp4", fmt.Sprintf("127.0.0.1:%d", local), 10*time.Second)
+		c, err = net.DialTimeout("tcp4", addr, 10*time.Second)
 		return err
 	}); err != nil {
-		return fmt.Errorf("dial the forward: %w", err)
+		return fmt.Errorf("dial %s: %w", addr, err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Minute))

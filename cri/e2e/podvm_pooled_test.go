@@ -15,31 +15,46 @@ import (
 const pooledPodVMConfig = podVMConfig + "pooled_vm = true\n"
 
 // TestCocoonPodVMPooled: with shim.pooled_vm a pod's VM is one a spare
-// restored ahead, in a network namespace of its own: after a first pod
-// leaves the order, the next pod's sandbox claims it and its tap moves
-// into the pod's namespace. The app then has the pod's address and serves
-// the node there and through a port-forward, a sidecar reaches it on
-// 127.0.0.1, all in the one VM; the pod leaves nothing but the next pooled
-// VM, and that goes with the node.
+// restored ahead, in a network namespace of its own, under both of
+// containerd's sandboxers: after a first pod leaves the order, the next
+// pod's sandbox claims it (the pod's one hypervisor is the pooled one) and
+// its tap moves into the pod's namespace. The app then has the pod's
+// address and serves the node there and through a port-forward, a sidecar
+// reaches it on 127.0.0.1, all in the one VM; the pod leaves nothing but
+// the next pooled VM, and that goes with the node.
 func TestCocoonPodVMPooled(t *testing.T) {
-	n := startChainNode(t, nodeOptions{cocoonConfig: pooledPodVMConfig})
+	n := startChainNode(t, nodeOptions{cocoonConfig: pooledPodVMConfig, handlers: []devstack.Handler{{
+		Name: sandboxAPIHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter, Sandboxer: devstack.SandboxerShim,
+		Options: map[string]any{"restore": map[string]any{"base_image": chainRef}, "shim": map[string]any{"pooled_vm": true}},
+	}}})
 	if err := n.stack.Import(context.Background(), images.busyboxTar, devstack.Snapshotter); err != nil {
 		t.Fatal(err)
 	}
-	w := &podWorkload{n: n, handler: devstack.CocoonHandler, podVM: n.podVM}
+	for _, w := range []*podWorkload{
+		{n: n, handler: devstack.CocoonHandler, podVM: n.podVM},
+		{n: n, handler: sandboxAPIHandler, podVM: n.podVM, runPod: n.runImagelessPod},
+	} {
+		t.Run(w.handler, func(t *testing.T) { runPooledPod(t, w) })
+	}
+}
+
+// runPooledPod runs TestCocoonPodVMPooled's steps with w's handler.
+func runPooledPod(t *testing.T, w *podWorkload) {
+	n := w.n
+	var pooled int
 	all := []step{
 		{"a first pod orders the VM", func(t *testing.T) {
-			p := n.runPod(t, "first", devstack.CocoonHandler, nil)
+			p := w.startPod(t, "first")
 			n.crictl(t, "rmp", "-f", p.id)
 			n.waitIdleBut(t, "the first pod", n.isPool)
 		}},
 		// A busy machine (CI's) may never be quiet: a claim waits for a
 		// restore under way and for the warm-up's step under way.
-		{"a pooled VM waits", func(t *testing.T) { n.awaitPooledVM(t, 5*time.Second) }},
+		{"a pooled VM waits", func(t *testing.T) { pooled = n.awaitPooledVM(t, 5*time.Second) }},
 		{"runp claims it", func(t *testing.T) {
 			w.runp(t)
-			if !n.claimedPool(t, nil, w.p.id) {
-				t.Fatalf("pod %s's sandbox restored a VM of its own, want the pooled one claimed", w.p.id)
+			if vm := n.podVM(t, w.p); vm != pooled {
+				t.Fatalf("pod %s runs in hypervisor %d, want the pooled VM's %d", w.p.id, vm, pooled)
 			}
 		}},
 		{"app and sidecar", w.appAndSidecar},

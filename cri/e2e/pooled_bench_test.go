@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -107,10 +108,11 @@ func (n *node) podContainers(t testing.TB, rt runtimeapi.RuntimeServiceClient, p
 
 // awaitPooledVM waits until a spare holds a pooled VM whose hypervisor
 // runs and the machine is quiet (its fill and warm-up done), quietWait at
-// most for that.
-func (n *node) awaitPooledVM(t testing.TB, quietWait time.Duration) {
+// most for that, and returns the hypervisor's pid.
+func (n *node) awaitPooledVM(t testing.TB, quietWait time.Duration) int {
 	began := time.Now()
-	for !slices.ContainsFunc(n.stack.InUse(), n.isPool) {
+	var pid int
+	for pid = n.pooledHypervisor(); pid == 0; pid = n.pooledHypervisor() {
 		if time.Since(began) > poolFillWait {
 			des, _ := os.ReadDir(n.poolDir())
 			names := make([]string, 0, len(des))
@@ -123,9 +125,21 @@ func (n *node) awaitPooledVM(t testing.TB, quietWait time.Duration) {
 	}
 	for quiet := time.Now(); time.Since(quiet) < quietWait; {
 		if cpuload.Busy(500*time.Millisecond) < quietBusy {
-			return
+			break
 		}
 	}
+	return pid
+}
+
+// pooledHypervisor is the pid of a pooled VM's hypervisor, 0 if none runs.
+func (n *node) pooledHypervisor() int {
+	for _, line := range n.stack.InUse() {
+		var pid int
+		if _, err := fmt.Sscanf(line, "process %d:", &pid); err == nil && n.isPool(line) && strings.Contains(line, "qemu-system") {
+			return pid
+		}
+	}
+	return 0
 }
 
 // quietBusy is the share of the machine's CPU time below which it counts

@@ -49,8 +49,9 @@ func (pv *pooledVM) usable(ctx context.Context) error {
 // own, stands for a new one or moves into the one the spec names (CNI's,
 // a pod's). A snapshot image's order has no top layer yet (imageOrder).
 func orderOf(r task.LaunchRequest, p *prepared) (PoolOrder, bool) {
-	// A pod's VM is its base's alone: the guest runs its own pause.
-	ordinary := p.src.base != nil && (p.src.disk != nil || task.IsCRIPause(r.Spec))
+	// A pod's VM is its base's alone: the guest runs its own pause, or
+	// (containerd's sandbox API) none.
+	ordinary := p.src.base != nil && (p.src.disk != nil || task.IsCRIPause(r.Spec) || r.Bare)
 	snapshot := p.src.base == nil && p.src.disk == nil && !r.Bare
 	if !ordinary && !snapshot || p.guest.BeforeInit != nil {
 		return PoolOrder{}, false

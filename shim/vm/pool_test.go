@@ -46,10 +46,10 @@ func TestOrderOf(t *testing.T) {
 		{"an ordinary image", req, func(*prepared) {}, &ordinaryOrder},
 		{"in a namespace of the shim's making", req, func(p *prepared) { p.net = &vmNetwork{} }, &ordinaryOrder},
 		{"a snapshot image (its top layer asked later)", req, snapshot, &imageOrder},
-		{"a bare pod VM", bare, snapshot, nil},
+		{"a bare VM with no base", bare, snapshot, nil},
 		{"a pod sandbox's image", pod, func(*prepared) {}, &ordinaryOrder},
 		{"a pod's VM (the guest's own pause)", pause, func(p *prepared) { p.src.disk = nil }, &ordinaryOrder},
-		{"a bare VM on a base", bare, func(p *prepared) { p.src.disk = nil }, nil},
+		{"a bare pod VM on a base (containerd's sandbox API)", bare, func(p *prepared) { p.src.disk = nil }, &ordinaryOrder},
 		{"shared directories", req, func(p *prepared) {
 			p.guest.BeforeInit = func(context.Context, *agent.Client) error { return nil }
 		}, nil},

@@ -64,6 +64,7 @@ func BenchmarkPodStart(b *testing.B) {
 		podVMBenchHandler(sandboxAPIHandler, podCfg, devstack.SandboxerShim),
 		podVMBenchHandler(pooledHandler, pooledCfg, ""),
 		podVMBenchHandler(pooledPodVMHandler, pooledPodCfg, ""),
+		podVMBenchHandler(pooledSandboxAPIHandler, pooledPodCfg, devstack.SandboxerShim),
 	}})
 	writePodVMConfig(b, n.stack.ConfigPath, podCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = true, true })
 	writePodVMConfig(b, n.stack.ConfigPath, coldCfg, func(s *config.Shim) { s.WarmRunc, s.OwnInit = false, true })
@@ -88,7 +89,7 @@ func BenchmarkPodStart(b *testing.B) {
 	for _, handler := range pods {
 		b.Run("join/handler="+handler, func(b *testing.B) { benchJoins(b, n, rt, handler) })
 	}
-	for _, handler := range []string{pooledHandler, pooledPodVMHandler} {
+	for _, handler := range []string{pooledHandler, pooledPodVMHandler, pooledSandboxAPIHandler} {
 		primed := false
 		b.Run("pooled/handler="+handler, func(b *testing.B) { benchPooledPods(b, n, rt, handler, limits[devstack.CocoonHandler], &primed) })
 	}

@@ -3,11 +3,14 @@ package e2e
 import (
 	"context"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
 )
 
 // pooledPodVMConfig is podVMConfig with a VM restored ahead for the next
@@ -21,7 +24,8 @@ const pooledPodVMConfig = podVMConfig + "pooled_vm = true\n"
 // its tap moves into the pod's namespace. The app then has the pod's
 // address and serves the node there and through a port-forward, a sidecar
 // reaches it on 127.0.0.1, all in the one VM; the pod leaves nothing but
-// the next pooled VM, and that goes with the node.
+// the next pooled VM, and that goes with the node; so does one whose shim
+// was killed.
 func TestCocoonPodVMPooled(t *testing.T) {
 	n := startChainNode(t, nodeOptions{cocoonConfig: pooledPodVMConfig, handlers: []devstack.Handler{{
 		Name: sandboxAPIHandler, RuntimeType: devstack.Runtime, Snapshotter: devstack.Snapshotter, Sandboxer: devstack.SandboxerShim,
@@ -69,13 +73,42 @@ func runPooledPod(t *testing.T, w *podWorkload) {
 		{"port-forward", w.checkPortForward},
 	}
 	all = append(all, w.vmStep("one VM")...)
-	steps(t, append(all, step{"rmp -f", func(t *testing.T) {
+	all = append(all, step{"rmp -f", func(t *testing.T) {
 		n.crictl(t, "rmp", "-f", w.p.id)
 		n.waitIdleBut(t, "the removed pod", n.isPool)
 		if processRuns(w.vm) {
 			t.Fatalf("the pod's VM %d survived rmp -f", w.vm)
 		}
-	}}))
+	}})
+	steps(t, append(all, step{"a claimed VM's shim killed", func(t *testing.T) { crashPooledPod(t, w) }}))
+}
+
+// crashPooledPod has the next pod claim the pooled VM the last one
+// ordered, kills its shim with a container running, and checks the pod
+// then leaves nothing behind once removed but the next pooled VM.
+func crashPooledPod(t *testing.T, w *podWorkload) {
+	n := w.n
+	pooled := n.awaitPooledVM(t, 5*time.Second)
+	p := w.startPod(t, "crashed")
+	ctr := n.startBusybox(t, p, "app", []string{"sleep", "3600"}, nil)
+	if vm := n.podVM(t, p, ctr); vm != pooled {
+		t.Fatalf("pod %s runs in hypervisor %d, want the pooled VM's %d", p.id, vm, pooled)
+	}
+	killPodShim(t, n, p, []string{ctr}, pooled)
+	n.crictl(t, "rmp", "-f", p.id)
+	n.waitIdleBut(t, "the crashed pod", n.isPool)
+	if pids := append(vms(p.id, ctr), shimsOf(p.id, ctr)...); len(pids) > 0 || processRuns(pooled) {
+		t.Fatalf("the claimed VM %d or shims/VMs %v survived the pod's removal", pooled, pids)
+	}
+	// The next pooled VM's base is staged for its spare, which runs.
+	left := slices.DeleteFunc(n.activeSnapshots(t), func(name string) bool {
+		_, rest, ok := strings.Cut(name, spare.PoolPrefix)
+		pid, err := strconv.Atoi(rest)
+		return ok && err == nil && processRuns(pid)
+	})
+	if len(left) > 0 {
+		t.Fatalf("cocoon snapshotter still has active snapshots %v", left)
+	}
 }
 
 // checkServed GETs the pod's page at ip:8080 from the node's network

@@ -43,7 +43,8 @@ func (s *soak) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	if s.opts.OrdinaryShare == 0 && s.opts.Pods == 0 {
+	// The pools' drain (drainPools) runs an ordinary image too.
+	if s.opts.OrdinaryShare == 0 && s.opts.Pods == 0 && s.opts.Spares == 0 {
 		return nil
 	}
 	bb, err := testimage.Busybox(testimage.BusyboxOptions{

@@ -251,13 +251,14 @@ func (s *soak) warmups(runID string) []Plan {
 }
 
 // drainPools runs, with pooled VMs on, one restore after another that
-// no pooled VM suits (its network a namespace the soak made), as many as
-// spares wait: each takes the longest-waiting spare, closing its VM, and
-// its server puts a spare with no order in its place. The counts are
-// then taken with no VM waiting, before and after.
+// no pooled VM suits (an ordinary image sharing a directory of the host
+// with its guest: the empty directory's bind), as many as spares wait:
+// each takes the longest-waiting spare, closing its VM, and its server
+// puts a spare with no order in its place. The counts are then taken
+// with no VM waiting, before and after.
 func (s *soak) drainPools(ctx context.Context, runID, when string) error {
 	for i := range s.opts.Spares {
-		p := Plan{Index: -1, ID: fmt.Sprintf("%s-drain-%s-%d", runID, when, i), Mode: hypervisor.ModeMmap, Image: ImageChain, Net: NetPair}
+		p := Plan{Index: -1, ID: fmt.Sprintf("%s-drain-%s-%d", runID, when, i), Mode: hypervisor.ModeMmap, Image: ImageOrdinary, Net: NetPair, Hostile: HostileEmptyDir}
 		if o := s.restore(ctx, p); o.Err != nil {
 			return fmt.Errorf("drain the pooled VMs: restore %s: %w", p, o.Err)
 		}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/config"
+	"github.com/cocoonstack/containerd-shim-cocoon/internal/bench"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/cpuload"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
 	"github.com/cocoonstack/containerd-shim-cocoon/shim/spare"
@@ -102,11 +102,8 @@ func (n *node) awaitPooledVM(t testing.TB, quietWait time.Duration) int {
 
 // pooledHypervisor is the pid of a pooled VM's hypervisor, 0 if none runs.
 func (n *node) pooledHypervisor() int {
-	for _, line := range n.stack.InUse() {
-		var pid int
-		if _, err := fmt.Sscanf(line, "process %d:", &pid); err == nil && n.isPool(line) && strings.Contains(line, "qemu-system") {
-			return pid
-		}
+	if vms, _ := bench.PooledProcesses(n.poolDir()); len(vms) > 0 {
+		return vms[0]
 	}
 	return 0
 }

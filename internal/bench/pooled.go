@@ -141,7 +141,7 @@ const poolCostWindow = time.Second
 // and the VMs' CPU time over poolCostWindow.
 func measurePoolCost(s *shimStack, n int) poolCost {
 	dir := filepath.Join(s.stack.RunDir, s.stack.Namespace)
-	vms, spares := pooledProcesses(dir)
+	vms, spares := PooledProcesses(dir)
 	c := poolCost{N: n, VMs: len(vms)}
 	if len(vms) == 0 {
 		return c
@@ -158,10 +158,10 @@ func measurePoolCost(s *shimStack, n int) poolCost {
 // clockTicks is USER_HZ, the unit of /proc/pid/stat's CPU times.
 const clockTicks = 100
 
-// pooledProcesses finds the hypervisors of the pooled VMs run in dir
+// PooledProcesses finds the hypervisors of the pooled VMs run in dir
 // (their command lines name their run dirs, pool-<spare's pid>) and the
 // spares holding them.
-func pooledProcesses(dir string) (vms, spares []int) {
+func PooledProcesses(dir string) (vms, spares []int) {
 	des, _ := os.ReadDir("/proc")
 	for _, de := range des {
 		pid, err := strconv.Atoi(de.Name())
@@ -299,6 +299,6 @@ func spareState(stackDir, runDir string) string {
 			sockets = append(sockets, de.Name())
 		}
 	}
-	_, holding := pooledProcesses(runDir)
+	_, holding := PooledProcesses(runDir)
 	return fmt.Sprintf("spare sockets %v, %d spares holding a VM", sockets, len(holding))
 }

@@ -228,13 +228,20 @@ func TestShareHelperDies(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(guest, "f"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Opened before the kill: once the share is closed its mount point
+	// is an empty directory for a new lookup, until it is removed.
+	dir, err := os.Open(guest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
 	if err := srv.helper.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	<-srv.exited
 	done := make(chan error, 1)
 	go func() {
-		_, err := os.ReadDir(guest)
+		_, err := dir.ReadDir(-1)
 		done <- err
 	}()
 	select {

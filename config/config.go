@@ -119,12 +119,15 @@ type Shim struct {
 	// on a container's path (a warm create ~35 ms under TCG against
 	// runc's ~170). Off, the guest's runc makes them.
 	OwnInit bool `toml:"own_init"`
-	// PooledVM has the spare task server, started after a task whose
-	// ordinary image runs on a base snapshot (or a pod's VM), restore a
-	// VM of that base ahead and warm it at idle priority, for the next
-	// such task to claim: its create then skips the restore and most of
-	// what the guest translates anew after one. The VM waiting costs its
-	// memory (one per spare) and is used by one task only.
+	// PooledVM (the default) has the spare task server, started after a
+	// task whose VM could have been restored ahead (an ordinary image on a
+	// base snapshot, a pod's VM or a snapshot image, sharing no directory
+	// with its guest), restore one like it and warm it at idle priority
+	// for the next such task to claim: its create then skips the restore
+	// and most of what the guest translates anew after one. A waiting VM
+	// holds its memory (one per spare: ~44 MiB PSS for a 512 MiB snapshot
+	// under TCG) and serves one task only; false has every task restore
+	// its own VM on its path.
 	PooledVM bool `toml:"pooled_vm"`
 	// Spares is how many spare task servers wait per containerd, for a
 	// burst of task starts to find one each (spare.MaxSpares at most); with
@@ -206,6 +209,7 @@ func Default() Config {
 			PodVM:          PodVMPod,
 			WarmRunc:       true,
 			OwnInit:        true,
+			PooledVM:       true,
 			Spares:         1,
 			PoolCgroup:     "/cocoon-pool",
 			CopyFiles:      2048,
@@ -224,7 +228,13 @@ func Default() Config {
 
 // Parse reads a config over the defaults, rejecting unknown keys and bad values.
 func Parse(data []byte) (Config, error) {
-	c := Default()
+	return ParseOver(Default(), data)
+}
+
+// ParseOver reads a config over base, as Parse does over the defaults:
+// what data does not set keeps base's value.
+func ParseOver(base Config, data []byte) (Config, error) {
+	c := base
 	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		var strict *toml.StrictMissingError

@@ -72,6 +72,34 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// TestParseOver: what the data sets wins over the base, the rest keeps
+// the base's values rather than the defaults.
+func TestParseOver(t *testing.T) {
+	base := Default()
+	base.Shim.PooledVM, base.Shim.Spares = false, 4
+	tests := []struct {
+		in         string
+		wantPooled bool
+		wantSpares int
+	}{
+		{in: "", wantPooled: false, wantSpares: 4},
+		{in: "[shim]\npooled_vm = true\n", wantPooled: true, wantSpares: 4},
+		{in: "[shim]\nspares = 2\n", wantPooled: false, wantSpares: 2},
+	}
+	for _, tt := range tests {
+		c, err := ParseOver(base, []byte(tt.in))
+		if err != nil {
+			t.Fatalf("%q: %v", tt.in, err)
+		}
+		if c.Shim.PooledVM != tt.wantPooled || c.Shim.Spares != tt.wantSpares {
+			t.Errorf("%q: pooled_vm %v, spares %d; want %v, %d", tt.in, c.Shim.PooledVM, c.Shim.Spares, tt.wantPooled, tt.wantSpares)
+		}
+	}
+	if _, err := ParseOver(base, []byte("[shim]\nspares = 0\n")); err == nil {
+		t.Error("a bad value over a base parsed")
+	}
+}
+
 func TestExampleParses(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("..", "config.toml.example"))
 	if err != nil {

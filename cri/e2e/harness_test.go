@@ -117,7 +117,7 @@ func startNode(t testing.TB, opts nodeOptions) *node {
 		testenv.Bin(t, name)
 	}
 	ociImages(t)
-	cfg, err := config.Parse([]byte(opts.cocoonConfig))
+	cfg, err := config.ParseOver(devstack.Unpooled(), []byte(opts.cocoonConfig))
 	if err != nil {
 		t.Fatalf("cocoon config: %v", err)
 	}

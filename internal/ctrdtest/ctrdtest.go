@@ -37,7 +37,8 @@ type Options struct {
 	// SnapshotterConfig is the cocoon config.toml, given to
 	// cocoon-snapshotter with --config and to shims as $COCOON_CONFIG.
 	// Its shim run dir and snapshotter root and address are replaced by
-	// paths under Dir.
+	// paths under Dir. It is read over devstack.Unpooled: no pooled VMs
+	// unless it sets shim.pooled_vm.
 	SnapshotterConfig string
 	// Env is added to containerd's environment (and so the shims').
 	Env []string
@@ -58,7 +59,7 @@ func Start(t testing.TB, opts Options) *Containerd {
 	for _, name := range []string{"ctr", "cocoon-snapshotter", "containerd-shim-cocoon-v2", "cocoon-shim-server"} {
 		testenv.Bin(t, name)
 	}
-	cfg, err := config.Parse([]byte(opts.SnapshotterConfig))
+	cfg, err := config.ParseOver(devstack.Unpooled(), []byte(opts.SnapshotterConfig))
 	if err != nil {
 		t.Fatalf("cocoon config: %v", err)
 	}

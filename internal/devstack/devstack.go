@@ -270,6 +270,16 @@ func (s *Stack) ContainerdPID() int {
 	return 0
 }
 
+// Unpooled is the defaults without pooled VMs (shim.pooled_vm off): what a
+// test's stack starts from unless its config turns the pool on. A pool
+// restores a VM ahead of every task, which doubles a test's restores, and
+// its VMs outlive the tasks whose leftovers a test counts.
+func Unpooled() config.Config {
+	c := config.Default()
+	c.Shim.PooledVM = false
+	return c
+}
+
 // writeCocoonConfig writes the cocoon config.toml with every path it names
 // moved under Dir.
 func (s *Stack) writeCocoonConfig(c *config.Config) error {

@@ -180,7 +180,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 // makes a mode QEMU cannot do fail rather than fall back, the base image is
 // the snapshot image, and timeouts suit many TCG guests on a busy host.
 func stackConfig(o Options) *config.Config {
-	cfg := config.Default()
+	cfg := devstack.Unpooled()
 	cfg.Restore.AllowAnnotation = true
 	cfg.Restore.Strict = true
 	if o.OrdinaryShare > 0 {

@@ -41,12 +41,15 @@ func importImage(ctx context.Context, stack *devstack.Stack, img SnapshotImage) 
 }
 
 // AnnotatedConfig is the default cocoon config with the restore-mode
-// annotation allowed to choose the mode.
+// annotation allowed to choose the mode, and every task restoring its own
+// VM: the demo shows restores, and the bench's pooled arms turn the pool
+// on in configs of their own.
 func AnnotatedConfig() (*config.Config, error) {
 	cfg, err := config.Load("")
 	if err != nil {
 		return nil, err
 	}
 	cfg.Restore.AllowAnnotation = true
+	cfg.Shim.PooledVM = false
 	return &cfg, nil
 }

@@ -44,9 +44,10 @@ func (pv *pooledVM) usable(ctx context.Context) error {
 
 // orderOf is the pooled VM a launch of r on p could take, and whether
 // one could: an ordinary image on a base, a pod's VM (the base alone), or
-// a snapshot image, with no directories shared with the guest. Its network may be any: a pooled VM's tap, in a namespace of its
-// own, stands for a new one or moves into the one the spec names (CNI's,
-// a pod's). A snapshot image's order has no top layer yet (imageOrder).
+// a snapshot image, with no directories shared with the guest. Its
+// network may be any: a pooled VM's tap, in a namespace of its own,
+// stands for a new one or moves into the one the spec names (CNI's, a
+// pod's). A snapshot image's order has no top layer yet (imageOrder).
 func orderOf(r task.LaunchRequest, p *prepared) (PoolOrder, bool) {
 	// A pod's VM is its base's alone: the guest runs its own pause, or
 	// (containerd's sandbox API) none.

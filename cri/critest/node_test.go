@@ -18,6 +18,8 @@ import (
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/devstack"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testenv"
 	"github.com/cocoonstack/containerd-shim-cocoon/internal/testimage"
+	"github.com/cocoonstack/containerd-shim-cocoon/restore"
+	"github.com/cocoonstack/containerd-shim-cocoon/shim/vm"
 )
 
 // registryAddr is where the node's registry listens, inside the node's
@@ -107,12 +109,58 @@ func startNode(t *testing.T, handler string) *node {
 // close tears the node's containerd down and checks it left nothing.
 func (n *node) close(t *testing.T) {
 	dir := n.stack.Dir
+	n.checkPoolUse(t)
 	if err := n.stack.Close(); err != nil {
 		t.Errorf("tear down containerd: %v", err)
 	}
 	if left := devstack.Leftovers(dir); len(left) > 0 {
 		t.Errorf("the node's containerd left:\n%s", strings.Join(left, "\n"))
 	}
+}
+
+// checkPoolUse logs how many of the run's VMs were claimed from the pool
+// (shim.pooled_vm, on in the cocoon handler's config as by default) and
+// how many restored on their task's path; a whole run that claimed none
+// did not judge the pooled path.
+func (n *node) checkPoolUse(t *testing.T) {
+	kinds := map[string]string{} // a task's report is logged again as it grows
+	for _, line := range strings.Split(n.stack.Logs(), "\n") {
+		id := logField(line, "id")
+		if !strings.Contains(line, `msg="restore report"`) || id == "" {
+			continue
+		}
+		switch {
+		case strings.Contains(line, " phase."+vm.PhaseClaim+"="):
+			kinds[id] = vm.PhaseClaim
+		case strings.Contains(line, " phase."+restore.PhaseResume+"="):
+			kinds[id] = restore.PhaseResume
+		}
+	}
+	claimed, restored := 0, 0
+	for _, k := range kinds {
+		if k == vm.PhaseClaim {
+			claimed++
+		} else {
+			restored++
+		}
+	}
+	if claimed+restored == 0 {
+		return
+	}
+	t.Logf("VMs claimed from the pool: %d; restored on their task's path: %d", claimed, restored)
+	if *focus == "" && claimed == 0 {
+		t.Error("no VM was claimed from the pool: the default config's pooled VMs went unused")
+	}
+}
+
+// logField is the value of key in a logfmt line, "" without one.
+func logField(line, key string) string {
+	_, v, ok := strings.Cut(line, " "+key+"=")
+	if !ok {
+		return ""
+	}
+	v, _, _ = strings.Cut(v, " ")
+	return v
 }
 
 // startRegistry runs crane's registry in ns, waits until it serves and

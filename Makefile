@@ -32,10 +32,11 @@ all: build
 ## and the test tools
 build: containerd tools
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(filter-out cocoon-agent cocoon-cinit containerd-shim-cocoon-v2 cocoon-shim-server,$(CMDS)))
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(filter-out cocoon-agent cocoon-cinit cocoon-pause containerd-shim-cocoon-v2 cocoon-shim-server,$(CMDS)))
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/containerd-shim-cocoon-v2 ./cmd/cocoon-shim-server
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/cocoon-agent ./cmd/cocoon-agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/cocoon-cinit ./cmd/cocoon-cinit
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN)/cocoon-pause ./cmd/cocoon-pause
 
 ## containerd: containerd v2.4.2, ctr and containerd-shim-runc-v2, pinned as go.mod tools
 containerd:

@@ -5,8 +5,8 @@
 #
 # The kernel is the package linux-image-cloud-amd64 depends on, downloaded
 # (never installed on the host) into a cache; its virtio/vsock modules,
-# busybox-static, the static cocoon-agent, its container init cocoon-cinit
-# and the static runc the agent runs containers with go into the initramfs. The same
+# busybox-static, the static cocoon-agent, its container init cocoon-cinit,
+# a pod's pause cocoon-pause and the static runc the agent runs containers with go into the initramfs. The same
 # inputs give a byte-identical initramfs: fixed mtimes, a sorted file list,
 # `cpio --reproducible`, `gzip -n`.
 #
@@ -14,6 +14,7 @@
 #   COCOON_GUEST_CACHE  package cache directory (default build/cache)
 #   COCOON_AGENT        agent binary (default bin/cocoon-agent, built if missing)
 #   COCOON_CINIT        container init binary (default bin/cocoon-cinit, built if missing)
+#   COCOON_PAUSE        a pod's pause binary (default bin/cocoon-pause, built if missing)
 #   COCOON_RUNC         static runc with seccomp (default bin/guest/runc: make runc-guest)
 #   SOURCE_DATE_EPOCH   mtime of every file in the initramfs (default 0)
 set -euo pipefail
@@ -28,6 +29,7 @@ out=$(cd "$1" && pwd)
 cache=${COCOON_GUEST_CACHE:-$repo/build/cache}
 agent=${COCOON_AGENT:-$repo/bin/cocoon-agent}
 cinit=${COCOON_CINIT:-$repo/bin/cocoon-cinit}
+pause=${COCOON_PAUSE:-$repo/bin/cocoon-pause}
 runc=${COCOON_RUNC:-$repo/bin/guest/runc}
 epoch=${SOURCE_DATE_EPOCH:-0}
 export LC_ALL=C TZ=UTC
@@ -128,7 +130,7 @@ pack() {
 		cpio --quiet --null --reproducible -H newc -o --owner=0:0) | gzip -9 -n >"$2"
 }
 
-for cmd in agent cinit; do
+for cmd in agent cinit pause; do
 	bin=${!cmd}
 	if [ ! -x "$bin" ]; then
 		(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$bin" "./cmd/cocoon-$cmd")
@@ -160,9 +162,8 @@ install_rootfs "$root"
 install_busybox "$bdeb" "$root"
 install_modules "$work/kernel" "$release" "$root"
 install -m 0755 "$agent" "$root/sbin/cocoon-agent"
-# A pod's VM runs its sandbox's pause as the agent under this name (agent/pause).
-ln -s cocoon-agent "$root/sbin/cocoon-pause"
 install -m 0755 "$cinit" "$root/sbin/cocoon-cinit"
+install -m 0755 "$pause" "$root/sbin/cocoon-pause"
 install -m 0755 "$runc" "$root/usr/bin/runc"
 pack "$root" "$work/initramfs.cpio.gz"
 install -m 0644 "$work/kernel/boot/vmlinuz-$release" "$work/vmlinuz"
@@ -177,6 +178,7 @@ install -m 0644 "$work/kernel/boot/vmlinuz-$release" "$work/vmlinuz"
 	echo "busybox.deb.sha256=$(sha256sum "$bdeb" | cut -d' ' -f1)"
 	echo "agent.sha256=$(sha256sum "$agent" | cut -d' ' -f1)"
 	echo "cinit.sha256=$(sha256sum "$cinit" | cut -d' ' -f1)"
+	echo "pause.sha256=$(sha256sum "$pause" | cut -d' ' -f1)"
 	echo "runc.version=$("$runc" --version | sed -n 's/^runc version //p')"
 	echo "runc.libseccomp=$("$runc" --version | sed -n 's/^libseccomp: //p')"
 	echo "runc.sha256=$(sha256sum "$runc" | cut -d' ' -f1)"

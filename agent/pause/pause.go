@@ -1,6 +1,6 @@
-// Package pause is the pause process a pod's VM runs for its sandbox: the
-// agent's own binary executed under Path, in the guest's own root, so the
-// VM mounts no pause image for a process that only waits. It exits 0 on
+// Package pause is the pause process a pod's VM runs for its sandbox:
+// cocoon-pause, at Path in the guest's own root, so the VM mounts no pause
+// image for a process that only waits. It exits 0 on
 // SIGINT or SIGTERM, as the Kubernetes pause binary does, and reaps the
 // children re-parented to it: it is the pod's PID 1 when the pod shares a
 // PID namespace.
@@ -9,17 +9,13 @@ package pause
 import (
 	"os"
 	"os/signal"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
 
-// Path is where the guest has the agent's binary under the pause's name;
-// the agent's main checks for it (IsPause) before anything else.
+// Path is where the guest has cocoon-pause (guests built before it have
+// the agent's binary there, which ran as the pause under that name).
 const Path = "/sbin/cocoon-pause"
-
-// IsPause says whether argv0 is the pause's.
-func IsPause(argv0 string) bool { return filepath.Base(argv0) == filepath.Base(Path) }
 
 // Main waits for SIGINT or SIGTERM, reaping exited children meanwhile,
 // then exits 0.

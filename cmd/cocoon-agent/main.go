@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonstack/containerd-shim-cocoon/agent"
-	"github.com/cocoonstack/containerd-shim-cocoon/agent/pause"
 	"github.com/cocoonstack/containerd-shim-cocoon/agent/server"
 )
 
@@ -32,9 +31,6 @@ const (
 )
 
 func main() {
-	if pause.IsPause(os.Args[0]) {
-		pause.Main()
-	}
 	if err := run(); err != nil {
 		log.L.WithError(err).Error("cocoon-agent failed")
 		os.Exit(1)

@@ -330,9 +330,23 @@ func TestFillsYieldToLaunches(t *testing.T) {
 // one as a pod's VM takes it: no network namespace of its own, the
 // default seccomp profile, a program every root has.
 func TestWarmContainerSpec(t *testing.T) {
-	spec, err := warmContainerSpec(context.Background())
+	spec, files, err := warmContainerSpec(context.Background())
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Each file CRI binds into a pod's container is bound from a copy the
+	// create sends, under the container's bind dir, as a join's are.
+	for _, dst := range guestFiles {
+		i := slices.IndexFunc(spec.Mounts, func(m specs.Mount) bool { return m.Destination == dst })
+		if i < 0 {
+			t.Errorf("no bind at %s: %+v", dst, spec.Mounts)
+			continue
+		}
+		m := spec.Mounts[i]
+		sent := slices.ContainsFunc(files, func(f agent.File) bool { return f.Path == m.Source })
+		if m.Type != "bind" || !sent || !strings.HasPrefix(m.Source, memberBindSources(warmJoinID)+"/") {
+			t.Errorf("bind at %s from %s (%s), sent %v: want a bind of a file the create sends, under %s", dst, m.Source, m.Type, sent, memberBindSources(warmJoinID))
+		}
 	}
 	for _, ns := range spec.Linux.Namespaces {
 		if ns.Type == specs.NetworkNamespace {

@@ -7,8 +7,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/containerd/containerd/v2/contrib/seccomp"
@@ -215,17 +217,20 @@ const warmJoinID = warmID + "-join"
 // empties the slot again: under TCG that path, translated anew in each
 // restored VM, is most of a pod's first join.
 func (pv *pooledVM) warmJoin(ctx context.Context) error {
-	spec, err := warmContainerSpec(ctx)
+	spec, files, err := warmContainerSpec(ctx)
 	if err != nil {
 		return err
 	}
 	c := pv.res.Agent
-	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: "erofs", Serial: pv.joinSerial, Size: pv.joinSize}, OwnInit: pv.ownInit}
+	root := agent.ContainerRoot{Disk: &agent.Rootfs{FSType: "erofs", Serial: pv.joinSerial, Size: pv.joinSize}, Files: files, OwnInit: pv.ownInit}
 	if _, err := c.CreateContainerFrom(ctx, warmJoinID, spec, root, false); err != nil {
 		return fmt.Errorf("warm-up container: %w", err)
 	}
 	if err := c.DeleteContainer(ctx, warmJoinID, ""); err != nil {
 		return fmt.Errorf("warm-up container: %w", err)
+	}
+	if err := c.UpdateFiles(ctx, nil, []string{memberBindSources(warmJoinID)}); err != nil {
+		return fmt.Errorf("warm-up container's files: %w", err)
 	}
 	pv.warmedContainers = true
 	return pv.res.VM.(hypervisor.DiskAttacher).DetachDisk(ctx, 0)
@@ -234,16 +239,24 @@ func (pv *pooledVM) warmJoin(ctx context.Context) error {
 // warmContainerSpec is containerd's default spec for a container of a
 // pod's VM (the VM's network is the pod's), with its default seccomp
 // profile, running /proc/self/exe, which any root has once proc is
-// mounted.
-func warmContainerSpec(ctx context.Context) (*specs.Spec, error) {
+// mounted; and the files a container of a pod binds under containerd's
+// default sandboxer (guestFiles, from the pod's dir), as a join has them
+// copied in and bound (binds.copyOwn), so that path is translated too.
+func warmContainerSpec(ctx context.Context) (*specs.Spec, []agent.File, error) {
 	ctx = namespaces.WithNamespace(ctx, "pool")
 	spec, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: warmJoinID}, oci.WithProcessArgs("/proc/self/exe"))
 	if err != nil {
-		return nil, fmt.Errorf("default spec: %w", err)
+		return nil, nil, fmt.Errorf("default spec: %w", err)
 	}
 	spec.Linux.Seccomp = seccomp.DefaultProfile(spec)
 	spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.NetworkNamespace })
-	return spec, nil
+	var files []agent.File
+	for i, dst := range guestFiles {
+		src := path.Join(memberBindSources(warmJoinID), strconv.Itoa(i))
+		files = append(files, agent.File{Path: src, Data: []byte("\n")})
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "rprivate", "rw"}})
+	}
+	return spec, files, nil
 }
 
 // attachWarmRootfs puts an empty erofs image (made with mkfs.erofs, as

@@ -196,6 +196,7 @@ type benchPod struct {
 // memory limit (none when 0), started gap after the pod.
 func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, handler string, limit int64, gap time.Duration) benchPod {
 	cfg := n.podSandboxConfig(name, nil)
+	cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: kubeletNamespaces()}
 	began := time.Now()
 	resp, err := rt.RunPodSandbox(context.Background(), &runtimeapi.RunPodSandboxRequest{Config: cfg, RuntimeHandler: handler})
 	if err != nil {
@@ -208,12 +209,20 @@ func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, 
 	}
 	began = time.Now()
 	startContainer(b, rt, pod, containerConfig("app", busyboxRef, benchArgs, func(c *runtimeapi.ContainerConfig) {
+		c.Linux.SecurityContext = &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: kubeletNamespaces()}
 		if limit > 0 {
 			c.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: limit}
 		}
 	}))
 	pod.start = time.Since(began)
 	return pod
+}
+
+// kubeletNamespaces are the namespace options kubelet gives a pod and its
+// containers unless the pod shares its process namespace: a PID namespace
+// per container. Left unset, CRI's default is the pod's (NamespaceMode 0).
+func kubeletNamespaces() *runtimeapi.NamespaceOption {
+	return &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD}
 }
 
 // startContainer creates and starts c in pod and returns its ID.

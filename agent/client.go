@@ -118,7 +118,17 @@ const (
 	apiVersion10 = 10
 	// apiVersion12 is the first whose guest has its own pause process.
 	apiVersion12 = 12
+	// apiVersion15 is the first whose pause exits at once given
+	// pause.WarmFlag.
+	apiVersion15 = 15
 )
+
+// WarmsPause says whether the guest's pause takes pause.WarmFlag (an
+// older one would wait for a signal).
+func (c *Client) WarmsPause(ctx context.Context) (bool, error) {
+	have, err := c.apiVersion(ctx)
+	return have >= apiVersion15, err
+}
 
 // apiVersion is the agent's API version, asked with a Ping if no answer
 // said it yet.

@@ -17,11 +17,19 @@ import (
 // the agent's binary there, which ran as the pause under that name).
 const Path = "/sbin/cocoon-pause"
 
+// WarmFlag, as the pause's one argument, has it exit 0 where it would
+// wait: a pooled pod VM's warm-up runs it so (agent API 15), and the pod's
+// pause then starts along code its guest has translated already.
+const WarmFlag = "-warm"
+
 // Main waits for SIGINT or SIGTERM, reaping exited children meanwhile,
 // then exits 0.
 func Main() {
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGCHLD)
+	if len(os.Args) == 2 && os.Args[1] == WarmFlag {
+		os.Exit(0)
+	}
 	for sig := range sigs {
 		if sig != unix.SIGCHLD {
 			os.Exit(0)

@@ -31,8 +31,9 @@ import (
 // disk confines the guest's own root. 11: Init's warm_containers. 12: the
 // guest's own pause process (agent/pause.Path). 13: a disk's size
 // (Rootfs.size, VolumeDisk.size): a slot probed at boot is refreshed, not
-// probed again. 14: CreateContainer's own_init (agent/cinit).
-const Version = "14"
+// probed again. 14: CreateContainer's own_init (agent/cinit). 15: the
+// pause is cocoon-pause, which exits at once given pause.WarmFlag.
+const Version = "15"
 
 // shutdownGrace lets the Shutdown reply leave before the power goes.
 const shutdownGrace = 50 * time.Millisecond

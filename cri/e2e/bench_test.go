@@ -105,7 +105,7 @@ func benchJoins(b *testing.B, n *node, rt runtimeapi.RuntimeServiceClient, handl
 	for i := range b.N {
 		name := "second-" + strconv.Itoa(i)
 		b.StartTimer()
-		id := startContainer(b, rt, pod, containerConfig(name, busyboxRef, benchArgs, nil))
+		id := startContainer(b, rt, pod, containerConfig(name, busyboxRef, benchArgs, withKubeletNamespaces))
 		b.StopTimer()
 		if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
 			b.Fatalf("remove %s: %v", name, err)
@@ -209,7 +209,7 @@ func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, 
 	}
 	began = time.Now()
 	startContainer(b, rt, pod, containerConfig("app", busyboxRef, benchArgs, func(c *runtimeapi.ContainerConfig) {
-		c.Linux.SecurityContext = &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: kubeletNamespaces()}
+		withKubeletNamespaces(c)
 		if limit > 0 {
 			c.Linux.Resources = &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: limit}
 		}
@@ -223,6 +223,11 @@ func (n *node) startPod(b *testing.B, rt runtimeapi.RuntimeServiceClient, name, 
 // per container. Left unset, CRI's default is the pod's (NamespaceMode 0).
 func kubeletNamespaces() *runtimeapi.NamespaceOption {
 	return &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD}
+}
+
+// withKubeletNamespaces gives c kubelet's namespace options.
+func withKubeletNamespaces(c *runtimeapi.ContainerConfig) {
+	c.Linux.SecurityContext = &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: kubeletNamespaces()}
 }
 
 // startContainer creates and starts c in pod and returns its ID.

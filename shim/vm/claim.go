@@ -51,12 +51,13 @@ func (pv *pooledVM) usable(ctx context.Context) error {
 func orderOf(r task.LaunchRequest, p *prepared) (PoolOrder, bool) {
 	// A pod's VM is its base's alone: the guest runs its own pause, or
 	// (containerd's sandbox API) none.
-	ordinary := p.src.base != nil && (p.src.disk != nil || task.IsCRIPause(r.Spec) || r.Bare)
+	pod := task.IsCRIPause(r.Spec) || r.Bare
+	ordinary := p.src.base != nil && (p.src.disk != nil || pod)
 	snapshot := p.src.base == nil && p.src.disk == nil && !r.Bare
 	if !ordinary && !snapshot || p.guest.BeforeInit != nil {
 		return PoolOrder{}, false
 	}
-	o := PoolOrder{poolKey: poolKey{Containerd: r.Containerd, Namespace: r.Namespace, ConfigPath: r.ConfigPath, ConfigBody: r.ConfigBody}}
+	o := PoolOrder{poolKey: poolKey{Containerd: r.Containerd, Namespace: r.Namespace, ConfigPath: r.ConfigPath, ConfigBody: r.ConfigBody}, Pod: pod}
 	if ordinary {
 		o.Image = p.src.base.Image
 	}

@@ -44,6 +44,10 @@ type PoolOrder struct {
 	Image       string `json:"image,omitempty"`
 	Parent      string `json:"parent,omitempty"`
 	Snapshotter string `json:"snapshotter,omitempty"`
+	// Pod: the ordering launch was a pod's VM, so the warm-up covers a
+	// pod's path too (shim.warm_runc). Any launch of the key may claim
+	// the VM; only the warm-up differs.
+	Pod bool `json:"pod,omitempty"`
 }
 
 // poolKey is what a launch and a pooled VM must share, besides the chain
@@ -227,7 +231,7 @@ func restoreAhead(ctx context.Context, o PoolOrder, l *Launcher, restoring func(
 		log.G(ctx).WithError(err).Warn("the pooled VM's hypervisor keeps the normal scheduling policy")
 	}
 	pv.callTimeout = cfg.Agent.CallTimeout.D()
-	pv.warmContainers, pv.ownInit = cfg.Shim.PodVM == config.PodVMPod && cfg.Shim.WarmRunc, cfg.Shim.OwnInit
+	pv.warmContainers, pv.ownInit = o.Pod && cfg.Shim.WarmRunc, cfg.Shim.OwnInit
 	if o.Image == "" {
 		return pv, nil // a snapshot image's root is its guest's
 	}

@@ -30,6 +30,8 @@ func TestOrderOf(t *testing.T) {
 	}
 	key := poolKey{Containerd: "/c.sock", Namespace: "ns", ConfigPath: "/etc/c.toml"}
 	ordinaryOrder, imageOrder := PoolOrder{poolKey: key, Image: "base:1"}, PoolOrder{poolKey: key}
+	// A pod's VM orders the pod's warm-up too.
+	podOrder := PoolOrder{poolKey: key, Image: "base:1", Pod: true}
 	pod := req
 	pod.Spec = &specs.Spec{Annotations: map[string]string{"io.kubernetes.cri.container-type": "sandbox"}}
 	pause := req
@@ -48,8 +50,8 @@ func TestOrderOf(t *testing.T) {
 		{"a snapshot image (its top layer asked later)", req, snapshot, &imageOrder},
 		{"a bare VM with no base", bare, snapshot, nil},
 		{"a pod sandbox's image", pod, func(*prepared) {}, &ordinaryOrder},
-		{"a pod's VM (the guest's own pause)", pause, func(p *prepared) { p.src.disk = nil }, &ordinaryOrder},
-		{"a bare pod VM on a base (containerd's sandbox API)", bare, func(p *prepared) { p.src.disk = nil }, &ordinaryOrder},
+		{"a pod's VM (the guest's own pause)", pause, func(p *prepared) { p.src.disk = nil }, &podOrder},
+		{"a bare pod VM on a base (containerd's sandbox API)", bare, func(p *prepared) { p.src.disk = nil }, &podOrder},
 		{"shared directories", req, func(p *prepared) {
 			p.guest.BeforeInit = func(context.Context, *agent.Client) error { return nil }
 		}, nil},

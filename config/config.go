@@ -125,7 +125,7 @@ type Shim struct {
 	// with its guest), restore one like it and warm it at idle priority
 	// for the next such task to claim: its create then skips the restore
 	// and most of what the guest translates anew after one. A waiting VM
-	// holds its memory (one per spare: ~44 MiB PSS for a 512 MiB snapshot
+	// holds its memory (one per spare: ~50 MiB PSS for a 512 MiB snapshot
 	// under TCG) and serves one task only; false has every task restore
 	// its own VM on its path.
 	PooledVM bool `toml:"pooled_vm"`

@@ -74,8 +74,9 @@ rm -rf $w
 // the agent as after a pod VM's restore, and the pod's pause (warmPause).
 // The task's Init then pays for its own steps only (measured: Init 272 ->
 // 61 ms, a held process's start 46 -> 8 ms), a pod's first container for
-// its own. Each step runs unless a task has claimed the VM, which waits for the step under way (claim); a
-// claimed VM's errors are not the warm-up's.
+// its own. Each step runs unless a task has claimed the VM, which waits
+// for the step under way (claim); a claimed VM's errors are not the
+// warm-up's.
 func (pv *pooledVM) warm(ctx context.Context) error {
 	proc, err := warmProcess(ctx)
 	if err != nil {
